@@ -1,0 +1,9 @@
+"""The one error type that stages turn into a single clear line and a non-zero exit."""
+
+
+class KernelcampError(Exception):
+    """A problem the user can fix: the message says what is wrong and what to do instead.
+
+    Stage scripts catch it in ``kernelcamp.io.stage_main`` and print ``error: <message>`` to stderr
+    with exit status 2; anything else is a bug and keeps its traceback.
+    """

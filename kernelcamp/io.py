@@ -1,0 +1,121 @@
+"""Atomic outputs, params.yaml access and the stage entry-point wrapper.
+
+DVC does not clean up after a stage killed midway (DESIGN.md, reliability contract), so every
+output goes to a temporary file in the same folder and is renamed into place; a crash leaves
+either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kernelcamp.errors import KernelcampError
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
+
+    Raises whatever the block raises, after removing the temporary file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically. Non-finite floats become null."""
+    write_text_atomic(path, json.dumps(_finite(obj), indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_csv_atomic(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Write a tidy table (one dict per row; the union of keys is the header) atomically."""
+    rows = list(rows)
+    header: list[str] = []
+    for r in rows:
+        header.extend(k for k in r if k not in header)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    write_text_atomic(path, buf.getvalue())
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """Read a JSON input of a stage; a missing or broken file is a ``KernelcampError`` naming ``what``."""
+    path = Path(path)
+    if not path.exists():
+        raise KernelcampError(f"{what} not found at {path}: run the stage that writes it first (dvc repro)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise KernelcampError(f"{what} at {path} is not valid JSON ({e}): rerun the stage that writes it") from e
+
+
+def load_params(path: str | os.PathLike = "params.yaml") -> dict[str, Any]:
+    """Load params.yaml (written by DVC's Hydra composition; never composed here).
+
+    Raises ``KernelcampError`` when the file is missing or not a mapping.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise KernelcampError(f"{path} not found: run `dvc exp run` (it composes conf/) or `make params`")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise KernelcampError(f"{path} is not a mapping: regenerate it with `make params`")
+    return data
+
+
+def section(params: Mapping[str, Any], name: str) -> Any:
+    """Return ``params[name]``; a missing section is a ``KernelcampError`` naming the conf group."""
+    if name not in params:
+        raise KernelcampError(f"params.yaml has no `{name}` section: check conf/config.yaml's defaults list")
+    return params[name]
+
+
+def stage_main(fn: Callable[[], int | None]) -> None:
+    """Run a stage's ``main``: a ``KernelcampError`` becomes one ``error:`` line and exit status 2."""
+    try:
+        rc = fn()
+    except KernelcampError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(rc or 0)

@@ -1,0 +1,100 @@
+"""What made a number: git commit, host, GPU, driver, clocks, torch and Triton versions, time.
+
+Every result row and every MLflow run carries these (STYLE.md: record what made a number).
+Clocks are read, never set.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def git_info(root: str | os.PathLike = ".") -> dict[str, Any]:
+    """``{"git_commit": sha or None, "git_dirty": bool or None}`` for the repo at ``root``."""
+    try:
+        r = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True, text=True,
+                           timeout=10)
+        sha = r.stdout.strip() if r.returncode == 0 else None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None, "git_dirty": None}
+    return {"git_commit": sha, "git_dirty": dirty if sha else None}
+
+
+def _nvidia_smi(query: str, index: int) -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", str(index)],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def device_info(device_index: int | None = None) -> dict[str, Any]:
+    """The GPU this process uses, or ``{"device": "cpu", ...}`` when there is none.
+
+    Keys: device ("cuda"/"cpu"), gpu_name, gpu_arch (e.g. 90), num_sms, driver, sm_clock_mhz,
+    max_sm_clock_mhz, mem_clock_mhz (nvidia-smi; None where it cannot be read), torch, triton,
+    cuda (torch's CUDA version), cuda_visible_devices.
+    """
+    import torch
+    import triton
+
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    if not torch.cuda.is_available():
+        info.update(device="cpu", gpu_name=None, gpu_arch=None, num_sms=None, driver=None, cpu=platform.processor()
+                    or platform.machine(), cpu_count=os.cpu_count())
+        return info
+    idx = torch.cuda.current_device() if device_index is None else device_index
+    p = torch.cuda.get_device_properties(idx)
+    smi_index = idx
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis:
+        ids = [v.strip() for v in vis.split(",") if v.strip()]
+        if idx < len(ids) and ids[idx].isdigit():
+            smi_index = int(ids[idx])
+    clocks = _nvidia_smi("driver_version,clocks.sm,clocks.max.sm,clocks.mem", smi_index)
+    driver = sm = sm_max = mem = None
+    if clocks:
+        parts = [c.strip() for c in clocks.split(",")]
+        if len(parts) == 4:
+            driver = parts[0]
+            sm, sm_max, mem = (int(x) if x.isdigit() else None for x in parts[1:])
+    info.update(device="cuda", gpu_name=p.name, gpu_arch=p.major * 10 + p.minor, num_sms=p.multi_processor_count,
+                driver=driver, sm_clock_mhz=sm, max_sm_clock_mhz=sm_max, mem_clock_mhz=mem, cuda=torch.version.cuda,
+                gpu_index=idx)
+    return info
+
+
+def now_utc() -> str:
+    """ISO-8601 UTC timestamp with seconds, e.g. ``2026-11-29T17:40:03Z``."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def dvc_root() -> Path:
+    """The real workspace: ``$DVC_ROOT`` when DVC runs the stage (also for queued experiments,
+    which run in a temporary copy), else the current directory."""
+    return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
