@@ -1,0 +1,195 @@
+"""Queued sweeps with one DVC experiment worker per GPU.
+
+``dvc queue start -j N`` starts N workers that all see every GPU, so two variants can land on one
+GPU and spoil each other's timings. ``kernelcamp sweep`` starts the same DVC queue workers
+(``dvc exp queue-worker``, what ``dvc queue start`` spawns; dvc/repo/experiments/queue/celery.py in
+DVC 3.67) itself, one per GPU, each with only its GPU visible::
+
+    dvc exp run --queue -S 'variant.num_warps=4,8' -S 'variant.num_stages=1,2'
+    kernelcamp sweep                 # one worker per visible GPU; waits until the queue is drained
+    kernelcamp sweep --gpus 0,1      # choose the GPUs
+
+Each worker's environment carries ``CUDA_VISIBLE_DEVICES=<its GPU>`` and
+``KERNELCAMP_WORKER_SLOT=<0..N-1>``; the embedded server's port and its state file are offset by
+the slot (:func:`worker_port`, :func:`worker_slot`), so parallel workers never collide. Runs go to
+the one tracking store at ``$DVC_ROOT`` (created once, before any worker: kernelcamp.tracking).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernelcamp.errors import KernelcampError
+
+SLOT_ENV = "KERNELCAMP_WORKER_SLOT"
+#: Ports of parallel workers are spaced by this much: server.port + PORT_STRIDE * slot.
+PORT_STRIDE = 10
+
+
+def worker_slot() -> int:
+    """This process's sweep worker slot (0 when not run by ``kernelcamp sweep``).
+
+    Raises ``KernelcampError`` when ``KERNELCAMP_WORKER_SLOT`` is set but not a non-negative integer.
+    """
+    raw = os.environ.get(SLOT_ENV, "0").strip() or "0"
+    if not raw.isdigit():
+        raise KernelcampError(f"{SLOT_ENV}={raw!r}: expected a non-negative integer (set by kernelcamp sweep)")
+    return int(raw)
+
+
+def worker_port(base_port: int) -> int:
+    """The port this worker's embedded server uses: ``base_port + PORT_STRIDE * worker_slot()``."""
+    return int(base_port) + PORT_STRIDE * worker_slot()
+
+
+def detect_gpus() -> list[str]:
+    """GPU ids visible to this process: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi -L``.
+
+    Returns an empty list on a machine without NVIDIA GPUs.
+    """
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return [v.strip() for v in vis.split(",") if v.strip() and v.strip() != "-1"]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+@dataclass
+class Worker:
+    """One DVC queue worker process pinned to one GPU."""
+
+    slot: int
+    gpu: str
+    node: str
+    proc: subprocess.Popen
+    log: Path
+
+
+def _node_name(repo_root: Path, slot: int, gpu: str) -> str:
+    h = hashlib.sha256(str(repo_root).encode()).hexdigest()[:6]
+    return f"kernelcamp-{h}-gpu{gpu}-slot{slot}@localhost"
+
+
+def worker_env(base: dict[str, str], gpu: str, slot: int) -> dict[str, str]:
+    """The environment of the worker pinned to ``gpu``: only that GPU visible, its slot set."""
+    env = dict(base)
+    env["CUDA_VISIBLE_DEVICES"] = gpu
+    env[SLOT_ENV] = str(slot)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def queued_count(repo_root: Path) -> int:
+    """Number of experiments waiting in the DVC queue of the repo at ``repo_root``."""
+    from dvc.repo import Repo
+
+    with Repo(str(repo_root)) as repo:
+        return sum(1 for _ in repo.experiments.celery_queue.iter_queued())
+
+
+def start_workers(repo_root: Path, gpus: list[str], log_dir: Path) -> list[Worker]:
+    """Start one ``dvc exp queue-worker`` per GPU (new process group each), logging to ``log_dir``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    workers = []
+    for slot, gpu in enumerate(gpus):
+        node = _node_name(repo_root, slot, gpu)
+        cmd = ["dvc", "exp", "queue-worker", node]
+        log = log_dir / f"worker-slot{slot}-gpu{gpu}.log"
+        fh = open(log, "ab")  # noqa: SIM115 - owned by the child process
+        proc = subprocess.Popen(cmd, cwd=repo_root, env=worker_env(dict(os.environ), gpu, slot), stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        fh.close()
+        workers.append(Worker(slot, gpu, node, proc, log))
+    return workers
+
+
+def stop_workers(workers: list[Worker], grace_s: float = 10.0) -> None:
+    """SIGTERM each worker's process group, then SIGKILL what is left after ``grace_s``."""
+    for w in workers:
+        if w.proc.poll() is None:
+            try:
+                os.killpg(w.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_s
+    for w in workers:
+        try:
+            w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            w.proc.wait()
+
+
+def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) -> int:
+    """Drain the DVC queue with one worker per GPU; return 0 if every worker exited cleanly.
+
+    Raises ``KernelcampError`` when ``gpus`` is empty or a GPU id repeats.
+    """
+    if not gpus:
+        raise KernelcampError("no GPU found: pass --gpus 0,1 or, on a CPU-only machine, use `dvc queue start`")
+    if len(set(gpus)) != len(gpus):
+        raise KernelcampError(f"--gpus {','.join(gpus)}: each GPU may appear once (one worker per GPU)")
+    # Create the tracking store once, before any worker (DESIGN.md: concurrent creation can break it).
+    try:
+        from kernelcamp import tracking
+
+        prepare = getattr(tracking, "prepare_store", None)
+        if prepare is not None:
+            prepare()
+    except ImportError:
+        pass
+    n = queued_count(repo_root)
+    log(f"sweep: {n} queued experiment(s), {len(gpus)} worker(s) on GPU(s) {', '.join(gpus)}")
+    log_dir = repo_root / ".dvc" / "tmp" / "kernelcamp-sweep"
+    workers = start_workers(repo_root, gpus, log_dir)
+    t0 = time.monotonic()
+    try:
+        while any(w.proc.poll() is None for w in workers):
+            time.sleep(poll_s)
+            alive = [f"gpu{w.gpu}" for w in workers if w.proc.poll() is None]
+            log(f"sweep: {time.monotonic() - t0:6.0f} s, workers running: {', '.join(alive) or 'none'}")
+    except KeyboardInterrupt:
+        log("sweep: interrupted, stopping workers")
+        stop_workers(workers)
+        return 130
+    bad = [w for w in workers if w.proc.returncode != 0]
+    for w in bad:
+        log(f"sweep: worker on GPU {w.gpu} exited with {w.proc.returncode}; log: {w.log}")
+    log(f"sweep: done in {time.monotonic() - t0:.0f} s; `dvc exp show` lists the results, `dvc queue status` any failures")
+    return 1 if bad else 0
+
+
+def cli_main(argv: list[str]) -> int:
+    """``kernelcamp sweep``: see the module docstring."""
+    p = argparse.ArgumentParser(
+        prog="kernelcamp sweep",
+        description="Run the queued DVC experiments (dvc exp run --queue ...) with one worker per GPU, "
+        "each seeing only its own GPU and using its own server port.",
+    )
+    p.add_argument("--gpus", default="auto", help="comma-separated GPU ids, or 'auto' (CUDA_VISIBLE_DEVICES or "
+                   "nvidia-smi) [default: auto]")
+    p.add_argument("--repo", default=".", help="the DVC repo [default: .]")
+    p.add_argument("--poll", type=float, default=5.0, help="seconds between progress lines [default: 5]")
+    args = p.parse_args(argv)
+    gpus = detect_gpus() if args.gpus == "auto" else [g.strip() for g in args.gpus.split(",") if g.strip()]
+    try:
+        return run_sweep(Path(args.repo).resolve(), gpus, poll_s=args.poll)
+    except KernelcampError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

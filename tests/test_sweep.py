@@ -1,0 +1,111 @@
+"""kernelcamp sweep: one DVC queue worker per GPU, each with its own GPU ids, port and MLflow run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernelcamp import sweep
+from kernelcamp.errors import KernelcampError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STAGE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    sys.path.insert(0, os.environ["KC_ROOT"])
+    import mlflow
+    from kernelcamp.sweep import worker_port
+    import yaml
+    x = yaml.safe_load(open("params.yaml"))["x"]
+    time.sleep(2)  # long enough that the two workers overlap
+    port = worker_port(8765)
+    mlflow.set_tracking_uri("sqlite:///" + os.path.join(os.environ["DVC_ROOT"], "mlflow.db"))
+    mlflow.set_experiment("sweep-test")
+    with mlflow.start_run() as run:
+        mlflow.log_param("x", x)
+        mlflow.set_tags({"cuda_visible_devices": os.environ["CUDA_VISIBLE_DEVICES"], "port": port})
+        run_id = run.info.run_id
+    json.dump({"cvd": os.environ["CUDA_VISIBLE_DEVICES"], "port": port, "run_id": run_id, "x": x},
+              open("out.json", "w"))
+    """
+)
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.mark.timeout(300)
+def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
+    if shutil.which("dvc") is None:
+        pytest.skip("dvc is not installed")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@t")
+    _git(repo, "config", "user.name", "t")
+    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
+    (repo / "params.yaml").write_text("x: 1\n")
+    (repo / "stage.py").write_text(STAGE)
+    (repo / "dvc.yaml").write_text(
+        "stages:\n  rec:\n    cmd: python stage.py\n    deps: [stage.py]\n    params: [x]\n"
+        "    metrics:\n      - out.json: {cache: false}\n"
+    )
+    (repo / ".gitignore").write_text("mlflow.db\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "init")
+    # The tracking store is created once before the workers start (DESIGN.md, reliability contract).
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    mlflow.set_experiment("sweep-test")
+    for x in (2, 3):
+        subprocess.run(["dvc", "exp", "run", "--queue", "-q", "-S", f"x={x}"], cwd=repo, check=True)
+    env = dict(os.environ, KC_ROOT=str(ROOT), PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "kernelcamp.cli", "sweep", "--gpus", "7,9", "--poll", "1"],
+                         cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    shown = json.loads(subprocess.run(["dvc", "exp", "show", "--json"], cwd=repo, check=True, capture_output=True,
+                                      text=True).stdout)
+    results = [r["data"]["metrics"]["out.json"]["data"] for b in shown for e in (b.get("experiments") or [])
+               for r in e["revs"] if r.get("data")]
+    assert sorted(r["x"] for r in results) == [2, 3]
+    assert sorted(r["cvd"] for r in results) == ["7", "9"], "each worker sees only its own GPU"
+    assert sorted(r["port"] for r in results) == [8765, 8775], "each worker's server port differs"
+    runs = mlflow.search_runs(experiment_names=["sweep-test"], output_format="list")
+    assert {r.info.run_id for r in runs} == {r["run_id"] for r in results}
+    by_run = {r.info.run_id: r for r in runs}
+    for r in results:
+        tags = by_run[r["run_id"]].data.tags
+        assert tags["cuda_visible_devices"] == r["cvd"] and tags["port"] == str(r["port"])
+        assert by_run[r["run_id"]].info.status == "FINISHED"
+
+
+def test_worker_env_pins_one_gpu() -> None:
+    env = sweep.worker_env({"CUDA_VISIBLE_DEVICES": "0,1,2"}, "2", 1)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env[sweep.SLOT_ENV] == "1"
+
+
+def test_worker_port_offsets_by_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(sweep.SLOT_ENV, raising=False)
+    assert sweep.worker_port(8765) == 8765
+    monkeypatch.setenv(sweep.SLOT_ENV, "3")
+    assert sweep.worker_port(8765) == 8765 + 3 * sweep.PORT_STRIDE
+    monkeypatch.setenv(sweep.SLOT_ENV, "x")
+    with pytest.raises(KernelcampError, match="KERNELCAMP_WORKER_SLOT"):
+        sweep.worker_slot()
+
+
+def test_sweep_refuses_no_gpu_and_repeated_gpu(tmp_path: Path) -> None:
+    with pytest.raises(KernelcampError, match="no GPU"):
+        sweep.run_sweep(tmp_path, [])
+    with pytest.raises(KernelcampError, match="once"):
+        sweep.run_sweep(tmp_path, ["0", "0"])
