@@ -1,8 +1,8 @@
 """``kernelcamp`` command line: a thin dispatcher; each subcommand lives with its library module.
 
-    kernelcamp inspect ...   compile-inspect a variant for one or more targets (kernelcamp.inspect)
-    kernelcamp serve ...     run the embedded OpenAI-compatible decode server (kernelcamp.serving.server)
-    kernelcamp sweep ...     queued sweep with one DVC experiment worker per GPU (kernelcamp.sweep)
+kernelcamp inspect ...   compile-inspect a variant for one or more targets (kernelcamp.inspect)
+kernelcamp serve ...     run the embedded OpenAI-compatible decode server (kernelcamp.serving.server)
+kernelcamp sweep ...     queued sweep with one DVC experiment worker per GPU (kernelcamp.sweep)
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "inspect": ("kernelcamp.inspect", "compile every config of a variant for target GPUs; shared memory, "
-                "registers, spills, occupancy, which configs the target prunes"),
+    "inspect": (
+        "kernelcamp.inspect",
+        "compile every config of a variant for target GPUs; shared memory, "
+        "registers, spills, occupancy, which configs the target prunes",
+    ),
     "serve": ("kernelcamp.serving.server", "run the embedded OpenAI-compatible decode server"),
     "sweep": ("kernelcamp.sweep", "run queued DVC experiments with one worker pinned to each GPU"),
 }

@@ -28,11 +28,19 @@ def sha256_file(path: str | os.PathLike) -> str:
 def git_info(root: str | os.PathLike = ".") -> dict[str, Any]:
     """``{"git_commit": sha or None, "git_dirty": bool or None}`` for the repo at ``root``."""
     try:
-        r = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True, text=True,
-                           timeout=10)
+        r = subprocess.run(
+            ["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
         sha = r.stdout.strip() if r.returncode == 0 else None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": None, "git_dirty": None}
     return {"git_commit": sha, "git_dirty": dirty if sha else None}
@@ -40,8 +48,12 @@ def git_info(root: str | os.PathLike = ".") -> dict[str, Any]:
 
 def _nvidia_smi(query: str, index: int) -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", str(index)],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", str(index)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -65,8 +77,15 @@ def device_info(device_index: int | None = None) -> dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
     if not torch.cuda.is_available():
-        info.update(device="cpu", gpu_name=None, gpu_arch=None, num_sms=None, driver=None, cpu=platform.processor()
-                    or platform.machine(), cpu_count=os.cpu_count())
+        info.update(
+            device="cpu",
+            gpu_name=None,
+            gpu_arch=None,
+            num_sms=None,
+            driver=None,
+            cpu=platform.processor() or platform.machine(),
+            cpu_count=os.cpu_count(),
+        )
         return info
     idx = torch.cuda.current_device() if device_index is None else device_index
     p = torch.cuda.get_device_properties(idx)
@@ -83,9 +102,18 @@ def device_info(device_index: int | None = None) -> dict[str, Any]:
         if len(parts) == 4:
             driver = parts[0]
             sm, sm_max, mem = (int(x) if x.isdigit() else None for x in parts[1:])
-    info.update(device="cuda", gpu_name=p.name, gpu_arch=p.major * 10 + p.minor, num_sms=p.multi_processor_count,
-                driver=driver, sm_clock_mhz=sm, max_sm_clock_mhz=sm_max, mem_clock_mhz=mem, cuda=torch.version.cuda,
-                gpu_index=idx)
+    info.update(
+        device="cuda",
+        gpu_name=p.name,
+        gpu_arch=p.major * 10 + p.minor,
+        num_sms=p.multi_processor_count,
+        driver=driver,
+        sm_clock_mhz=sm,
+        max_sm_clock_mhz=sm_max,
+        mem_clock_mhz=mem,
+        cuda=torch.version.cuda,
+        gpu_index=idx,
+    )
     return info
 
 

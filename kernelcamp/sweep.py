@@ -109,8 +109,14 @@ def start_workers(repo_root: Path, gpus: list[str], log_dir: Path) -> list[Worke
         cmd = ["dvc", "exp", "queue-worker", node]
         log = log_dir / f"worker-slot{slot}-gpu{gpu}.log"
         fh = open(log, "ab")  # noqa: SIM115 - owned by the child process
-        proc = subprocess.Popen(cmd, cwd=repo_root, env=worker_env(dict(os.environ), gpu, slot), stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=repo_root,
+            env=worker_env(dict(os.environ), gpu, slot),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         fh.close()
         workers.append(Worker(slot, gpu, node, proc, log))
     return workers
@@ -171,7 +177,9 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
     bad = [w for w in workers if w.proc.returncode != 0]
     for w in bad:
         log(f"sweep: worker on GPU {w.gpu} exited with {w.proc.returncode}; log: {w.log}")
-    log(f"sweep: done in {time.monotonic() - t0:.0f} s; `dvc exp show` lists the results, `dvc queue status` any failures")
+    log(
+        f"sweep: done in {time.monotonic() - t0:.0f} s; `dvc exp show` lists the results, `dvc queue status` any failures"
+    )
     return 1 if bad else 0
 
 
@@ -182,8 +190,11 @@ def cli_main(argv: list[str]) -> int:
         description="Run the queued DVC experiments (dvc exp run --queue ...) with one worker per GPU, "
         "each seeing only its own GPU and using its own server port.",
     )
-    p.add_argument("--gpus", default="auto", help="comma-separated GPU ids, or 'auto' (CUDA_VISIBLE_DEVICES or "
-                   "nvidia-smi) [default: auto]")
+    p.add_argument(
+        "--gpus",
+        default="auto",
+        help="comma-separated GPU ids, or 'auto' (CUDA_VISIBLE_DEVICES or nvidia-smi) [default: auto]",
+    )
     p.add_argument("--repo", default=".", help="the DVC repo [default: .]")
     p.add_argument("--poll", type=float, default=5.0, help="seconds between progress lines [default: 5]")
     args = p.parse_args(argv)

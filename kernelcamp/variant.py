@@ -81,8 +81,9 @@ class Variant:
 
     def config_hash(self) -> str:
         """sha256 (16 hex) of the configs and autotune key, independent of the name."""
-        payload = json.dumps({"configs": [c.as_dict() for c in self.configs], "key": list(self.autotune_key)},
-                             sort_keys=True)
+        payload = json.dumps(
+            {"configs": [c.as_dict() for c in self.configs], "key": list(self.autotune_key)}, sort_keys=True
+        )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def restricted(self, keep: list[int]) -> Variant:
@@ -96,8 +97,10 @@ def _check_int(where: str, field: str, value: Any, lo: int, pow2: bool = False) 
     if isinstance(value, bool) or not isinstance(value, int):
         raise KernelcampError(f"{where}.{field} = {value!r}: expected an integer >= {lo}")
     if value < lo:
-        raise KernelcampError(f"{where}.{field} = {value}: must be >= {lo}"
-                              + (" (tensor-core dot dimensions need at least 16)" if field.startswith("BLOCK") else ""))
+        raise KernelcampError(
+            f"{where}.{field} = {value}: must be >= {lo}"
+            + (" (tensor-core dot dimensions need at least 16)" if field.startswith("BLOCK") else "")
+        )
     if pow2 and value & (value - 1):
         raise KernelcampError(f"{where}.{field} = {value}: must be a power of two (Triton block sizes)")
     return value
@@ -110,8 +113,9 @@ def parse_config(raw: Mapping[str, Any], where: str) -> LaunchConfig:
         raise KernelcampError(f"{where}: unknown key(s) {unknown}; the kernel takes {list(LAUNCH_FIELDS)}")
     missing = [f for f in LAUNCH_FIELDS[:4] if f not in raw]
     if missing:
-        raise KernelcampError(f"{where}: missing {missing}; a config needs {list(LAUNCH_FIELDS[:4])} "
-                              "(num_splits defaults to auto)")
+        raise KernelcampError(
+            f"{where}: missing {missing}; a config needs {list(LAUNCH_FIELDS[:4])} (num_splits defaults to auto)"
+        )
     splits = raw.get("num_splits", "auto")
     if splits != "auto":
         splits = _check_int(where, "num_splits", splits, 1)
@@ -142,11 +146,13 @@ def parse_variant(raw: Mapping[str, Any], section: str = "variant") -> Variant:
             raise KernelcampError(
                 f"{section} {name!r} is an autotune list, so a top-level {f} does not apply: write "
                 f"-S '{section}.configs.0.{f}=...' for one entry, or pick a single-config variant "
-                f"(-S {section}=bt16_w8) and override {section}.{f}")
+                f"(-S {section}=bt16_w8) and override {section}.{f}"
+            )
         unknown = sorted(set(raw) - {"name", "configs", "autotune_key"})
         if unknown:
-            raise KernelcampError(f"{section} {name!r}: unknown key(s) {unknown}; a list variant has name, "
-                                  "configs, autotune_key")
+            raise KernelcampError(
+                f"{section} {name!r}: unknown key(s) {unknown}; a list variant has name, configs, autotune_key"
+            )
         configs = raw["configs"]
         if not configs:
             raise KernelcampError(f"{section} {name!r}: configs is empty; give at least one config")
@@ -154,10 +160,14 @@ def parse_variant(raw: Mapping[str, Any], section: str = "variant") -> Variant:
         key = tuple(raw.get("autotune_key") or ("B",))
         bad = [k for k in key if k not in AUTOTUNE_KEYS]
         if bad:
-            raise KernelcampError(f"{section}.autotune_key {bad}: the kernel's autotune key may use {list(AUTOTUNE_KEYS)}")
+            raise KernelcampError(
+                f"{section}.autotune_key {bad}: the kernel's autotune key may use {list(AUTOTUNE_KEYS)}"
+            )
         return Variant(name, parsed, key, is_list=True)
     if "autotune_key" in raw:
-        raise KernelcampError(f"{section} {name!r} is a single config, so autotune_key does not apply: remove it, "
-                              f"or give a list under {section}.configs")
+        raise KernelcampError(
+            f"{section} {name!r} is a single config, so autotune_key does not apply: remove it, "
+            f"or give a list under {section}.configs"
+        )
     body = {k: v for k, v in raw.items() if k not in _META_FIELDS}
     return Variant(name, (parse_config(body, section),), (), is_list=False)

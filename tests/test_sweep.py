@@ -70,13 +70,25 @@ def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
     for x in (2, 3):
         subprocess.run(["dvc", "exp", "run", "--queue", "-q", "-S", f"x={x}"], cwd=repo, check=True)
     env = dict(os.environ, KC_ROOT=str(ROOT), PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "kernelcamp.cli", "sweep", "--gpus", "7,9", "--poll", "1"],
-                         cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-m", "kernelcamp.cli", "sweep", "--gpus", "7,9", "--poll", "1"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
-    shown = json.loads(subprocess.run(["dvc", "exp", "show", "--json"], cwd=repo, check=True, capture_output=True,
-                                      text=True).stdout)
-    results = [r["data"]["metrics"]["out.json"]["data"] for b in shown for e in (b.get("experiments") or [])
-               for r in e["revs"] if r.get("data")]
+    shown = json.loads(
+        subprocess.run(["dvc", "exp", "show", "--json"], cwd=repo, check=True, capture_output=True, text=True).stdout
+    )
+    results = [
+        r["data"]["metrics"]["out.json"]["data"]
+        for b in shown
+        for e in (b.get("experiments") or [])
+        for r in e["revs"]
+        if r.get("data")
+    ]
     assert sorted(r["x"] for r in results) == [2, 3]
     assert sorted(r["cvd"] for r in results) == ["7", "9"], "each worker sees only its own GPU"
     assert sorted(r["port"] for r in results) == [8765, 8775], "each worker's server port differs"
