@@ -178,7 +178,8 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
     for w in bad:
         log(f"sweep: worker on GPU {w.gpu} exited with {w.proc.returncode}; log: {w.log}")
     log(
-        f"sweep: done in {time.monotonic() - t0:.0f} s; `dvc exp show` lists the results, `dvc queue status` any failures"
+        f"sweep: done in {time.monotonic() - t0:.0f} s; "
+        "`dvc exp show` lists the results, `dvc queue status` any failures"
     )
     return 1 if bad else 0
 
