@@ -1,0 +1,103 @@
+"""Compose conf/ into params.yaml exactly as ``dvc exp run`` does.
+
+DVC 3.67 (``dvc/repo/experiments/queue/base.py: _update_params``) composes with
+``dvc.utils.hydra.compose_and_dump(path, config_dir, config_module, config_name, plugins_path,
+overrides)``, taking the arguments from the ``[hydra]`` section of ``.dvc/config`` (config_dir
+defaults to ``conf`` and config_name to ``config``, both relative to the repo root). This module
+calls that same function with the same arguments, so ``make params`` and ``dvc exp run`` can never
+disagree. ``dvc repro`` does not recompose (DESIGN.md, known traps): run ``make params`` after
+editing conf/ and commit params.yaml.
+
+    python -m kernelcamp.compose                      # rewrite params.yaml from conf/'s defaults
+    python -m kernelcamp.compose --check              # exit 1 when params.yaml differs
+    python -m kernelcamp.compose -o /tmp/p.yaml variant=bt16_w4 variant.num_warps=8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from kernelcamp.errors import KernelcampError
+
+
+def hydra_settings(root: str | os.PathLike) -> dict[str, str | None]:
+    """The ``[hydra]`` settings DVC uses for the repo at ``root`` (absolute paths, DVC's defaults).
+
+    Raises ``KernelcampError`` when Hydra composition is not enabled in ``.dvc/config``.
+    """
+    from dvc.config import Config
+
+    root = Path(root).resolve()
+    cfg = Config(dvc_dir=str(root / ".dvc"), validate=True).get("hydra", {})
+    if not cfg.get("enabled", False):
+        raise KernelcampError(f"{root}/.dvc/config does not enable Hydra: run `dvc config hydra.enabled true`")
+    module = cfg.get("config_module")
+    return {
+        "config_dir": None if module else str(root / cfg.get("config_dir", "conf")),
+        "config_module": module,
+        "config_name": cfg.get("config_name", "config"),
+        "plugins_path": str(root / cfg.get("plugins_path", "")),
+    }
+
+
+def compose_text(root: str | os.PathLike = ".", overrides: list[str] | None = None) -> str:
+    """params.yaml text that ``dvc exp run -S <overrides>`` would write for the repo at ``root``.
+
+    Raises ``KernelcampError`` with Hydra's message when composition fails (unknown group option,
+    misspelled key, ...).
+    """
+    from dvc.utils.hydra import compose_and_dump
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    s = hydra_settings(root)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "params.yaml"
+        GlobalHydra.instance().clear()
+        try:
+            compose_and_dump(
+                out, s["config_dir"], s["config_module"], s["config_name"], s["plugins_path"], list(overrides or [])
+            )
+        except (HydraException, OmegaConfBaseException) as e:
+            msg = " ".join(str(e).split())
+            raise KernelcampError(f"cannot compose conf/ with {list(overrides or [])}: {msg}") from e
+        finally:
+            GlobalHydra.instance().clear()
+        return out.read_text(encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, as `dvc exp run -S` takes them")
+    ap.add_argument("--root", default=".", help="repo root (holds .dvc/config)")
+    ap.add_argument("-o", "--out", default="params.yaml", help="output path, relative to --root")
+    ap.add_argument("--check", action="store_true", help="do not write; exit 1 when the file differs")
+    args = ap.parse_args(argv)
+    try:
+        text = compose_text(args.root, args.overrides)
+    except KernelcampError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = Path(args.root) / args.out
+    if args.check:
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            print(
+                f"error: {path} differs from the composition of conf/: run `make params` and commit it", file=sys.stderr
+            )
+            return 1
+        print(f"{path} matches conf/")
+        return 0
+    from kernelcamp.io import write_text_atomic
+
+    write_text_atomic(path, text)
+    print(f"wrote {path} from conf/ ({len(args.overrides)} override(s))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""conf/: every config file and experiment composes, variants parse, params.yaml is up to date."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kernelcamp.compose import compose_text
+from kernelcamp.errors import KernelcampError
+from kernelcamp.variant import parse_variant
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("local", "experiment"))
+OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+REQUIRED = ["variant", "baseline", "target", "workload", "server", "deploy", "benchmark", "verify", "tracking"]
+
+
+def _compose(*overrides):
+    return yaml.safe_load(compose_text(ROOT, list(overrides)))
+
+
+def test_committed_params_yaml_is_the_composition_of_conf():
+    committed = (ROOT / "params.yaml").read_text(encoding="utf-8")
+    assert committed == compose_text(ROOT, []), "params.yaml is stale: run `make params` and commit it"
+
+
+def test_groups_named_as_design_says():
+    for g in REQUIRED + ["kernel", "experiment"]:
+        assert (CONF / g).is_dir(), g
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_config_file_composes(group, option):
+    params = _compose(f"{group}={option}")
+    for section in REQUIRED:
+        assert section in params, section
+    if group in ("variant", "baseline"):
+        v = parse_variant(params[group], group)
+        assert v.name == option, "a variant's name is its conf file name (DESIGN.md)"
+    if group == "deploy":
+        assert params["deploy"]["kind"] == option  # ??? values stay missing until the user sets them
+    if group == "target" and option != "auto":
+        assert params["target"]["name"] == option
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes(name):
+    params = _compose(f"experiment={name}")
+    parse_variant(params["variant"], "variant")
+    parse_variant(params["baseline"], "baseline")
+
+
+def test_experiment_files_are_global_packages_with_a_command():
+    for name in EXPERIMENTS:
+        text = (CONF / "experiment" / f"{name}.yaml").read_text()
+        assert text.startswith("# @package _global_"), name
+        assert f"dvc exp run -S experiment={name}" in text, f"{name}: header comment must give the command"
+
+
+def test_default_variants_parse_and_override_like_a_user_expects():
+    params = _compose("variant.num_warps=4")
+    assert parse_variant(params["variant"]).configs[0].num_warps == 4
+    assert params["benchmark"]["kernel"]["batch_sizes"] == params["workload"]["batch_sizes"]
+
+
+def test_misspelled_key_is_rejected():
+    with pytest.raises(KernelcampError, match="num_wraps"):
+        compose_text(ROOT, ["variant.num_wraps=8"])
+
+
+def test_unknown_variant_name_is_rejected():
+    with pytest.raises(KernelcampError, match="no_such_variant"):
+        compose_text(ROOT, ["variant=no_such_variant"])
