@@ -1,0 +1,815 @@
+"""Sparse MLA decode over a paged fp8 KV cache (DeepSeek-V3.2 and DeepSeek-V4 layouts), in Triton.
+
+What it computes. For each decode query (B requests, H query heads, one latent KV head shared by all
+heads, MLA), attend over the ``topk`` cache tokens named by an int32 index row (-1 = empty slot,
+masked) with an explicit softmax scale::
+
+    s[b, h, t] = sm_scale * q[b, h, :] . K[idx[b, t], :]          (K = the dequantized latent, d_qk)
+    out[b, h]  = sum_t softmax_t(s[b, h, :]) * K[idx[b, t], :d_v]  (V = the first d_v latent values)
+    lse[b, h]  = log(sum_t exp(s[b, h, t]))                       (natural log, fp32)
+
+Output bf16 ``[B, H, d_v]`` and fp32 ``[B, H]``. A row whose slots are all -1 returns an output of
+zeros and ``lse = -inf`` (kernel and reference agree; the combine never divides by zero).
+
+Cache layouts (DESIGN.md, "The first kernel"; both as DeepSeek's inference code stores them), one
+uint8 tensor ``[num_pages, page_size * token_bytes]``:
+
+- ``deepseek_v32`` (656 B/token, d_qk 576, d_v 512): bytes 0-511 are 512 fp8 e4m3 latent values,
+  512-527 four fp32 scales (one per 128 values, value = fp8 * scale), 528-655 64 bf16 rope values.
+  Tokens are contiguous rows in a page.
+- ``deepseek_v4`` (584 B/token, d_qk = d_v = 512): per token a 576-byte data row (448 fp8 e4m3 +
+  64 bf16 rope) and an 8-byte scale row (7 ue8m0 exponents, one per 64 values, value =
+  fp8 * 2^(e-127), + 1 pad byte); within a page all data rows come first, then all scale rows.
+  The quantizer never writes e = 0 (it would decode to the denormal 2^-127; the kernel flushes it
+  to 0).
+
+Kernel design: split-K over the top-k range. Grid ``(B, cdiv(H, BLOCK_H), num_splits)``; a program
+loads a ``BLOCK_H x d_qk`` query tile, walks its share of the top-k slots in ``BLOCK_T`` tiles,
+gathers the fp8 rows by index (page = idx // page_size), dequantizes them with the layout's scales
+into the dot dtype, computes ``q . k^T`` with ``tl.dot`` (fp32 accumulate), runs an online softmax in
+base 2 (``sm_scale * log2(e)`` folded into one multiply) and accumulates ``p . v`` where v is the
+same dequantized tile (MLA shares the latent between K and V). Both layouts go through one
+512-wide "main" tile: V3.2's 512 fp8 values (its 64 rope values are a second, 64-wide dot), V4's 448
+fp8 values followed by its 64 rope values (so V4's V is the whole main tile). With one split the
+kernel writes the final bf16 output and LSE itself; with more it writes fp32 partial outputs and
+base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale.
+
+The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
+multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
+
+File order (STYLE.md): layouts -> autotune config helpers -> @triton.jit kernels -> launcher ->
+quantizer, dequantizer, torch reference -> inputs, flops/bytes, compile specs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelcamp.variant import LaunchConfig, Variant
+
+# --------------------------------------------------------------------------------------------------
+# Layouts
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """One fp8 KV-cache layout. Sizes in values (d_*) and bytes (*_bytes).
+
+    ``fp8_dims`` fp8 values per token, scaled in groups of ``group_size``; ``rope_dims`` bf16 values
+    after them; ``d_qk = fp8_dims + rope_dims``; V is the first ``d_v`` latent values.
+    ``data_bytes`` is the row stride of the per-token data inside a page; ``scale_row_bytes`` > 0
+    means the scales live in separate rows after all data rows of the page (V4).
+    """
+
+    name: str
+    code: int  # LAYOUT constexpr of the kernel
+    d_qk: int
+    d_v: int
+    fp8_dims: int
+    rope_dims: int
+    group_size: int
+    num_groups: int
+    scale_kind: str  # "fp32" (value = fp8 * scale) or "ue8m0" (value = fp8 * 2^(e-127))
+    token_bytes: int
+    data_bytes: int
+    scale_offset: int  # V3.2: byte offset of the fp32 scales inside the token row
+    rope_offset: int  # byte offset of the bf16 rope values inside the data row
+    scale_row_bytes: int = 0
+
+
+LAYOUTS: dict[str, CacheLayout] = {
+    "deepseek_v32": CacheLayout(
+        name="deepseek_v32",
+        code=0,
+        d_qk=576,
+        d_v=512,
+        fp8_dims=512,
+        rope_dims=64,
+        group_size=128,
+        num_groups=4,
+        scale_kind="fp32",
+        token_bytes=656,
+        data_bytes=656,
+        scale_offset=512,
+        rope_offset=528,
+    ),
+    "deepseek_v4": CacheLayout(
+        name="deepseek_v4",
+        code=1,
+        d_qk=512,
+        d_v=512,
+        fp8_dims=448,
+        rope_dims=64,
+        group_size=64,
+        num_groups=7,
+        scale_kind="ue8m0",
+        token_bytes=584,
+        data_bytes=576,
+        scale_offset=0,
+        rope_offset=448,
+        scale_row_bytes=8,
+    ),
+}
+
+D_MAIN = 512  # width of the kernel's main tile: the first 512 latent values (= d_v) in both layouts
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# num_splits="auto": split the top-k range until the grid has about one program per SM, keeping at
+# least AUTO_MIN_TILES BLOCK_T tiles per split and at most AUTO_MAX_SPLITS splits (bounded partial
+# buffers). Rule: splits = clamp(num_sms // (B * cdiv(H, BLOCK_H)), 1, min(AUTO_MAX_SPLITS,
+# tiles // AUTO_MIN_TILES)). Chosen on the H200 sweep recorded in reports/kernel_bench/ (see there).
+AUTO_MIN_TILES = 4
+AUTO_MAX_SPLITS = 32
+DEFAULT_NUM_SMS = 132  # H200; used only when no GPU is present (interpreter runs)
+
+
+def get_layout(layout: str) -> CacheLayout:
+    """The ``CacheLayout`` named ``layout``; ``ValueError`` naming the known layouts otherwise."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: expected one of {sorted(LAYOUTS)}")
+    return LAYOUTS[layout]
+
+
+# --------------------------------------------------------------------------------------------------
+# Autotune configs and split choice
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_NUM_SMS
+
+
+def resolve_num_splits(
+    num_splits: int | str, B: int, H: int, topk: int, BLOCK_H: int, BLOCK_T: int, num_sms: int = DEFAULT_NUM_SMS
+) -> int:
+    """Splits actually launched for a config's ``num_splits`` (an int, or "auto": see AUTO_* above).
+
+    An explicit value is capped at the number of BLOCK_T tiles (a split never gets zero tiles).
+    """
+    tiles = max(1, triton.cdiv(topk, BLOCK_T))
+    if num_splits == "auto":
+        ctas = B * triton.cdiv(H, BLOCK_H)
+        cap = max(1, min(AUTO_MAX_SPLITS, tiles // AUTO_MIN_TILES))
+        return max(1, min(num_sms // max(ctas, 1), cap))
+    return max(1, min(int(num_splits), tiles))
+
+
+def _splits_code(num_splits: int | str) -> int:
+    return 0 if num_splits == "auto" else int(num_splits)
+
+
+def _triton_config(c: LaunchConfig) -> triton.Config:
+    return triton.Config(
+        {"BLOCK_T": c.BLOCK_T, "BLOCK_H": c.BLOCK_H, "SPLITS": _splits_code(c.num_splits)},
+        num_warps=c.num_warps,
+        num_stages=c.num_stages,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernels
+
+
+@triton.jit
+def _sparse_mla_split_kernel(
+    # pointers
+    q_ptr,
+    kv_u8_ptr,
+    kv_bf16_ptr,
+    kv_f32_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    # sizes
+    B,
+    H,
+    topk,
+    max_splits,
+    sm_scale_log2,
+    # strides (elements)
+    stride_qb,
+    stride_qh,
+    stride_ib,
+    # meta-parameters
+    LAYOUT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    # SPLITS is the requested split count (0 = auto); the launched count is the grid's third axis.
+    D: tl.constexpr = 512
+    ROPE: tl.constexpr = 64
+    if LAYOUT == 0:
+        TOKEN_ROW: tl.constexpr = 656  # V3.2: token row stride; fp8 0-511, fp32 scales 512-527, rope 528-655
+        PAGE_BYTES: tl.constexpr = PAGE_SIZE * 656
+    else:
+        TOKEN_ROW: tl.constexpr = 576  # V4: data row stride; fp8 0-447, rope 448-575; scale rows after
+        PAGE_BYTES: tl.constexpr = PAGE_SIZE * 584
+    pid_b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    offs_d = tl.arange(0, D)
+    offs_r = tl.arange(0, ROPE)
+    q_row_ptrs = q_ptr + pid_b.to(tl.int64) * stride_qb + offs_h[:, None] * stride_qh
+    q_main = tl.load(q_row_ptrs + offs_d[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    if LAYOUT == 0:
+        q_rope = tl.load(q_row_ptrs + D + offs_r[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+
+    tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_T), n_splits)
+    t_start = pid_s * tiles_per_split * BLOCK_T
+    t_end = tl.minimum(t_start + tiles_per_split * BLOCK_T, topk)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
+    for t0 in range(t_start, t_end, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        idx = tl.load(idx_ptr + pid_b.to(tl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
+        valid = idx >= 0
+        tok = tl.where(valid, idx, 0).to(tl.int64)
+        page_base = (tok // PAGE_SIZE) * PAGE_BYTES
+        row = tok % PAGE_SIZE
+        row_base = tl.multiple_of(page_base + row * TOKEN_ROW, 16)
+        if LAYOUT == 0:
+            fp8 = tl.load(kv_u8_ptr + row_base[:, None] + offs_d[None, :], mask=valid[:, None], other=0)
+            scale = tl.load(
+                kv_f32_ptr + (row_base[:, None] + 512) // 4 + offs_d[None, :] // 128, mask=valid[:, None], other=0.0
+            )
+            k_main = (fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale).to(DOT_DTYPE)
+            k_rope = tl.load(
+                kv_bf16_ptr + (row_base[:, None] + 528) // 2 + offs_r[None, :], mask=valid[:, None], other=0.0
+            ).to(DOT_DTYPE)
+        else:
+            is_fp8 = offs_d < 448
+            fp8 = tl.load(
+                kv_u8_ptr + row_base[:, None] + offs_d[None, :], mask=valid[:, None] & is_fp8[None, :], other=0
+            )
+            e8 = tl.load(
+                kv_u8_ptr + (page_base + PAGE_SIZE * 576 + row * 8)[:, None] + offs_d[None, :] // 64,
+                mask=valid[:, None] & is_fp8[None, :],
+                other=0,
+            )
+            scale = (e8.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # 2^(e-127), exact
+            rope = tl.load(
+                kv_bf16_ptr + (row_base[:, None] + 448) // 2 + (offs_d[None, :] - 448),
+                mask=valid[:, None] & (offs_d[None, :] >= 448),
+                other=0.0,
+            )
+            k_main = tl.where(
+                is_fp8[None, :], fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale, rope.to(tl.float32)
+            ).to(DOT_DTYPE)
+
+        qk = tl.dot(q_main, tl.trans(k_main))
+        if LAYOUT == 0:
+            qk = tl.dot(q_rope, tl.trans(k_rope), qk)
+        s = tl.where(valid[None, :], qk * sm_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(DOT_DTYPE), k_main, acc * alpha[:, None])
+        m_i = m_new
+
+    has = l_i > 0.0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    bh = pid_b.to(tl.int64) * H + offs_h
+    if n_splits == 1:
+        tl.store(out_ptr + bh[:, None] * D + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=mask_h[:, None])
+        tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_h)
+    else:
+        part = bh * max_splits + pid_s
+        tl.store(part_out_ptr + part[:, None] * D + offs_d[None, :], o, mask=mask_h[:, None])
+        tl.store(part_lse_ptr + part, lse2, mask=mask_h)
+
+
+@triton.jit
+def _sparse_mla_combine_kernel(
+    # pointers
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    lse_ptr,
+    # sizes
+    n_splits,
+    max_splits,
+    # meta-parameters
+    D_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    # one program per (b, h) row: merge the partial outputs by their base-2 LSEs
+    bh = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, D_V)
+    mask_s = offs_s < n_splits
+    lse_s = tl.load(part_lse_ptr + bh * max_splits + offs_s, mask=mask_s, other=float("-inf"))
+    lse_max = tl.max(lse_s, 0)
+    lse_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    w = tl.exp2(lse_s - lse_safe)
+    w_sum = tl.sum(w, 0)
+    o_s = tl.load(
+        part_out_ptr + (bh * max_splits + offs_s)[:, None] * D_V + offs_d[None, :], mask=mask_s[:, None], other=0.0
+    )
+    acc = tl.sum(o_s * w[:, None], 0)
+    has = w_sum > 0.0
+    o = acc / tl.where(has, w_sum, 1.0)
+    tl.store(out_ptr + bh * D_V + offs_d, o.to(out_ptr.dtype.element_ty))
+    tl.store(
+        lse_ptr + bh, tl.where(has, (lse_safe + tl.log2(tl.where(has, w_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Launcher
+
+_DOT_DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16}
+
+
+def _jit_cache_size(fn: Any) -> int:
+    """Compiled binaries held by a JITFunction (0 under the interpreter, which has no cache)."""
+    caches = getattr(fn, "device_caches", None)
+    if not caches:
+        return 0
+    return sum(len(c[0]) for c in caches.values())
+
+
+def _check_inputs(
+    q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, layout: str, page_size: int, check_indices: bool
+) -> CacheLayout:
+    """Validate shapes, dtypes, strides and (optionally) index range; ``ValueError`` naming the culprit."""
+    lay = get_layout(layout)
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size={page_size!r}: expected a positive int (64 or 256)")
+    if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16:
+        raise ValueError(f"q: expected a bfloat16 tensor [B, H, {lay.d_qk}], got {getattr(q, 'dtype', type(q))}")
+    if q.dim() != 3 or q.shape[2] != lay.d_qk:
+        raise ValueError(f"q: expected shape [B, H, {lay.d_qk}] for layout {layout}, got {list(q.shape)}")
+    if q.stride(2) != 1:
+        raise ValueError(f"q: expected the last dim contiguous (stride 1), got strides {q.stride()}")
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dtype != torch.uint8:
+        raise ValueError(f"kv_cache: expected a uint8 tensor, got {getattr(kv_cache, 'dtype', type(kv_cache))}")
+    row = page_size * lay.token_bytes
+    if kv_cache.dim() != 2 or kv_cache.shape[1] != row:
+        raise ValueError(
+            f"kv_cache: expected shape [num_pages, page_size*token_bytes = {row}] for layout {layout}, "
+            f"page_size {page_size}, got {list(kv_cache.shape)}"
+        )
+    if not kv_cache.is_contiguous():
+        raise ValueError(f"kv_cache: expected a contiguous tensor, got strides {kv_cache.stride()}")
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
+        raise ValueError(f"indices: expected an int32 tensor [B, topk], got {getattr(indices, 'dtype', type(indices))}")
+    if indices.dim() != 2 or indices.shape[0] != q.shape[0]:
+        raise ValueError(f"indices: expected shape [B={q.shape[0]}, topk], got {list(indices.shape)}")
+    if indices.shape[1] < 1 or q.shape[0] < 1 or q.shape[1] < 1:
+        raise ValueError(f"q/indices: B, H and topk must be >= 1, got q {list(q.shape)}, indices {list(indices.shape)}")
+    if indices.stride(1) != 1:
+        raise ValueError(f"indices: expected the last dim contiguous (stride 1), got strides {indices.stride()}")
+    if not (q.device == kv_cache.device == indices.device):
+        raise ValueError(
+            f"q, kv_cache, indices: expected one device, got {q.device}, {kv_cache.device}, {indices.device}"
+        )
+    if check_indices and indices.numel():
+        n_tok = kv_cache.shape[0] * page_size
+        lo, hi = int(indices.min()), int(indices.max())  # device sync
+        if lo < -1 or hi >= n_tok:
+            raise ValueError(
+                f"indices: expected values in [-1, {n_tok - 1}] (num_pages*page_size - 1), got min {lo}, max {hi}"
+            )
+    return lay
+
+
+@dataclass
+class SparseMLADecode:
+    """Launcher for one variant: ``SparseMLADecode(variant)(q, kv_cache, indices, layout, page_size)``.
+
+    A single-config variant launches its config directly (never autotunes, so it is safe under
+    CUDA-graph capture once compiled). A list variant wraps the split kernel in ``triton.autotune``
+    keyed on the variant's ``autotune_key`` (kernel args ``B``, ``H``, ``topk``); the first call per
+    key benchmarks every config. ``last_config`` is the config that ran on the last call.
+
+    Counters for the capture check: ``compile_count`` (compiled binaries of the two kernels,
+    process-wide: the kernels are module-level), ``autotune_bench_runs`` (configs benchmarked by this
+    launcher's autotuner), ``launches``.
+
+    ``check_indices`` (default True): check every index is in ``[-1, num_pages*page_size)`` before
+    launching. It costs a device sync (a min/max reduction and a copy to host, ~10-20 us) and is
+    skipped automatically while a CUDA graph is being captured (a sync is illegal there); pass
+    ``check_indices=False`` on hot paths whose indices are trusted.
+    """
+
+    variant: Variant
+    dot_dtype: str = "bf16"
+    check_indices: bool = True
+    last_config: LaunchConfig | None = field(default=None, init=False)
+    autotune_bench_runs: int = field(default=0, init=False)
+    launches: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.dot_dtype not in _DOT_DTYPES:
+            raise ValueError(f"dot_dtype={self.dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
+        if not isinstance(self.variant, Variant) or not self.variant.configs:
+            raise ValueError("variant: expected a kernelcamp.variant.Variant with at least one config")
+        for c in self.variant.configs:
+            _check_config(c)
+        self._by_key = {
+            (c.BLOCK_T, c.BLOCK_H, _splits_code(c.num_splits), c.num_warps, c.num_stages): c
+            for c in self.variant.configs
+        }
+        self._tuner = None
+        if not self.variant.single:
+            key = list(self.variant.autotune_key) or ["B"]
+            self._tuner = triton.autotune(configs=[_triton_config(c) for c in self.variant.configs], key=key)(
+                _sparse_mla_split_kernel
+            )
+            bench = self._tuner._bench
+
+            def counted_bench(*args: Any, **kwargs: Any) -> Any:
+                self.autotune_bench_runs += 1
+                return bench(*args, **kwargs)
+
+            self._tuner._bench = counted_bench
+
+    @property
+    def compile_count(self) -> int:
+        return _jit_cache_size(_sparse_mla_split_kernel) + _jit_cache_size(_sparse_mla_combine_kernel)
+
+    def _config_of(self, tc: triton.Config) -> LaunchConfig:
+        kw = tc.kwargs
+        return self._by_key[(kw["BLOCK_T"], kw["BLOCK_H"], kw["SPLITS"], tc.num_warps, tc.num_stages)]
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        indices: torch.Tensor,
+        layout: str,
+        page_size: int,
+        sm_scale: float | None = None,
+        check_indices: bool | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(out bf16 [B, H, d_v], lse fp32 [B, H])``. Raises ``ValueError`` on bad input."""
+        check = self.check_indices if check_indices is None else check_indices
+        if check and q.is_cuda and torch.cuda.is_current_stream_capturing():
+            check = False
+        lay = _check_inputs(q, kv_cache, indices, layout, page_size, check)
+        B, H, _ = q.shape
+        topk = indices.shape[1]
+        scale = 1.0 / math.sqrt(lay.d_qk) if sm_scale is None else float(sm_scale)
+        num_sms = _num_sms(q.device)
+        max_splits = max(
+            resolve_num_splits(c.num_splits, B, H, topk, c.BLOCK_H, c.BLOCK_T, num_sms) for c in self.variant.configs
+        )
+        out = torch.empty((B, H, lay.d_v), dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty((B, H), dtype=torch.float32, device=q.device)
+        if max_splits > 1:
+            part_out = torch.empty((B, H, max_splits, lay.d_v), dtype=torch.float32, device=q.device)
+            part_lse = torch.empty((B, H, max_splits), dtype=torch.float32, device=q.device)
+        else:
+            part_out, part_lse = out, lse  # never written: one split stores the final result directly
+
+        def grid(meta: dict[str, Any]) -> tuple[int, int, int]:
+            req = "auto" if meta["SPLITS"] == 0 else meta["SPLITS"]
+            n = resolve_num_splits(req, B, H, topk, meta["BLOCK_H"], meta["BLOCK_T"], num_sms)
+            return (B, triton.cdiv(H, meta["BLOCK_H"]), n)
+
+        args = (
+            q,
+            kv_cache,
+            kv_cache.view(torch.bfloat16),
+            kv_cache.view(torch.float32),
+            indices,
+            out,
+            lse,
+            part_out,
+            part_lse,
+            B,
+            H,
+            topk,
+            max_splits,
+            scale * LOG2E,
+            q.stride(0),
+            q.stride(1),
+            indices.stride(0),
+        )
+        meta = {"LAYOUT": lay.code, "PAGE_SIZE": page_size, "DOT_DTYPE": _DOT_DTYPES[self.dot_dtype]}
+        if self._tuner is None:
+            cfg = self.variant.configs[0]
+            _sparse_mla_split_kernel[grid](
+                *args, **meta, **_triton_config(cfg).kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages
+            )
+        else:
+            self._tuner[grid](*args, **meta)
+            cfg = self._config_of(self._tuner.best_config)
+        self.last_config = cfg
+        self.launches += 1
+        n_splits = resolve_num_splits(cfg.num_splits, B, H, topk, cfg.BLOCK_H, cfg.BLOCK_T, num_sms)
+        if n_splits > 1:
+            _sparse_mla_combine_kernel[(B * H,)](
+                part_out, part_lse, out, lse, n_splits, max_splits, D_V=lay.d_v, BLOCK_S=_block_s(n_splits), num_warps=4
+            )
+        return out, lse
+
+
+def _block_s(n_splits: int) -> int:
+    return max(2, triton.next_power_of_2(n_splits))
+
+
+def _check_config(c: LaunchConfig) -> None:
+    for name in ("BLOCK_T", "BLOCK_H"):
+        v = getattr(c, name)
+        if not isinstance(v, int) or v < 16 or v & (v - 1):
+            raise ValueError(f"{name}={v!r}: expected a power of two >= 16 (tensor-core dot dimensions)")
+    if not isinstance(c.num_warps, int) or c.num_warps < 1 or c.num_warps & (c.num_warps - 1):
+        raise ValueError(f"num_warps={c.num_warps!r}: expected a power of two >= 1")
+    if not isinstance(c.num_stages, int) or c.num_stages < 1:
+        raise ValueError(f"num_stages={c.num_stages!r}: expected an int >= 1")
+    if c.num_splits != "auto" and (not isinstance(c.num_splits, int) or c.num_splits < 1):
+        raise ValueError(f"num_splits={c.num_splits!r}: expected an int >= 1 or 'auto'")
+
+
+# --------------------------------------------------------------------------------------------------
+# Quantizer, dequantizer, torch reference
+
+
+def _check_pages(num_tokens: int, page_size: int, what: str) -> int:
+    if page_size < 1 or num_tokens % page_size:
+        raise ValueError(f"{what}: num_tokens={num_tokens} must be a multiple of page_size={page_size}")
+    return num_tokens // page_size
+
+
+def quantize_kv_cache(latent: torch.Tensor, layout: str, page_size: int) -> torch.Tensor:
+    """Build a paged fp8 cache from bf16 latents.
+
+    latent: ``[num_tokens, d_qk]`` bf16, num_tokens a multiple of page_size. Returns uint8
+    ``[num_pages, page_size * token_bytes]`` in ``layout`` (module docstring). V3.2 scales are
+    ``amax / 448`` per 128 values (1 for an all-zero group); V4 scales are the power of two
+    ``2^ceil(log2(amax / 448))`` per 64 values, exponent clamped to [1, 254]. fp8 values saturate at
+    +-448; rope values are stored as bf16 unchanged.
+    """
+    lay = get_layout(layout)
+    if latent.dim() != 2 or latent.shape[1] != lay.d_qk:
+        raise ValueError(f"latent: expected shape [num_tokens, {lay.d_qk}], got {list(latent.shape)}")
+    n = latent.shape[0]
+    num_pages = _check_pages(n, page_size, "latent")
+    x = latent.float()
+    nope = x[:, : lay.fp8_dims].reshape(n, lay.num_groups, lay.group_size)
+    amax = nope.abs().amax(dim=2, keepdim=True)
+    if lay.scale_kind == "fp32":
+        scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        scale_bytes = scale.reshape(n, lay.num_groups).contiguous().view(torch.uint8)
+    else:
+        e = torch.ceil(torch.log2(torch.clamp(amax, min=1e-30) / FP8_MAX)) + 127
+        e = torch.clamp(e, 1, 254)
+        scale = torch.exp2(e - 127)
+        scale_bytes = e.reshape(n, lay.num_groups).to(torch.uint8)
+    fp8 = torch.clamp(nope / scale, -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).reshape(n, lay.fp8_dims)
+    rope = latent[:, lay.fp8_dims :].to(torch.bfloat16).contiguous().view(torch.uint8)
+    fp8_bytes = fp8.view(torch.uint8)
+    if lay.scale_kind == "fp32":
+        rows = torch.cat([fp8_bytes, scale_bytes, rope], dim=1)  # [n, 656]
+        return rows.reshape(num_pages, page_size * lay.token_bytes).contiguous()
+    data = torch.cat([fp8_bytes, rope], dim=1).reshape(num_pages, page_size * lay.data_bytes)
+    pad = torch.zeros((n, lay.scale_row_bytes - lay.num_groups), dtype=torch.uint8, device=latent.device)
+    scales = torch.cat([scale_bytes, pad], dim=1).reshape(num_pages, page_size * lay.scale_row_bytes)
+    return torch.cat([data, scales], dim=1).contiguous()
+
+
+def dequantize_rows(kv_cache: torch.Tensor, tokens: torch.Tensor, layout: str, page_size: int) -> torch.Tensor:
+    """Dequantize the cache rows of the global token ids ``tokens`` (any shape, all valid) to fp32
+    ``[*tokens.shape, d_qk]``. Gathers only those rows (cheap for a top-k of a large cache)."""
+    lay = get_layout(layout)
+    tokens = tokens.long()
+    num_pages = kv_cache.shape[0]
+    if lay.scale_row_bytes == 0:
+        rows = kv_cache.reshape(num_pages * page_size, lay.token_bytes)[tokens]
+        fp8 = rows[..., : lay.fp8_dims].contiguous().view(torch.float8_e4m3fn).float()
+        scale = rows[..., lay.scale_offset : lay.scale_offset + 4 * lay.num_groups].contiguous().view(torch.float32)
+        rope = rows[..., lay.rope_offset : lay.rope_offset + 2 * lay.rope_dims].contiguous().view(torch.bfloat16)
+    else:
+        page, row = tokens // page_size, tokens % page_size
+        data = kv_cache[:, : page_size * lay.data_bytes].unflatten(1, (page_size, lay.data_bytes))[page, row]
+        srow = kv_cache[:, page_size * lay.data_bytes :].unflatten(1, (page_size, lay.scale_row_bytes))[page, row]
+        fp8 = data[..., : lay.fp8_dims].contiguous().view(torch.float8_e4m3fn).float()
+        e = srow[..., : lay.num_groups].to(torch.int32)
+        scale = torch.where(e > 0, torch.exp2((e - 127).float()), torch.zeros_like(e, dtype=torch.float32))
+        rope = data[..., lay.rope_offset : lay.rope_offset + 2 * lay.rope_dims].contiguous().view(torch.bfloat16)
+    nope = (fp8.unflatten(-1, (lay.num_groups, lay.group_size)) * scale.unsqueeze(-1)).flatten(-2)
+    return torch.cat([nope, rope.float()], dim=-1)
+
+
+def dequantize_kv_cache(kv_cache: torch.Tensor, layout: str, page_size: int) -> torch.Tensor:
+    """The whole cache as fp32 ``[num_pages * page_size, d_qk]`` (token id order)."""
+    get_layout(layout)
+    n = kv_cache.shape[0] * page_size
+    return dequantize_rows(kv_cache, torch.arange(n, device=kv_cache.device), layout, page_size)
+
+
+def sparse_mla_decode_ref(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    layout: str,
+    page_size: int,
+    sm_scale: float | None = None,
+    check_indices: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference: dequantize the gathered rows, masked softmax with an explicit scale, weighted sum.
+
+    Returns ``(out [B, H, d_v], lse [B, H])`` in fp32 (natural-log LSE of the scaled scores). An
+    all-empty row gives zeros and ``lse = -inf``. ``compute_dtype`` other than fp32 rounds q, the
+    dequantized rows, the scores' softmax weights and the products to that dtype (the "torch's own
+    error in the same precision" yardstick of the tests); the result is still returned in fp32.
+    ``check_indices=False`` skips the range check (it syncs; a captured graph needs it off).
+    """
+    lay = _check_inputs(q, kv_cache, indices, layout, page_size, check_indices)
+    scale = 1.0 / math.sqrt(lay.d_qk) if sm_scale is None else float(sm_scale)
+    valid = indices >= 0
+    tokens = torch.where(valid, indices, torch.zeros_like(indices))
+    kv = dequantize_rows(kv_cache, tokens, layout, page_size).to(compute_dtype)  # [B, topk, d_qk]
+    s = torch.einsum("bhd,btd->bht", q.to(compute_dtype), kv).float() * scale
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(s - lse_safe[..., None]).to(compute_dtype)
+    out = torch.einsum("bht,btd->bhd", p, kv[..., : lay.d_v]).float()
+    return out, lse
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs, flops and bytes, compile specs
+
+
+def make_inputs(
+    layout: str,
+    B: int,
+    H: int,
+    topk: int,
+    page_size: int,
+    num_cache_tokens: int,
+    device: str | torch.device,
+    seed: int = 0,
+    empty_fraction: float = 0.0,
+) -> dict[str, Any]:
+    """Deterministic inputs: ``{q, kv_cache, indices, sm_scale, layout, page_size}``.
+
+    Latents are N(0, 1) bf16 with a per-(token, 64-value group) magnitude in [2^-3, 2^3] so that the
+    scales differ; q is N(0, 1) bf16. Each index row holds ``topk`` distinct token ids, including
+    the last token of the last page; ``empty_fraction`` of the slots (random positions) are -1.
+    """
+    lay = get_layout(layout)
+    if topk > num_cache_tokens:
+        raise ValueError(f"topk={topk}: must be <= num_cache_tokens={num_cache_tokens} (distinct indices)")
+    _check_pages(num_cache_tokens, page_size, "num_cache_tokens")
+    g = torch.Generator().manual_seed(seed)
+    latent = torch.randn(num_cache_tokens, lay.d_qk, generator=g)
+    mag = torch.exp2(torch.randint(-3, 4, (num_cache_tokens, lay.d_qk // 64), generator=g).float())
+    latent = (latent.unflatten(1, (-1, 64)) * mag[..., None]).flatten(1).to(torch.bfloat16)
+    q = torch.randn(B, H, lay.d_qk, generator=g).to(torch.bfloat16)
+    last = num_cache_tokens - 1
+    rows = []
+    for _ in range(B):
+        ids = torch.randperm(last, generator=g)[: topk - 1]
+        ids = torch.cat([ids, torch.tensor([last])])
+        rows.append(ids[torch.randperm(topk, generator=g)])
+    indices = torch.stack(rows).to(torch.int32)
+    if empty_fraction > 0:
+        drop = torch.rand(B, topk, generator=g) < empty_fraction
+        indices = torch.where(drop, torch.full_like(indices, -1), indices)
+    return {
+        "q": q.to(device),
+        "kv_cache": quantize_kv_cache(latent.to(device), layout, page_size),
+        "indices": indices.to(device),
+        "sm_scale": 1.0 / math.sqrt(lay.d_qk),
+        "layout": layout,
+        "page_size": page_size,
+    }
+
+
+def flops(layout: str, B: int, H: int, topk: int) -> float:
+    """Useful flops per call: 2 * H * (d_qk + d_v) * topk * B (DESIGN.md, definitions)."""
+    lay = get_layout(layout)
+    return 2.0 * H * (lay.d_qk + lay.d_v) * topk * B
+
+
+def bytes_moved(layout: str, B: int, H: int, topk: int) -> float:
+    """Bytes per call: gathered KV rows + q (bf16) + indices (int32) + out (bf16) + lse (fp32)."""
+    lay = get_layout(layout)
+    kv = lay.token_bytes * topk * B
+    q = 2.0 * B * H * lay.d_qk
+    idx = 4.0 * B * topk
+    out = 2.0 * B * H * lay.d_v + 4.0 * B * H
+    return kv + q + idx + out
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What ``triton.compile(ASTSource(fn, signature, constexprs, attrs), target, options)`` needs.
+
+    ``constexprs`` is keyed by argument name (Triton 3.6's ASTSource maps names to indices);
+    ``attrs`` marks the pointer arguments 16-byte aligned as a real launch does (optional for
+    ASTSource, but registers can differ without it).
+    """
+
+    name: str
+    fn: Any
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    num_warps: int
+    num_stages: int
+    attrs: dict[tuple[int, ...], list] = field(default_factory=dict)
+
+
+def _spec(
+    name: str, fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int
+) -> KernelSpec:
+    sig = {a: ("constexpr" if a in constexprs else types[a]) for a in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if sig[a].startswith("*")}
+    return KernelSpec(name, fn, sig, constexprs, num_warps, num_stages, attrs)
+
+
+def compile_specs(
+    layout: str,
+    num_heads: int,
+    topk: int,
+    config: LaunchConfig,
+    dot_dtype: str = "bf16",
+    batch: int = 64,
+    page_size: int = 64,
+) -> list[KernelSpec]:
+    """The split-K kernel and the combine kernel as compiled for ``config`` at this shape.
+
+    ``num_splits="auto"`` is resolved for ``batch`` on an H200-sized grid (132 SMs); the combine
+    spec is returned even when that resolves to one split (then it does not run).
+    """
+    lay = get_layout(layout)
+    _check_config(config)
+    if dot_dtype not in _DOT_DTYPES:
+        raise ValueError(f"dot_dtype={dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
+    fn = _sparse_mla_split_kernel  # the JITFunction itself, never an Autotuner
+    split_types = {
+        "q_ptr": "*bf16",
+        "kv_u8_ptr": "*u8",
+        "kv_bf16_ptr": "*bf16",
+        "kv_f32_ptr": "*fp32",
+        "idx_ptr": "*i32",
+        "out_ptr": "*bf16",
+        "lse_ptr": "*fp32",
+        "part_out_ptr": "*fp32",
+        "part_lse_ptr": "*fp32",
+        "B": "i32",
+        "H": "i32",
+        "topk": "i32",
+        "max_splits": "i32",
+        "sm_scale_log2": "fp32",
+        "stride_qb": "i32",
+        "stride_qh": "i32",
+        "stride_ib": "i32",
+    }
+    split_const = {
+        "LAYOUT": lay.code,
+        "PAGE_SIZE": page_size,
+        "DOT_DTYPE": _DOT_DTYPES[dot_dtype],
+        "BLOCK_T": config.BLOCK_T,
+        "BLOCK_H": config.BLOCK_H,
+        "SPLITS": _splits_code(config.num_splits),
+    }
+    n = resolve_num_splits(config.num_splits, batch, num_heads, topk, config.BLOCK_H, config.BLOCK_T)
+    comb_types = {
+        "part_out_ptr": "*fp32",
+        "part_lse_ptr": "*fp32",
+        "out_ptr": "*bf16",
+        "lse_ptr": "*fp32",
+        "n_splits": "i32",
+        "max_splits": "i32",
+    }
+    comb_const = {"D_V": lay.d_v, "BLOCK_S": _block_s(n)}
+    return [
+        _spec("sparse_mla_split", fn, split_types, split_const, config.num_warps, config.num_stages),
+        _spec("sparse_mla_combine", _sparse_mla_combine_kernel, comb_types, comb_const, 4, 1),
+    ]
+
+
+def kernel_source_hash() -> str:
+    """sha256 (hex) of this module's source file."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
