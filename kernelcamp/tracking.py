@@ -1,0 +1,465 @@
+"""MLflow tracking: one run per pipeline run, honest run status, a store that survives concurrency.
+
+Where runs go: ``MLFLOW_TRACKING_URI`` if set, else params ``tracking.uri``, else a SQLite store at
+``$DVC_ROOT/mlflow.db`` (``kernelcamp.provenance.dvc_root()``: the real workspace, also for queued
+experiments, which run in a temporary copy that is deleted afterwards). Artifacts of the SQLite
+store go to ``$DVC_ROOT/mlartifacts/`` for the same reason. Open it with
+``mlflow ui --backend-store-uri sqlite:///mlflow.db`` in the workspace.
+
+Reliability (DESIGN.md, reliability contract):
+
+* Several processes opening a fresh SQLite store at once can break it for good, so the store is
+  created and migrated once under an exclusive ``fcntl`` lock on ``mlflow.db.lock``, and every
+  write we make to a SQLite store takes the same lock (writes are short: runs log at the end).
+* MLflow marks a crashed run FINISHED and leaves a killed one RUNNING. ``tracked_run`` ends a run
+  FINISHED only when its block completes, FAILED on any exception or non-zero ``SystemExit`` (the
+  error text in tag ``kernelcamp.error``), KILLED on SIGTERM/SIGINT (handlers installed for the
+  block). Each run is tagged with the pid and host that own it; ``ensure_store`` closes RUNNING runs
+  of this host whose process is gone (status KILLED, tag ``kernelcamp.closed_reason``).
+* An unreachable tracking server is one ``KernelcampError`` line, checked before any work.
+
+Params are the flattened dotted keys of params.yaml (``variant.configs.0.num_warps``); a list of
+scalars stays one param (``workload.batch_sizes = [1, 8]``). A value longer than MLflow's limit is
+never truncated: it goes to the artifact ``params/<key>.json`` and the param reads
+``<see params/<key>.json>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.provenance import dvc_root
+
+MAX_PARAM_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3.17)
+MAX_TAG_LEN = 8000  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH
+MAX_KEY_LEN = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
+_BATCH = 100  # MLflow log_batch accepts at most 100 params / tags and 1000 metrics per call
+_ILLEGAL = re.compile(r"[^A-Za-z0-9_\-. /]")
+TAG_PREFIX = "kernelcamp."
+
+
+# --------------------------------------------------------------------------------------------- store
+
+
+def tracking_uri(params: Mapping[str, Any] | None = None) -> str:
+    """``MLFLOW_TRACKING_URI``, else ``params["tracking"]["uri"]``, else ``sqlite:///$DVC_ROOT/mlflow.db``."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    uri = ((params or {}).get("tracking") or {}).get("uri")
+    if uri:
+        return str(uri)
+    return f"sqlite:///{dvc_root() / 'mlflow.db'}"
+
+
+def experiment_name(params: Mapping[str, Any] | None = None) -> str:
+    return str(((params or {}).get("tracking") or {}).get("experiment") or "kernelcamp")
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///") :])
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Exclusive ``fcntl`` lock beside a SQLite store (``<db>.lock``); a no-op for servers."""
+    db = _sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(db) + ".lock", "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """For an http(s) store, GET ``<uri>/health``; raise ``KernelcampError`` in one line if it fails."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 (user-configured URL)
+            if r.status >= 400:
+                raise urllib.error.HTTPError(url, r.status, "bad status", r.headers, None)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise KernelcampError(
+            f"MLflow tracking server {uri} is unreachable ({reason}): start it, or unset MLFLOW_TRACKING_URI "
+            "and tracking.uri to use the SQLite store in the workspace"
+        ) from None
+
+
+def _client(uri: str):
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    # Store creation and migration log INFO lines on stderr; a stage's stderr is for its one error line.
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def ensure_store(params: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """Create/migrate the store once (under the lock), get or create the experiment, close stale runs.
+
+    Returns ``(uri, experiment_id)``. Raises ``KernelcampError`` when the server is unreachable or
+    the store cannot be opened.
+    """
+    uri = tracking_uri(params)
+    check_reachable(uri)
+    name = experiment_name(params)
+    try:
+        with store_lock(uri):
+            client = _client(uri)
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                kwargs = {}
+                db = _sqlite_path(uri)
+                if db is not None:
+                    kwargs["artifact_location"] = (db.parent / "mlartifacts").as_uri()
+                try:
+                    exp_id = client.create_experiment(name, **kwargs)
+                except Exception:  # created meanwhile by another process on a server
+                    exp = client.get_experiment_by_name(name)
+                    if exp is None:
+                        raise
+                    exp_id = exp.experiment_id
+            else:
+                exp_id = exp.experiment_id
+            close_stale_runs(client, exp_id)
+    except KernelcampError:
+        raise
+    except Exception as e:
+        raise KernelcampError(f"cannot open the MLflow store {uri}: {type(e).__name__}: {_one_line(e)}") from e
+    return uri, exp_id
+
+
+def close_stale_runs(client, experiment_id: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of this host whose owning process is gone; return their ids."""
+    host = socket.gethostname()
+    closed = []
+    runs = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000)
+    for run in runs:
+        tags = run.data.tags
+        if tags.get(TAG_PREFIX + "host") != host or not str(tags.get(TAG_PREFIX + "pid", "")).isdigit():
+            continue
+        pid = int(tags[TAG_PREFIX + "pid"])
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        client.set_tag(run.info.run_id, TAG_PREFIX + "closed_reason", f"owning process {pid} on {host} is gone")
+        client.set_terminated(run.info.run_id, status="KILLED")
+        closed.append(run.info.run_id)
+    return closed
+
+
+def _one_line(e: BaseException | str) -> str:
+    return " ".join(str(e).split())[:MAX_TAG_LEN]
+
+
+# -------------------------------------------------------------------------------------------- params
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Dotted keys of a nested mapping; dicts and lists of mappings recurse (list index as a key),
+    lists of scalars stay one JSON value; None is ``null``. Illegal MLflow key characters become ``_``."""
+    out: dict[str, str] = {}
+    for k, v in params.items():
+        key = f"{prefix}{_ILLEGAL.sub('_', str(k))}"
+        if isinstance(v, Mapping):
+            out.update(flatten_params(v, key + "."))
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, Mapping) for x in v):
+            out.update(flatten_params({str(i): x for i, x in enumerate(v)}, key + "."))
+        elif isinstance(v, (list, tuple)) or v is None or isinstance(v, bool):
+            out[key] = json.dumps(v)
+        else:
+            out[key] = str(v)
+    return out
+
+
+def split_long_params(flat: Mapping[str, str], max_len: int = MAX_PARAM_LEN) -> tuple[dict[str, str], dict[str, str]]:
+    """``(params, artifacts)``: over-long values (or keys) move to ``artifacts`` (relative path -> JSON
+    text) and the param reads ``<see params/<key>.json>``. Nothing is truncated."""
+    params: dict[str, str] = {}
+    artifacts: dict[str, str] = {}
+    for k, v in flat.items():
+        if len(v) <= max_len and len(k) <= MAX_KEY_LEN:
+            params[k] = v
+            continue
+        fname = f"{k}.json".replace("/", "_")
+        artifacts[fname] = json.dumps({"key": k, "value": v}, indent=1)
+        short = k if len(k) <= MAX_KEY_LEN else k[: MAX_KEY_LEN - 9] + "._long_"
+        params[short] = f"<see params/{fname}>"
+    return params, artifacts
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+class _Killed(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """For the block, SIGTERM and SIGINT raise ``_Killed`` (main thread only; elsewhere a no-op)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        raise _Killed(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class Run:
+    """An open MLflow run; every write takes the store lock (SQLite) and goes through ``log_batch``."""
+
+    def __init__(self, uri: str, run_id: str):
+        self.uri, self.run_id = uri, run_id
+        self._client = _client(uri)
+        self._artifact_dir: Path | None = None
+
+    def _batch(self, metrics=(), params=(), tags=()) -> None:
+        with store_lock(self.uri):
+            self._client.log_batch(self.run_id, metrics=list(metrics), params=list(params), tags=list(tags))
+
+    def log_params(self, params: Mapping[str, Any], max_len: int = MAX_PARAM_LEN) -> None:
+        """Flatten ``params`` (params.yaml), move over-long values to ``params/`` artifacts, log the rest."""
+        from mlflow.entities import Param
+
+        flat, long = split_long_params(flatten_params(params), max_len)
+        if long:
+            with tempfile.TemporaryDirectory() as tmp:
+                for name, text in long.items():
+                    (Path(tmp) / name).write_text(text, encoding="utf-8")
+                self.log_artifacts(tmp, "params")
+        items = [Param(k, v) for k, v in flat.items()]
+        for i in range(0, len(items), _BATCH):
+            self._batch(params=items[i : i + _BATCH])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(_ILLEGAL.sub("_", k), _one_line("" if v is None else v)) for k, v in tags.items()]
+        for i in range(0, len(items), _BATCH):
+            self._batch(tags=items[i : i + _BATCH])
+
+    def log_metrics(self, metrics: Mapping[str, float | None], step: int = 0) -> None:
+        """Log finite numbers; ``None`` / NaN are skipped (a missing figure is never logged as 0)."""
+        self.log_series([(k, v, step) for k, v in metrics.items()])
+
+    def log_series(self, points: list[tuple[str, float | None, int]]) -> None:
+        """``(key, value, step)`` points, e.g. per batch size (step = batch) or concurrency."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = [
+            Metric(_ILLEGAL.sub("_", k), float(v), ts, int(s))
+            for k, v, s in points
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+        ]
+        for i in range(0, len(items), 1000):
+            self._batch(metrics=items[i : i + 1000])
+
+    def log_artifacts(self, local_dir: str | os.PathLike, artifact_path: str | None = None) -> None:
+        with store_lock(self.uri):
+            self._client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def end(self, status: str, error: str | None = None) -> None:
+        with store_lock(self.uri):
+            if error:
+                self._client.set_tag(self.run_id, TAG_PREFIX + "error", _one_line(error))
+            self._client.set_terminated(self.run_id, status=status)
+
+
+def start_run(params: Mapping[str, Any], run_name: str | None = None, tags: Mapping[str, Any] | None = None) -> Run:
+    """Create a RUNNING run in the configured store, tagged with its owner's pid and host."""
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
+    uri, exp_id = ensure_store(params)
+    base = {TAG_PREFIX + "pid": str(os.getpid()), TAG_PREFIX + "host": socket.gethostname()}
+    name = run_name or os.environ.get("DVC_EXP_NAME") or ((params.get("variant") or {}).get("name")) or "run"
+    with store_lock(uri):
+        client = _client(uri)
+        run = client.create_run(exp_id, run_name=name, tags={**base, MLFLOW_RUN_NAME: name})
+    r = Run(uri, run.info.run_id)
+    if tags:
+        r.set_tags(tags)
+    return r
+
+
+@contextlib.contextmanager
+def tracked_run(
+    params: Mapping[str, Any], run_name: str | None = None, tags: Mapping[str, Any] | None = None
+) -> Iterator[Run]:
+    """A run that ends FINISHED only if the block completes; FAILED (with the error) on an exception
+    or a non-zero ``SystemExit``; KILLED on SIGTERM/SIGINT, after which the process exits 128+signal."""
+    run = start_run(params, run_name, tags)
+    with _signals_raise():
+        try:
+            yield run
+        except _Killed as k:
+            run.end("KILLED", f"killed by {k}")
+            raise SystemExit(128 + k.signum) from None
+        except SystemExit as e:
+            if e.code in (0, None):
+                run.end("FINISHED")
+            else:
+                run.end("FAILED", f"exit status {e.code}")
+            raise
+        except BaseException as e:
+            run.end("FAILED", f"{type(e).__name__}: {e}")
+            raise
+        run.end("FINISHED")
+
+
+def record_stage_failure(
+    stage: str, error: BaseException | str, params_path: str | os.PathLike = "params.yaml", status: str = "FAILED"
+) -> str | None:
+    """Record a run with ``status`` for a stage that failed before the report could log the pipeline
+    run: tags ``kernelcamp.stage`` and ``kernelcamp.error``, the params it ran with. Returns the run id;
+    if the store itself cannot be reached, prints one warning line and returns None (the stage's own
+    error stays the one that matters)."""
+    try:
+        from kernelcamp.io import load_params
+
+        try:
+            params = load_params(params_path)
+        except KernelcampError:
+            params = {}
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        run = start_run(params, tags={TAG_PREFIX + "stage": stage, **run_tags(params)})
+        with contextlib.suppress(Exception):
+            run.log_params(params)
+        run.end(status, f"stage {stage}: {text}")
+        return run.run_id
+    except Exception as e:  # noqa: BLE001 - never mask the stage's error with a tracking one
+        print(f"warning: could not record the {stage} failure in MLflow: {_one_line(e)}", file=sys.stderr)
+        return None
+
+
+class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a function
+    """Wrap a stage's ``main`` so a failure leaves a FAILED (or KILLED) MLflow run naming the stage.
+
+        stage_main(tracked_stage("benchmark")(main))     # or:  with tracked_stage("build"): ...
+
+    On entry it checks the tracking store (an unreachable server is one clear line before any work,
+    and a fresh SQLite store is created once, under the lock). A ``KernelcampError`` or any other
+    exception, a non-zero return or ``SystemExit``, SIGTERM or SIGINT records the failure, then the
+    error propagates unchanged (``kernelcamp.io.stage_main`` prints it).
+    """
+
+    def __init__(self, name: str, params_path: str | os.PathLike = "params.yaml", check_store: bool = True):
+        self.name, self.params_path, self.check_store = name, params_path, check_store
+        self._sig: contextlib.ExitStack | None = None
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def inner(*a, **kw):
+            with self._recreate_cm():
+                rc = fn(*a, **kw)
+                if rc not in (0, None):
+                    record_stage_failure(self.name, f"exit status {rc}", self.params_path)
+                return rc
+
+        return inner
+
+    def __enter__(self):
+        if self.check_store:
+            from kernelcamp.io import load_params
+
+            try:
+                params = load_params(self.params_path)
+            except KernelcampError:
+                params = {}
+            ensure_store(params)
+        self._sig = contextlib.ExitStack()
+        self._sig.enter_context(_signals_raise())
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        assert self._sig is not None
+        self._sig.close()
+        if exc is None:
+            return False
+        if isinstance(exc, _Killed):
+            record_stage_failure(self.name, f"killed by {exc}", self.params_path, status="KILLED")
+            raise SystemExit(128 + exc.signum) from None
+        if isinstance(exc, SystemExit):
+            if exc.code not in (0, None):
+                record_stage_failure(self.name, f"exit status {exc.code}", self.params_path)
+            return False
+        record_stage_failure(self.name, exc, self.params_path)
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- tags
+
+
+def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Tags every run carries: git commit/dirty, DVC experiment, variant/baseline names and hashes,
+    GPU/driver/torch/triton (from ``extra`` when a stage measured them, else this process)."""
+    from kernelcamp.provenance import git_info
+    from kernelcamp.variant import parse_variant
+
+    tags: dict[str, Any] = {}
+    g = git_info(dvc_root())
+    tags["git_commit"] = g["git_commit"]
+    tags["git_dirty"] = g["git_dirty"]
+    tags["dvc_exp_name"] = os.environ.get("DVC_EXP_NAME") or ""
+    for sec in ("variant", "baseline"):
+        raw = params.get(sec)
+        if isinstance(raw, Mapping):
+            tags[f"{sec}"] = raw.get("name")
+            with contextlib.suppress(KernelcampError):
+                tags[f"{sec}_hash"] = parse_variant(raw, sec).config_hash()
+    for k in ("target", "workload"):
+        if isinstance(params.get(k), Mapping):
+            tags[k] = params[k].get("name")
+    for k, v in (extra or {}).items():
+        tags[k] = v
+    return {k: ("" if v is None else v) for k, v in tags.items()}

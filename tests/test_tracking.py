@@ -1,0 +1,230 @@
+"""kernelcamp.tracking: honest run status, stale runs closed, params never truncated, a fresh
+SQLite store shared by 4 processes at once, an unreachable server in one line."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelcamp import tracking
+from kernelcamp.errors import KernelcampError
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = {
+    "variant": {"name": "bt16_w8", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 8, "num_stages": 2, "num_splits": "auto"},
+    "baseline": {"name": "bl", "configs": [{"BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}]},
+    "workload": {"batch_sizes": [1, 8], "sm_scale": None},
+    "tracking": {"uri": None, "experiment": "test"},
+}
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A fresh SQLite store in tmp_path, found the way stages find it ($DVC_ROOT)."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def _runs(root, experiment="test"):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = c.get_experiment_by_name(experiment)
+    return [] if exp is None else c.search_runs([exp.experiment_id], max_results=100)
+
+
+def _py(code, root, **kw):
+    env = {**os.environ, "DVC_ROOT": str(root), "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=root,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
+
+
+def test_default_store_is_under_dvc_root(store):
+    assert tracking.tracking_uri(PARAMS) == f"sqlite:///{store / 'mlflow.db'}"
+    assert tracking.tracking_uri({"tracking": {"uri": "http://x:5000"}}) == "http://x:5000"
+
+
+def test_finished_run_holds_params_metrics_tags(store):
+    with tracking.tracked_run(PARAMS, tags=tracking.run_tags(PARAMS)) as run:
+        run.log_params(PARAMS)
+        run.log_series([("kernel.candidate.latency_us_p50", 10.0, 1), ("kernel.candidate.latency_us_p50", 12.0, 8)])
+    (r,) = _runs(store)
+    assert r.info.status == "FINISHED"
+    assert r.data.params["variant.num_warps"] == "8"
+    assert r.data.params["baseline.configs.0.num_warps"] == "4"
+    assert r.data.params["workload.batch_sizes"] == "[1, 8]"
+    assert r.data.params["workload.sm_scale"] == "null"
+    assert r.data.tags["variant"] == "bt16_w8" and len(r.data.tags["variant_hash"]) == 16
+    assert r.data.tags["kernelcamp.pid"] == str(os.getpid())
+    assert "git_commit" in r.data.tags and "git_dirty" in r.data.tags
+
+
+def test_failed_on_exception_with_error_text(store):
+    with pytest.raises(RuntimeError):
+        with tracking.tracked_run(PARAMS):
+            raise RuntimeError("boom in the middle")
+    (r,) = _runs(store)
+    assert r.info.status == "FAILED"
+    assert "boom in the middle" in r.data.tags["kernelcamp.error"]
+
+
+def test_failed_on_nonzero_exit(store):
+    with pytest.raises(SystemExit):
+        with tracking.tracked_run(PARAMS):
+            sys.exit(3)
+    (r,) = _runs(store)
+    assert r.info.status == "FAILED" and "exit status 3" in r.data.tags["kernelcamp.error"]
+
+
+def test_killed_on_sigterm_in_subprocess(store):
+    p = _py(
+        f"""
+        import time
+        from kernelcamp import tracking
+        with tracking.tracked_run({PARAMS!r}) as run:
+            print(run.run_id, flush=True)
+            time.sleep(60)
+        """,
+        store,
+    )
+    run_id = p.stdout.readline().strip()
+    assert run_id, p.stderr.read()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 128 + signal.SIGTERM
+    (r,) = _runs(store)
+    assert r.info.run_id == run_id and r.info.status == "KILLED"
+    assert "SIGTERM" in r.data.tags["kernelcamp.error"]
+
+
+def test_stale_running_run_is_closed(store):
+    p = _py(
+        f"""
+        import os
+        from kernelcamp import tracking
+        run = tracking.start_run({PARAMS!r})
+        print(run.run_id, flush=True)
+        os._exit(0)   # like SIGKILL: MLflow would leave this run RUNNING forever
+        """,
+        store,
+    )
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    (r,) = _runs(store)
+    assert r.info.status == "RUNNING"
+    tracking.ensure_store(PARAMS)
+    (r,) = _runs(store)
+    assert r.info.status == "KILLED"
+    assert "is gone" in r.data.tags["kernelcamp.closed_reason"]
+
+
+def test_overlong_param_goes_to_an_artifact_not_truncated(store):
+    long_value = "x" * (tracking.MAX_PARAM_LEN + 10)
+    with tracking.tracked_run(PARAMS) as run:
+        run.log_params({**PARAMS, "note": long_value})
+    (r,) = _runs(store)
+    assert r.data.params["note"] == "<see params/note.json>"
+    from mlflow.artifacts import download_artifacts
+
+    path = download_artifacts(
+        run_id=r.info.run_id, artifact_path="params/note.json", tracking_uri=f"sqlite:///{store / 'mlflow.db'}"
+    )
+    assert json.loads(Path(path).read_text())["value"] == long_value
+
+
+def test_flatten_and_split_keep_every_value():
+    flat = tracking.flatten_params({"a": {"b": [{"c": 1}, {"c": 2}], "d": [1, 2], "e": True, "bad key!": 1}})
+    assert flat == {"a.b.0.c": "1", "a.b.1.c": "2", "a.d": "[1, 2]", "a.e": "true", "a.bad key_": "1"}
+    params, arts = tracking.split_long_params({"k": "y" * 20}, max_len=10)
+    assert params == {"k": "<see params/k.json>"} and json.loads(arts["k.json"])["value"] == "y" * 20
+
+
+def test_four_processes_on_a_fresh_store(store):
+    code = f"""
+        import sys
+        from kernelcamp import tracking
+        with tracking.tracked_run({PARAMS!r}, run_name="w" + sys.argv[1]) as run:
+            run.log_params({PARAMS!r})
+            run.log_series([("m", float(i), i) for i in range(50)])
+        """
+    env = {**os.environ, "DVC_ROOT": str(store), "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code), str(i)],
+            cwd=store,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [e[-2000:] for _, e in results]
+    runs = _runs(store)
+    assert sorted(r.info.run_name for r in runs) == ["w0", "w1", "w2", "w3"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert all(r.data.params["variant.num_warps"] == "8" for r in runs)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_server_is_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")
+    t0 = time.time()
+    with pytest.raises(KernelcampError, match="unreachable") as e:
+        tracking.ensure_store(PARAMS)
+    assert "\n" not in str(e.value) and time.time() - t0 < 15
+
+
+def test_tracked_stage_records_failure_and_unreachable_is_one_line(store):
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    code = """
+        from kernelcamp.errors import KernelcampError
+        from kernelcamp.io import stage_main
+        from kernelcamp.tracking import tracked_stage
+        def main():
+            raise KernelcampError("no config of variant 'x' fits target sm120")
+        stage_main(tracked_stage("build")(main))
+        """
+    p = _py(code, store)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2
+    assert err.strip().splitlines() == ["error: no config of variant 'x' fits target sm120"]
+    (r,) = _runs(store)
+    assert r.info.status == "FAILED" and r.data.tags["kernelcamp.stage"] == "build"
+    assert "fits target sm120" in r.data.tags["kernelcamp.error"]
+
+    env_uri = f"http://127.0.0.1:{_free_port()}"
+    p = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=store,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": env_uri},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "unreachable" in lines[0] and env_uri in lines[0], err
