@@ -1,0 +1,96 @@
+"""Serving: the embedded decode server, load generation, deploy targets, serving benchmark and verify.
+
+The one definition both sides of a deploy share lives here: :func:`variant_hash` is what the
+server reports on ``/v1/kernelcamp/info`` and what ``deploy`` records and ``benchmark`` checks, so
+a server running something else can never pass for the deployed variant (DESIGN.md, "is the new
+config really live?"). Nothing here imports torch.
+
+    serve      kernelcamp.serving.server   (kernelcamp serve --params params.yaml)
+    model      kernelcamp.serving.model    (the DeepSeek-class stand-in decoder)
+    loadgen    kernelcamp.serving.loadgen  (async OpenAI-compatible load generator)
+    deploy     kernelcamp.serving.deploy   (embedded / command / ssh targets)
+    bench      kernelcamp.serving.bench    (serving_benchmark, used by stages/benchmark.py)
+    check      kernelcamp.serving.check    (serving_verify, used by stages/verify.py)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.variant import Variant
+
+# Server flags that change what the server computes or how it schedules: they enter the variant
+# hash. host/port are where it listens, not what it runs, so they are left out.
+SERVER_FLAG_KEYS = ("name", "cuda_graphs", "graph_batch_buckets", "max_running_requests", "overlap_scheduling",
+                    "env", "args")
+INFO_PATH = "/v1/kernelcamp/info"
+
+
+def server_flags(server: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The hashed part of params.yaml's ``server`` section, with defaults filled in (JSON-ready)."""
+    server = dict(server or {})
+    flags = {
+        "name": server.get("name", "default"),
+        "cuda_graphs": bool(server.get("cuda_graphs", True)),
+        "graph_batch_buckets": [int(b) for b in server.get("graph_batch_buckets") or [1, 2, 4, 8, 16, 32, 64, 96]],
+        "max_running_requests": int(server.get("max_running_requests", 96)),
+        "overlap_scheduling": bool(server.get("overlap_scheduling", False)),
+        "env": {str(k): str(v) for k, v in sorted((server.get("env") or {}).items())},
+        "args": [str(a) for a in server.get("args") or []],
+    }
+    return flags
+
+
+def kernel_module_path(kernel: Mapping[str, Any] | None, root: str | Path | None = None) -> Path:
+    """Path of the kernel's module file (``kernel.module``, e.g. ``kernels.sparse_mla_decode``)."""
+    module = (kernel or {}).get("module", "kernels.sparse_mla_decode")
+    base = Path(root) if root is not None else Path(__file__).resolve().parents[2]
+    return base / (module.replace(".", "/") + ".py")
+
+
+def kernel_source_hash(kernel: Mapping[str, Any] | None = None, root: str | Path | None = None) -> str:
+    """sha256 (16 hex) of the kernel module's source file, or ``"absent"`` when there is no file.
+
+    Uses the module's own ``kernel_source_hash()`` when it is importable, so the build stage, the
+    server and deploy agree; falls back to hashing the file's bytes.
+    """
+    path = kernel_module_path(kernel, root)
+    if not path.exists():
+        return "absent"
+    try:
+        import importlib
+
+        mod = importlib.import_module((kernel or {}).get("module", "kernels.sparse_mla_decode"))
+        fn = getattr(mod, "kernel_source_hash", None)
+        if fn is not None and Path(getattr(mod, "__file__", "")).resolve() == path.resolve():
+            return str(fn())
+    except Exception:  # noqa: BLE001 - an unimportable kernel still has a source hash
+        pass
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def variant_hash(variant: Variant, kernel_source_hash: str, flags: Mapping[str, Any] | None = None) -> str:
+    """The hash a server reports for what it runs: variant configs + kernel source + server flags.
+
+    ``variant``: the parsed variant (its name is included: a renamed variant is another row in the
+    reports). ``kernel_source_hash``: :func:`kernel_source_hash`. ``flags``: :func:`server_flags`
+    output (None: no flags). Returns 16 hex characters.
+    """
+    payload = json.dumps({"variant": variant.as_dict(), "kernel": kernel_source_hash,
+                          "flags": dict(flags) if flags is not None else None}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def params_variant_hash(params: Mapping[str, Any], root: str | Path | None = None) -> str:
+    """:func:`variant_hash` of params.yaml's ``variant``, ``kernel`` and ``server`` sections."""
+    from kernelcamp.variant import parse_variant
+
+    if "variant" not in params:
+        raise KernelcampError("params.yaml has no `variant` section: check conf/config.yaml's defaults list")
+    v = parse_variant(params["variant"])
+    return variant_hash(v, kernel_source_hash(params.get("kernel"), root), server_flags(params.get("server")))

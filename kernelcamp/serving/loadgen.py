@@ -1,0 +1,311 @@
+"""Async load generator for any OpenAI-compatible endpoint, with DESIGN.md's serving metrics.
+
+For each concurrency level C (in the configured order; default 48, 64, 80, 96, 8, 1), ``num_prompts``
+streamed requests (default 2*C) from a fixed prompt set are sent by C concurrent workers, each
+asking for ``max_tokens`` (default 256). Per request the client records the send time, the arrival
+time and token count of every SSE chunk, and how the request ended.
+
+Token counting per chunk (documented rule):
+1. ``"kernelcamp_tokens": k`` in the chunk (kernelcamp's server and fake): k tokens.
+2. otherwise a chunk whose text / delta content is non-empty counts 1, and when the server sends a
+   final ``usage`` (we always ask with ``stream_options: {include_usage: true}``) whose
+   ``completion_tokens`` differs, that total is apportioned evenly over the content chunks
+   (each gets total / chunks; ITL gaps follow the same k).
+
+A request is ok when the status is 200, the stream ends cleanly (``[DONE]`` or a finish_reason) and
+it carried > 0 tokens. Failures (never counted toward throughput): ``http_<status>``, ``timeout``
+(``timeout_s`` per request, total), ``broken_stream`` (connection dropped / no end marker),
+``zero_tokens``, ``error:<Type>``. Incomplete (not ok, not failed, also kept out of throughput): a
+clean end with fewer than max_tokens tokens and finish_reason other than "stop", or a request
+still running when the level deadline (``level_timeout_s``) cut it off. A level with any failed or
+incomplete request has ``valid: false``.
+
+Metrics per level (DESIGN.md, "Definitions"): requests_ok, requests_failed, incomplete, wall_s (first
+send to last end), output_tok_s (tokens of ok requests / wall_s), per_request_tok_s (mean over ok of
+tokens / e2e), ttft_ms, tpot_ms ((e2e - ttft)/(tokens - 1), requests with one token skipped),
+itl_ms (a chunk carrying k tokens after a gap g contributes k gaps of g/k), e2e_ms (send to end of
+stream); each latency as _p50/_p90/_p99 (numpy percentiles, linear) and _mean, over ok requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+DEFAULT_LEVELS = (48, 64, 80, 96, 8, 1)
+_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
+          "romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+def default_prompts(n: int = 64, words: int = 24) -> list[str]:
+    """A fixed, deterministic prompt set: ``n`` prompts of ``words`` words, each ending in a unique word."""
+    out = []
+    for i in range(n):
+        body = [_WORDS[(i * 7 + j * 3) % len(_WORDS)] for j in range(words - 1)]
+        out.append(" ".join(body + [f"request-{i:04d}"]))
+    return out
+
+
+@dataclass
+class RequestResult:
+    """One request's record. Times in seconds (perf_counter); ``chunks``: (arrival time, tokens)."""
+
+    index: int
+    status: str = "pending"  # ok | incomplete | http_<code> | timeout | broken_stream | zero_tokens | error:<T>
+    start: float = 0.0
+    end: float = 0.0
+    chunks: list[tuple[float, float]] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def failed(self) -> bool:
+        return self.status not in ("ok", "incomplete", "pending")
+
+    @property
+    def tokens(self) -> float:
+        return sum(k for _, k in self.chunks)
+
+    @property
+    def ttft_s(self) -> float | None:
+        firsts = [t for t, k in self.chunks if k > 0]
+        return firsts[0] - self.start if firsts else None
+
+    @property
+    def e2e_s(self) -> float:
+        return self.end - self.start
+
+    def itl_gaps_s(self) -> list[float]:
+        """Per-token gaps: each chunk after the first carrying k tokens gives k gaps of (gap/k)."""
+        tok = [(t, k) for t, k in self.chunks if k > 0]
+        gaps: list[float] = []
+        for (t0, _), (t1, k) in zip(tok, tok[1:], strict=False):
+            n = max(1, int(round(k)))
+            gaps.extend([(t1 - t0) / k] * n)
+        return gaps
+
+
+def _chunk_text(obj: dict[str, Any]) -> str:
+    ch = obj.get("choices") or []
+    if not ch:
+        return ""
+    c = ch[0]
+    if "text" in c:
+        return c.get("text") or ""
+    return ((c.get("delta") or {}).get("content")) or ""
+
+
+def _finish(obj: dict[str, Any]) -> str | None:
+    ch = obj.get("choices") or []
+    return ch[0].get("finish_reason") if ch else None
+
+
+async def run_request(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], index: int,
+                      timeout_s: float, collect_text: bool = False) -> RequestResult:
+    """POST one streamed request and record its chunks; never raises for a failed request."""
+    r = RequestResult(index)
+    texts: list[str] = []
+    state = {"usage_total": None, "done": False, "counted": True}
+
+    async def _do() -> None:
+        async with session.post(url, json=payload) as resp:
+            if resp.status != 200:
+                await resp.read()
+                r.status = f"http_{resp.status}"
+                return
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    state["done"] = True
+                    return
+                obj = json.loads(data)
+                now = time.perf_counter()
+                text = _chunk_text(obj)
+                if "kernelcamp_tokens" in obj:
+                    k = obj["kernelcamp_tokens"]
+                else:
+                    state["counted"] = False
+                    k = 1 if text else 0
+                if obj.get("usage") and not obj.get("choices"):
+                    state["usage_total"] = obj["usage"].get("completion_tokens")
+                if k:
+                    r.chunks.append((now, k))
+                if collect_text and text:
+                    texts.append(text)
+                fr = _finish(obj)
+                if fr:
+                    r.finish_reason = fr
+
+    r.start = time.perf_counter()
+    try:
+        await asyncio.wait_for(_do(), timeout_s)
+    except asyncio.TimeoutError:
+        r.status, r.end = "timeout", time.perf_counter()
+        return r
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+            ConnectionResetError):
+        r.status, r.end = "broken_stream", time.perf_counter()
+        return r
+    except (aiohttp.ClientError, json.JSONDecodeError, OSError) as e:
+        r.status, r.end = f"error:{type(e).__name__}", time.perf_counter()
+        return r
+    r.end = time.perf_counter()
+    if r.status != "pending":  # non-200
+        return r
+    r.text = "".join(texts)
+    total = state["usage_total"]
+    if not state["counted"] and total is not None and r.chunks and total != sum(k for _, k in r.chunks):
+        per = total / len(r.chunks)
+        r.chunks = [(t, per) for t, _ in r.chunks]
+    if not state["done"] and r.finish_reason is None:
+        r.status = "broken_stream"
+    elif r.tokens <= 0:
+        r.status = "zero_tokens"
+    elif r.tokens < payload.get("max_tokens", 0) and r.finish_reason != "stop":
+        r.status = "incomplete"
+    else:
+        r.status = "ok"
+    return r
+
+
+def _pct(values: Sequence[float], prefix: str) -> dict[str, float | None]:
+    if not values:
+        return {f"{prefix}_p50": None, f"{prefix}_p90": None, f"{prefix}_p99": None, f"{prefix}_mean": None}
+    a = np.asarray(values, dtype=float)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {f"{prefix}_p50": float(p50), f"{prefix}_p90": float(p90), f"{prefix}_p99": float(p99),
+            f"{prefix}_mean": float(a.mean())}
+
+
+def level_metrics(results: Sequence[RequestResult], concurrency: int, max_tokens: int,
+                  wall_s: float | None = None) -> dict[str, Any]:
+    """The DESIGN.md metrics of one level from its request records (see the module docstring)."""
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if r.failed]
+    incomplete = [r for r in results if r.status in ("incomplete", "pending")]
+    if wall_s is None:
+        started = [r for r in results if r.start]
+        wall_s = (max(r.end for r in started) - min(r.start for r in started)) if started else 0.0
+    tokens = sum(r.tokens for r in ok)
+    row: dict[str, Any] = {
+        "concurrency": concurrency, "num_requests": len(results), "max_tokens": max_tokens,
+        "requests_ok": len(ok), "requests_failed": len(failed), "incomplete": len(incomplete),
+        "valid": not failed and not incomplete and bool(ok),
+        "failure_reasons": dict(Counter(r.status for r in failed + incomplete)),
+        "wall_s": wall_s, "output_tokens": tokens, "output_tok_s": tokens / wall_s if wall_s > 0 else None,
+        "per_request_tok_s": float(np.mean([r.tokens / r.e2e_s for r in ok if r.e2e_s > 0])) if ok else None,
+    }
+    row.update(_pct([r.ttft_s * 1e3 for r in ok if r.ttft_s is not None], "ttft_ms"))
+    row.update(_pct([(r.e2e_s - r.ttft_s) / (r.tokens - 1) * 1e3 for r in ok if r.tokens > 1 and r.ttft_s is not None],
+                    "tpot_ms"))
+    row.update(_pct([g * 1e3 for r in ok for g in r.itl_gaps_s()], "itl_ms"))
+    row.update(_pct([r.e2e_s * 1e3 for r in ok], "e2e_ms"))
+    return row
+
+
+def make_payload(prompt: str, max_tokens: int, chat: bool, model: str, extra: dict[str, Any] | None) -> dict:
+    p: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True, "temperature": 0.0,
+                         "stream_options": {"include_usage": True}}
+    if chat:
+        p["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        p["prompt"] = prompt
+    p.update(extra or {})
+    return p
+
+
+async def _model_id(session: aiohttp.ClientSession, base: str) -> str:
+    try:
+        async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            data = await r.json()
+            return data["data"][0]["id"]
+    except Exception:  # noqa: BLE001 - a server without /v1/models gets a placeholder name
+        return "default"
+
+
+async def run_level(base_url: str, prompts: Sequence[str], concurrency: int, max_tokens: int = 256,
+                    num_requests: int | None = None, timeout_s: float = 300.0, chat: bool = False,
+                    model: str | None = None, extra_body: dict[str, Any] | None = None, collect_text: bool = False,
+                    level_timeout_s: float | None = None) -> tuple[dict[str, Any], list[RequestResult]]:
+    """One concurrency level. Returns (metrics row, per-request records in prompt order)."""
+    n = num_requests if num_requests is not None else 2 * concurrency
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        mid = model or await _model_id(session, base_url)
+        results = [RequestResult(i) for i in range(n)]
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(n):
+            queue.put_nowait(i)
+
+        async def worker() -> None:
+            while True:
+                try:
+                    i = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                payload = make_payload(prompts[i % len(prompts)], max_tokens, chat, mid, extra_body)
+                results[i] = await run_request(session, base_url + path, payload, i, timeout_s, collect_text)
+
+        tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, n))]
+        t0 = time.perf_counter()
+        done, pending = await asyncio.wait(tasks, timeout=level_timeout_s)
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        wall = max([r.end for r in results if r.end] + [t0]) - min([r.start for r in results if r.start] + [t0])
+        for r in results:
+            if r.status == "pending":
+                r.start = r.start or t0
+    row = level_metrics(results, concurrency, max_tokens, wall_s=wall)
+    row["num_prompts"] = n
+    return row, results
+
+
+def progress_line(row: dict[str, Any]) -> str:
+    """One line per level: counts, throughput, p50 latencies, validity."""
+    def f(v: Any, spec: str = ".1f") -> str:
+        return "-" if v is None else format(v, spec)
+
+    mark = "valid" if row["valid"] else f"INVALID {row['failure_reasons']}"
+    return (f"concurrency {row['concurrency']:>3}: ok {row['requests_ok']}/{row['num_requests']} failed "
+            f"{row['requests_failed']} incomplete {row['incomplete']} | {f(row['output_tok_s'])} tok/s, "
+            f"{f(row['per_request_tok_s'])} tok/s/req, ttft p50 {f(row['ttft_ms_p50'])} ms, tpot p50 "
+            f"{f(row['tpot_ms_p50'], '.2f')} ms, e2e p50 {f(row['e2e_ms_p50'])} ms, wall {f(row['wall_s'], '.2f')} s"
+            f" [{mark}]")
+
+
+async def run_levels(base_url: str, levels: Sequence[int] = DEFAULT_LEVELS, prompts: Sequence[str] | None = None,
+                     max_tokens: int = 256, num_prompts_per_level: int | None = None, timeout_s: float = 300.0,
+                     chat: bool = False, progress: bool = True, **kw: Any) -> list[dict[str, Any]]:
+    """All levels in the given order; one progress line per level on stderr."""
+    prompts = list(prompts or default_prompts())
+    rows = []
+    for c in levels:
+        row, _ = await run_level(base_url, prompts, int(c), max_tokens, num_prompts_per_level, timeout_s, chat, **kw)
+        if progress:
+            print(progress_line(row), file=sys.stderr, flush=True)
+        rows.append(row)
+    return rows
+
+
+def run_load(base_url: str, levels: Sequence[int] = DEFAULT_LEVELS, **kw: Any) -> list[dict[str, Any]]:
+    """Synchronous wrapper of :func:`run_levels` (its own event loop)."""
+    return asyncio.run(run_levels(base_url.rstrip("/"), levels, **kw))

@@ -1,0 +1,428 @@
+"""The embedded server's model: a DeepSeek-class stand-in decoder with a real paged fp8 KV cache.
+
+Per decode step, for the B running requests (DESIGN.md, "The embedded server's model")::
+
+    x = embed[token]                                   [B, hidden]
+    for each of num_layers layers:
+        h = rmsnorm(x)
+        q = h @ Wq -> [B, H, d_qk] (bf16);  latent = h @ Wkv -> [B, d_qk]
+        latent is quantized in the workload's layout and written to the request's page (page table)
+        index rows = top-k selector (below) over the request's tokens -> [B, topk] int32, -1 empty
+        o, lse = sparse MLA decode(q, cache, index rows)   (the variant's Triton kernel on a GPU)
+        x += o.reshape(B, H*d_v) @ Wo
+        x += MLP(rmsnorm(x)): SwiGLU hidden_size -> mlp_size -> hidden_size
+    logits = rmsnorm(x) @ Wlm;  next = argmax(logits + bigram prior)     (greedy)
+
+Top-k selector (deterministic, graph-safe): a request with n cached tokens (the new one included)
+attends to all of them when n <= topk; otherwise to its most recent topk/2 tokens plus topk/2
+"landmark" tokens evenly spaced over the older context (position floor(i*(n-topk/2)/(topk/2))).
+This stands in for DeepSeek's lightning indexer: the kernel sees full index rows from a scattered
+set of pages, which is what its cost depends on.
+
+Bigram prior: each token t has a fixed successor succ(t) (a seeded permutation of the vocabulary)
+whose logit gets ``greedy_margin`` (default 8, logits have unit scale) added. It keeps greedy
+decoding stable against batch-size-dependent rounding (the kernel's split count and the GEMM
+algorithms change with B), so outputs at concurrency 1 and N must match exactly, and it makes
+every prompt's output distinct (a permutation never merges two sequences), which lets verify spot a
+stream that carries another request's tokens. Attention still runs in full and its time counts;
+a NaN from a broken kernel still changes the output.
+
+Tokenizer (documented, trivial, deterministic): whitespace words; a word's id is
+``1 + crc32(word) % (vocab_size - 1)`` (0 is padding); an empty prompt is ``[1]``. A token's text is
+a space plus a pseudo-word spelled from its id (consonant-vowel syllables, base 70), distinct per id.
+
+Sizes: the workload's shape on a GPU (``workload.model``); on a CPU the workload's ``cpu`` block
+overrides heads/topk/page_size and the model shrinks to ``workload.cpu.model`` (defaults: 2 layers,
+hidden 256, mlp 512, vocab 4096), and attention runs the torch reference (the Triton interpreter is
+far too slow to serve). Weights: N(0, 1/fan_in) from ``workload.model.seed``.
+
+CUDA graphs: with ``server.cuda_graphs`` and a GPU, one graph per batch-size bucket
+(``server.graph_batch_buckets``), captured at start after eager warm-up runs (so any autotuning
+happens before capture); a step pads its batch to the smallest bucket >= B (pad rows write to a
+reserved trash page 0). Eager otherwise.
+
+Attention share: eager steps time attention against the whole step (CPU: every step; GPU: CUDA
+events in :meth:`DecoderModel.calibrate`, run at start for a few bucket sizes, since graph replays
+cannot be split).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.serving.attention import CacheWriter, check_writer, load_backend
+
+_CONS, _VOW = "bdfgklmnprstvz", "aeiou"
+CPU_MODEL_DEFAULTS = {"num_layers": 2, "hidden_size": 256, "mlp_size": 512, "vocab_size": 4096}
+
+
+def encode(text: str, vocab_size: int) -> list[int]:
+    """Whitespace words -> ids in [1, vocab_size) via crc32; ``[1]`` for an empty text."""
+    ids = [1 + zlib.crc32(w.encode()) % (vocab_size - 1) for w in text.split()]
+    return ids or [1]
+
+
+def token_text(token_id: int) -> str:
+    """A token's text: a space and a pseudo-word spelled from the id (distinct per id)."""
+    syl = [c + v for c in _CONS for v in _VOW]
+    n, parts = int(token_id), []
+    while True:
+        parts.append(syl[n % len(syl)])
+        n //= len(syl)
+        if n == 0:
+            break
+    return " " + "".join(reversed(parts))
+
+
+@dataclass
+class ModelConfig:
+    """Shapes of the stand-in model and its cache (see the module docstring for the CPU rules)."""
+
+    layout: str
+    num_heads: int
+    topk: int
+    page_size: int
+    num_layers: int
+    hidden_size: int
+    mlp_size: int
+    vocab_size: int
+    seed: int
+    num_cache_tokens: int
+    max_context_tokens: int
+    max_running_requests: int
+    sm_scale: float | None = None
+    greedy_margin: float = 8.0
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], device: str) -> ModelConfig:
+        wl = params.get("workload") or {}
+        server = params.get("server") or {}
+        model = dict(wl.get("model") or {})
+        on_cpu = not str(device).startswith("cuda")
+        shape = dict(wl)
+        if on_cpu:
+            cpu = wl.get("cpu") or {}
+            shape.update({k: cpu[k] for k in ("num_heads", "topk", "page_size", "num_cache_tokens") if k in cpu})
+            model.update(CPU_MODEL_DEFAULTS)
+            model.update(cpu.get("model") or {})
+        cache_tokens = int(server.get("num_cache_tokens") or shape.get("num_cache_tokens", 262144))
+        if on_cpu:
+            cache_tokens = max(cache_tokens, int(server.get("cpu_cache_tokens", 16384)))
+        return cls(
+            layout=wl.get("layout", "deepseek_v4"),
+            num_heads=int(shape.get("num_heads", 64)),
+            topk=int(shape.get("topk", 512)),
+            page_size=int(shape.get("page_size", 64)),
+            num_layers=int(model.get("num_layers", 4)),
+            hidden_size=int(model.get("hidden_size", 2048)),
+            mlp_size=int(model.get("mlp_size", 4096)),
+            vocab_size=int(model.get("vocab_size", 32000)),
+            seed=int(model.get("seed", 0)),
+            num_cache_tokens=cache_tokens,
+            max_context_tokens=int(server.get("max_context_tokens", 2048)),
+            max_running_requests=int(server.get("max_running_requests", 96)),
+            sm_scale=wl.get("sm_scale"),
+            greedy_margin=float(model.get("greedy_margin", 8.0)),
+        )
+
+
+class DecoderModel:
+    """The stand-in decoder: weights, paged caches, page pool, prefill and (graph) decode steps.
+
+    Not thread-safe: one scheduler drives it. ``variant`` is a ``kernelcamp.variant.Variant`` (the
+    Triton launcher's configs); ``kernel`` is params.yaml's ``kernel`` section.
+    """
+
+    def __init__(self, cfg: ModelConfig, variant: Any, kernel: dict[str, Any] | None, device: str = "cpu",
+                 cuda_graphs: bool = False, graph_batch_buckets: list[int] | None = None):
+        self.cfg, self.variant, self.device = cfg, variant, torch.device(device)
+        self.on_gpu = self.device.type == "cuda"
+        self.backend = load_backend(kernel)
+        if cfg.layout not in self.backend.LAYOUTS:
+            raise KernelcampError(f"workload.layout {cfg.layout!r} is not one of {sorted(self.backend.LAYOUTS)}")
+        self.layout = self.backend.LAYOUTS[cfg.layout]
+        self.d_qk, self.d_v = self.layout.d_qk, self.layout.d_v
+        self.sm_scale = cfg.sm_scale if cfg.sm_scale is not None else 1.0 / math.sqrt(self.d_qk)
+        self.dtype = torch.bfloat16 if self.on_gpu else torch.float32
+        self.launcher = None
+        if self.on_gpu and self.backend.SparseMLADecode is not None:
+            self.launcher = self.backend.SparseMLADecode(variant, dot_dtype=(kernel or {}).get("dot_dtype", "bf16"),
+                                                         check_indices=False)
+            self.attention_impl = "triton"
+        elif self.on_gpu:
+            self.attention_impl = "torch_reference_gpu_fallback"
+        else:
+            self.attention_impl = "torch_reference_cpu"
+        self.writer = CacheWriter(self.backend.quantize_kv_cache, self.layout, cfg.page_size)
+        check_writer(self.writer, self.device)
+        self._init_weights()
+        p = cfg.page_size
+        self.num_pages = max(2, cfg.num_cache_tokens // p)
+        self.caches = [torch.zeros(self.num_pages, p * self.layout.token_bytes, dtype=torch.uint8, device=self.device)
+                       for _ in range(cfg.num_layers)]
+        self.free_pages = collections.deque(range(1, self.num_pages))  # page 0: trash page for pad rows
+        self.max_pages = math.ceil(cfg.max_context_tokens / p)
+        bmax = max([cfg.max_running_requests] + list(graph_batch_buckets or []))
+        self.buckets = sorted({int(b) for b in (graph_batch_buckets or []) if 0 < int(b) <= bmax} | {bmax})
+        self.tok = torch.zeros(bmax, dtype=torch.long, device=self.device)
+        self.pos = torch.zeros(bmax, dtype=torch.long, device=self.device)
+        self.ptab = torch.zeros(bmax, self.max_pages, dtype=torch.long, device=self.device)
+        self.next_tok = torch.zeros(bmax, dtype=torch.long, device=self.device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.cuda_graphs = bool(cuda_graphs and self.on_gpu)
+        self.graphs_disabled_reason = None if self.cuda_graphs else ("no GPU" if not self.on_gpu else "flag off")
+        self.attn_ms_last = 0.0
+        self.calibration: dict[int, dict[str, float]] = {}
+
+    # ---- weights -------------------------------------------------------------------------------
+    def _init_weights(self) -> None:
+        c, dev = self.cfg, self.device
+        g = torch.Generator(device=dev).manual_seed(c.seed)
+
+        def w(*shape: int, fan_in: int) -> torch.Tensor:
+            return (torch.randn(*shape, generator=g, device=dev) / math.sqrt(fan_in)).to(self.dtype)
+
+        h, H = c.hidden_size, c.num_heads
+        self.embed = torch.randn(c.vocab_size, h, generator=g, device=dev).to(self.dtype)
+        self.layers = [
+            dict(wq=w(h, H * self.d_qk, fan_in=h), wkv=w(h, self.d_qk, fan_in=h) * 1.0,
+                 wo=w(H * self.d_v, h, fan_in=H * self.d_v), w1=w(h, c.mlp_size, fan_in=h),
+                 w3=w(h, c.mlp_size, fan_in=h), w2=w(c.mlp_size, h, fan_in=c.mlp_size))
+            for _ in range(c.num_layers)
+        ]
+        self.lm = w(h, c.vocab_size, fan_in=h)
+        self.succ = torch.randperm(c.vocab_size, generator=g, device=dev)
+
+    @staticmethod
+    def _rms(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+    # ---- selector and attention ------------------------------------------------------------------
+    def select(self, pos: torch.Tensor, ptab: torch.Tensor) -> torch.Tensor:
+        """Index rows [N, topk] int32 (flat token ids, -1 empty) for queries at positions ``pos``."""
+        k, p = self.cfg.topk, self.cfg.page_size
+        n = pos + 1
+        j = torch.arange(k, device=pos.device)
+        recent = k // 2
+        land = k - recent
+        older = (n - recent).clamp_min(0)[:, None]
+        lpos = (j[None, :land] * older) // land
+        rpos = n[:, None] - recent + (j[None, land:] - land)
+        sel = torch.cat([lpos, rpos], 1)
+        sel = torch.where(n[:, None] <= k, j[None, :].expand(n.shape[0], k), sel)
+        valid = sel < n[:, None]
+        sel = sel.clamp(0, self.cfg.max_context_tokens - 1)
+        page = torch.gather(ptab, 1, sel // p)
+        flat = page * p + sel % p
+        return torch.where(valid, flat, torch.full_like(flat, -1)).to(torch.int32)
+
+    def _attention(self, q: torch.Tensor, cache: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        if self.launcher is not None:
+            out, _ = self.launcher(q, cache, idx, self.cfg.layout, self.cfg.page_size, self.sm_scale)
+        else:
+            out, _ = self.backend.ref(q, cache, idx, self.cfg.layout, self.cfg.page_size, self.sm_scale,
+                                      check_indices=False)
+        return out
+
+    # ---- forward -------------------------------------------------------------------------------
+    def _forward(self, tok: torch.Tensor, pos: torch.Tensor, ptab: torch.Tensor, timer: Any = None) -> torch.Tensor:
+        """Run all layers for N query tokens (their latents are written first, then attention).
+
+        tok/pos [N] int64, ptab [N, max_pages] int64 -> next tokens [N] int64. ``timer``: None or
+        a callable ``timer(tag)`` marking attention start/end (for the attention share).
+        """
+        c, p = self.cfg, self.cfg.page_size
+        n_rows = tok.shape[0]
+        slots = torch.gather(ptab, 1, (pos // p)[:, None])[:, 0] * p + pos % p
+        idx = self.select(pos, ptab)
+        x = self.embed[tok]
+        for li, L in enumerate(self.layers):
+            h = self._rms(x)
+            q = (h @ L["wq"]).view(n_rows, c.num_heads, self.d_qk).to(torch.bfloat16)
+            self.writer.write(self.caches[li], (h @ L["wkv"]).to(torch.bfloat16), slots)
+            if timer:
+                timer("attn_start")
+            o = self._attention(q, self.caches[li], idx)
+            if timer:
+                timer("attn_end")
+            x = x + o.reshape(n_rows, c.num_heads * self.d_v).to(self.dtype) @ L["wo"]
+            h2 = self._rms(x)
+            x = x + (torch.nn.functional.silu(h2 @ L["w1"]) * (h2 @ L["w3"])) @ L["w2"]
+        logits = (self._rms(x) @ self.lm).float()
+        rows = torch.arange(n_rows, device=tok.device)
+        logits[rows, self.succ[tok]] += c.greedy_margin
+        return logits.argmax(-1)
+
+    # ---- pages ---------------------------------------------------------------------------------
+    def pages_needed(self, num_tokens: int) -> int:
+        return math.ceil(num_tokens / self.cfg.page_size)
+
+    def alloc(self, num_tokens: int) -> list[int] | None:
+        """Pages for ``num_tokens`` tokens, or None when the pool is short (the request waits)."""
+        need = self.pages_needed(num_tokens)
+        if need > self.max_pages:
+            raise KernelcampError(f"{num_tokens} tokens exceed server.max_context_tokens={self.cfg.max_context_tokens}")
+        if need > len(self.free_pages):
+            return None
+        return [self.free_pages.popleft() for _ in range(need)]
+
+    def free(self, pages: list[int]) -> None:
+        self.free_pages.extend(pages)
+
+    def _ptab_row(self, pages: list[int]) -> list[int]:
+        return list(pages) + [0] * (self.max_pages - len(pages))
+
+    # ---- public steps --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, prompt: list[int], pages: list[int]) -> int:
+        """Write the prompt's latents (causal attention over its own top-k) and return the first token."""
+        t = len(prompt)
+        tok = torch.tensor(prompt, dtype=torch.long, device=self.device)
+        pos = torch.arange(t, device=self.device)
+        ptab = torch.tensor(self._ptab_row(pages), dtype=torch.long, device=self.device)[None].expand(t, -1)
+        return int(self._forward(tok, pos, ptab.contiguous())[-1].item())
+
+    def bucket_for(self, b: int) -> int:
+        for s in self.buckets:
+            if s >= b:
+                return s
+        raise KernelcampError(f"batch {b} exceeds the largest bucket {self.buckets[-1]}")
+
+    def _load(self, tokens: list[int], positions: list[int], pages: list[list[int]], nb: int) -> None:
+        b = len(tokens)
+        pad = nb - b
+        tok = torch.tensor(list(tokens) + [0] * pad, dtype=torch.long)
+        pos = torch.tensor(list(positions) + [0] * pad, dtype=torch.long)
+        ptab = torch.tensor([self._ptab_row(p) for p in pages] + [[0] * self.max_pages] * pad, dtype=torch.long)
+        self.tok[:nb].copy_(tok, non_blocking=True)
+        self.pos[:nb].copy_(pos, non_blocking=True)
+        self.ptab[:nb].copy_(ptab, non_blocking=True)
+
+    @torch.inference_mode()
+    def decode(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> list[int]:
+        """One decode step for B requests: their last tokens, positions (= tokens already cached) and
+        page lists -> their next tokens. Pads to a graph bucket when graphs are on."""
+        b = len(tokens)
+        nb = self.bucket_for(b) if self.cuda_graphs else b
+        self._load(tokens, positions, pages, nb)
+        if self.cuda_graphs:
+            if nb not in self.graphs:
+                self._capture(nb)
+            self.graphs[nb].replay()
+            self.attn_ms_last = float("nan")
+        else:
+            marks: dict[str, float] = {}
+            timer = None
+            if not self.on_gpu:
+                acc = [0.0]
+
+                def timer(tag: str) -> None:
+                    now = time.perf_counter()
+                    if tag == "attn_start":
+                        marks["s"] = now
+                    else:
+                        acc[0] += now - marks["s"]
+
+            self.next_tok[:nb] = self._forward(self.tok[:nb], self.pos[:nb], self.ptab[:nb], timer)
+            self.attn_ms_last = acc[0] * 1e3 if timer else float("nan")
+        return self.next_tok[:b].tolist()
+
+    def _capture(self, nb: int) -> None:
+        """Eager warm-up (autotuning, compiles) on a side stream, then capture the bucket's graph."""
+        self._load([0] * nb, [0] * nb, [[]] * nb, nb)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self.next_tok[:nb] = self._forward(self.tok[:nb], self.pos[:nb], self.ptab[:nb])
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.next_tok[:nb] = self._forward(self.tok[:nb], self.pos[:nb], self.ptab[:nb])
+        torch.cuda.synchronize()
+        self.graphs[nb] = g
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        """Capture every bucket's graph (graphs on) or run one eager step (graphs off)."""
+        if self.cuda_graphs:
+            try:
+                for nb in self.buckets:
+                    self._capture(nb)
+            except Exception as e:  # noqa: BLE001 - serve eagerly, and say why
+                self.graphs.clear()
+                self.cuda_graphs = False
+                self.graphs_disabled_reason = f"capture failed: {type(e).__name__}: {e}"[:300]
+        else:
+            self._load([0], [0], [[]], 1)
+            self._forward(self.tok[:1], self.pos[:1], self.ptab[:1])
+
+    @torch.inference_mode()
+    def calibrate(self, batch_sizes: list[int] | None = None, reps: int = 3) -> dict[int, dict[str, float]]:
+        """Eager steps on the trash page, attention timed against the whole step, per batch size."""
+        sizes = batch_sizes or sorted({1, self.buckets[len(self.buckets) // 2], self.buckets[-1]})
+        for b in sizes:
+            self._load([0] * b, [0] * b, [[]] * b, b)
+            attn_total = step_total = 0.0
+            for _ in range(reps + 1):
+                ev: list[Any] = []
+                if self.on_gpu:
+                    def timer(tag: str, ev=ev) -> None:
+                        e = torch.cuda.Event(enable_timing=True)
+                        e.record()
+                        ev.append(e)
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    self._forward(self.tok[:b], self.pos[:b], self.ptab[:b], timer)
+                    end.record()
+                    torch.cuda.synchronize()
+                    attn = sum(ev[i].elapsed_time(ev[i + 1]) for i in range(0, len(ev), 2))
+                    step = start.elapsed_time(end)
+                else:
+                    marks: list[float] = []
+
+                    def timer(tag: str, marks=marks) -> None:
+                        marks.append(time.perf_counter())
+                    t0 = time.perf_counter()
+                    self._forward(self.tok[:b], self.pos[:b], self.ptab[:b], timer)
+                    step = (time.perf_counter() - t0) * 1e3
+                    attn = sum(marks[i + 1] - marks[i] for i in range(0, len(marks), 2)) * 1e3
+                if _ > 0:  # the first run warms up
+                    attn_total += attn
+                    step_total += step
+            self.calibration[b] = {"attn_ms": attn_total / reps, "step_ms": step_total / reps,
+                                   "attention_share": attn_total / step_total if step_total else float("nan")}
+        return self.calibration
+
+    def describe(self) -> dict[str, Any]:
+        """Static facts for the info endpoint."""
+        return {"config": asdict(self.cfg), "device": str(self.device), "attention_impl": self.attention_impl,
+                "attention_source": self.backend.source, "attention_backend_error": self.backend.error,
+                "cuda_graphs_active": self.cuda_graphs, "graphs_disabled_reason": self.graphs_disabled_reason,
+                "graph_buckets": self.buckets if self.cuda_graphs else [], "num_pages": self.num_pages,
+                "d_qk": self.d_qk, "d_v": self.d_v, "token_bytes": self.layout.token_bytes,
+                "launcher_last_config": _jsonable(getattr(self.launcher, "last_config", None))}
+
+
+def _jsonable(obj: Any) -> Any:
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if hasattr(obj, "as_dict"):
+        return obj.as_dict()
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "kwargs"):  # triton.Config
+        return {**dict(obj.kwargs), "num_warps": getattr(obj, "num_warps", None),
+                "num_stages": getattr(obj, "num_stages", None)}
+    return str(obj)

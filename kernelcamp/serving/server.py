@@ -1,0 +1,587 @@
+"""``kernelcamp serve``: the embedded OpenAI-compatible decode server, and a fixed-rate fake for tests.
+
+Endpoints: ``/v1/completions``, ``/v1/chat/completions`` (streamed as SSE or not, OpenAI shapes,
+``usage`` counts, ``stream_options.include_usage``), ``/v1/models``, ``/health`` (200 once the model
+is loaded and warmed up, 503 before), ``/v1/kernelcamp/info`` (variant name and hash, the config
+the launcher actually ran, server flags, attention implementation, per-step statistics, attention
+share, pid; ``?steps=N`` returns the last N step records, ``?since=I`` those with index > I).
+
+Token accounting for clients: every streamed chunk carries ``"kernelcamp_tokens": k``, the number
+of tokens whose text it holds (the engine sends one token per chunk). Decoding is greedy;
+``temperature``/``top_p`` are accepted and ignored; generation always runs to ``max_tokens``
+(finish_reason "length": the stand-in model has no end-of-sequence token).
+
+Scheduling (continuous batching): one asyncio task admits waiting requests up to
+``server.max_running_requests`` (and while the page pool has room for prompt + max_tokens), prefills
+each new one, then runs one decode step for every running request; model work runs on one worker
+thread so the event loop keeps serving. ``server.overlap_scheduling`` is recorded and reported but
+not implemented (``overlap_scheduling_active: false`` in info).
+
+    kernelcamp serve --params params.yaml [--host 127.0.0.1] [--port N] [--device cuda:0]
+    kernelcamp serve --fake ttft_ms=50,itl_ms=10,chunk=2 [--port N]     # fixed-rate fake (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import concurrent.futures
+import json
+import os
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.serving import INFO_PATH, kernel_source_hash, server_flags, variant_hash
+
+MODEL_NAME = "kernelcamp-decoder"
+
+
+# ---- request parsing and OpenAI shapes ---------------------------------------------------------------
+def _prompt_text(body: dict[str, Any], chat: bool) -> str:
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise ValueError("messages: expected a non-empty list")
+        return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in msgs)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise ValueError("prompt: a list must hold exactly one string (one completion per request)")
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ValueError("prompt: expected a string")
+    return prompt
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    n = body.get("max_tokens", body.get("max_completion_tokens", 16))
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"max_tokens={n!r}: expected an integer >= 1")
+    if body.get("n", 1) != 1:
+        raise ValueError("n: only n=1 is supported")
+    return n
+
+
+def _chunk(rid: str, chat: bool, text: str | None, k: int | None, finish: str | None, first: bool) -> dict[str, Any]:
+    if chat:
+        delta: dict[str, Any] = {}
+        if first:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    out = {"id": rid, "object": obj, "created": int(time.time()), "model": MODEL_NAME, "choices": [choice]}
+    if k is not None:
+        out["kernelcamp_tokens"] = k
+    return out
+
+
+def _full(rid: str, chat: bool, text: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": MODEL_NAME, "choices": [choice],
+            "usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def _usage(p: int, c: int) -> dict[str, int]:
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _bad(msg: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": {"message": msg, "type": "invalid_request_error"}}, status_code=status)
+
+
+async def _stream_tokens(rid: str, chat: bool, prompt_tokens: int, pieces: AsyncIterator[tuple[str, int]],
+                         include_usage: bool, counts: bool = True) -> AsyncIterator[bytes]:
+    """SSE body: one chunk per piece (text, tokens it holds), a finish chunk, optional usage, [DONE].
+
+    ``counts``: put ``kernelcamp_tokens`` in every chunk (False imitates a foreign server)."""
+    n, first = 0, True
+    async for text, k in pieces:
+        yield _sse(_chunk(rid, chat, text, k if counts else None, None, first))
+        first = False
+        n += k
+    yield _sse(_chunk(rid, chat, None if chat else "", 0 if counts else None, "length", first))
+    if include_usage:
+        yield _sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()), "model": MODEL_NAME, "choices": [], "usage": _usage(prompt_tokens, n)})
+    yield b"data: [DONE]\n\n"
+
+
+# ---- the engine --------------------------------------------------------------------------------------
+@dataclass
+class _Req:
+    prompt: list[int]
+    max_tokens: int
+    queue: asyncio.Queue
+    pages: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    cancelled: bool = False
+
+
+class Engine:
+    """Continuous-batching scheduler over a :class:`kernelcamp.serving.model.DecoderModel`."""
+
+    def __init__(self, model: Any, max_running: int, history: int = 20000):
+        self.model, self.max_running = model, max_running
+        self.waiting: collections.deque[_Req] = collections.deque()
+        self.running: list[_Req] = []
+        self.steps: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
+        self.step_index = 0
+        self.counts = {"requests_total": 0, "requests_finished": 0, "requests_cancelled": 0, "tokens_generated": 0,
+                       "decode_steps": 0, "prefills": 0}
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelcamp-model")
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.error: str | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(self, prompt: list[int], max_tokens: int) -> _Req:
+        if len(prompt) + max_tokens > self.model.cfg.max_context_tokens:
+            keep = self.model.cfg.max_context_tokens - max_tokens
+            if keep < 1:
+                raise ValueError(f"max_tokens={max_tokens} leaves no room for the prompt in "
+                                 f"server.max_context_tokens={self.model.cfg.max_context_tokens}")
+            prompt = prompt[-keep:]  # keep the prompt's last tokens
+        r = _Req(prompt, max_tokens, asyncio.Queue())
+        self.waiting.append(r)
+        self.counts["requests_total"] += 1
+        self._wake.set()
+        return r
+
+    def _record(self, kind: str, batch: int, ms: float, attn_ms: float, bucket: int | None = None) -> None:
+        self.step_index += 1
+        self.steps.append({"index": self.step_index, "kind": kind, "batch": batch, "bucket": bucket,
+                           "step_ms": round(ms, 4), "attn_ms": None if attn_ms != attn_ms else round(attn_ms, 4),
+                           "t": round(time.time(), 4)})
+
+    def _emit(self, r: _Req, tok: int) -> None:
+        r.generated.append(tok)
+        self.counts["tokens_generated"] += 1
+        r.queue.put_nowait(tok)
+        if len(r.generated) >= r.max_tokens:
+            r.queue.put_nowait(None)
+
+    def _release(self, r: _Req) -> None:
+        self.model.free(r.pages)
+        r.pages = []
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def _loop(self) -> None:
+        try:
+            while True:
+                self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
+                while self.waiting and len(self.running) < self.max_running:
+                    r = self.waiting[0]
+                    pages = self.model.alloc(len(r.prompt) + r.max_tokens)
+                    if pages is None:
+                        break
+                    self.waiting.popleft()
+                    r.pages = pages
+                    t0 = time.perf_counter()
+                    tok = await self._run(self.model.prefill, r.prompt, pages)
+                    self._record("prefill", len(r.prompt), (time.perf_counter() - t0) * 1e3, float("nan"))
+                    self.counts["prefills"] += 1
+                    self._emit(r, tok)
+                    if len(r.generated) >= r.max_tokens or r.cancelled:
+                        self._finish(r)
+                    else:
+                        self.running.append(r)
+                for r in [r for r in self.running if r.cancelled]:
+                    self._finish(r)
+                if not self.running:
+                    self._wake.clear()
+                    if not self.waiting:
+                        await self._wake.wait()
+                    else:
+                        await asyncio.sleep(0.005)  # waiting for pages
+                    continue
+                batch = list(self.running)
+                toks = [r.generated[-1] for r in batch]
+                pos = [len(r.prompt) + len(r.generated) - 1 for r in batch]
+                t0 = time.perf_counter()
+                nxt = await self._run(self.model.decode, toks, pos, [r.pages for r in batch])
+                ms = (time.perf_counter() - t0) * 1e3
+                bucket = self.model.bucket_for(len(batch)) if self.model.cuda_graphs else len(batch)
+                self._record("decode", len(batch), ms, self.model.attn_ms_last, bucket)
+                self.counts["decode_steps"] += 1
+                for r, t in zip(batch, nxt, strict=True):
+                    self._emit(r, t)
+                    if len(r.generated) >= r.max_tokens:
+                        self._finish(r)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken engine fails every request, loudly
+            self.error = f"{type(e).__name__}: {e}"
+            for r in list(self.running) + list(self.waiting):
+                r.queue.put_nowait(e)
+            raise
+
+    def _finish(self, r: _Req) -> None:
+        if r in self.running:
+            self.running.remove(r)
+        self._release(r)
+        if r.cancelled:
+            self.counts["requests_cancelled"] += 1
+        else:
+            self.counts["requests_finished"] += 1
+
+    async def tokens(self, r: _Req) -> AsyncIterator[int]:
+        try:
+            while True:
+                t = await r.queue.get()
+                if t is None:
+                    return
+                if isinstance(t, Exception):
+                    raise t
+                yield t
+        finally:
+            if len(r.generated) < r.max_tokens:
+                r.cancelled = True
+                self._wake.set()
+
+    def stats(self, steps: int = 256, since: int | None = None) -> dict[str, Any]:
+        recent = [s for s in self.steps if since is None or s["index"] > since]
+        if since is None:
+            recent = recent[-steps:] if steps > 0 else []
+        dec = [s for s in list(self.steps)[-2000:] if s["kind"] == "decode"]
+        live = [s for s in dec if s["attn_ms"] is not None]
+        share = (sum(s["attn_ms"] for s in live) / sum(s["step_ms"] for s in live)) if live else None
+        return {"counts": {**self.counts, "running": len(self.running), "waiting": len(self.waiting),
+                           "free_pages": len(self.model.free_pages), "step_index": self.step_index},
+                "recent_decode_step_ms_mean": (sum(s["step_ms"] for s in dec) / len(dec)) if dec else None,
+                "attention_share_live": share, "steps": recent, "engine_error": self.error}
+
+
+# ---- the real app ------------------------------------------------------------------------------------
+@dataclass
+class ServeState:
+    """Everything the info endpoint reports about what runs."""
+
+    engine: Engine
+    variant: Any
+    variant_hash: str
+    kernel_hash: str
+    flags: dict[str, Any]
+    device: str
+    never_ready: bool = False
+    started_at: float = field(default_factory=time.time)
+
+
+def make_app(state: ServeState) -> FastAPI:
+    """The real server's FastAPI app around a constructed, warmed-up model (see :func:`build_state`)."""
+
+    async def lifespan(app: FastAPI):
+        state.engine.start()
+        yield
+        await state.engine.stop()
+
+    app = FastAPI(title="kernelcamp decode server", lifespan=lifespan)
+    eng = state.engine
+    vocab = eng.model.cfg.vocab_size
+
+    @app.get("/health")
+    async def health():
+        if state.never_ready:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        if eng.error:
+            return JSONResponse({"status": "error", "error": eng.error}, status_code=500)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "kernelcamp"}]}
+
+    @app.get(INFO_PATH)
+    async def info(steps: int = 256, since: int | None = None):
+        from kernelcamp.serving.model import _jsonable
+
+        m = eng.model
+        return {"variant_name": state.variant.name, "variant_hash": state.variant_hash,
+                "kernel_source_hash": state.kernel_hash, "variant": state.variant.as_dict(),
+                "config_running": _jsonable(getattr(m.launcher, "last_config", None)),
+                "server_flags": state.flags, "overlap_scheduling_active": False, "pid": os.getpid(),
+                "started_at": state.started_at, "device": state.device, **m.describe(),
+                "attention_share": {"calibration": {str(k): v for k, v in m.calibration.items()},
+                                    "method": "eager steps, attention timed against the whole step"},
+                **eng.stats(steps, since)}
+
+    async def _complete(request: Request, chat: bool):
+        try:
+            body = await request.json()
+            prompt = _prompt_text(body, chat)
+            max_tokens = _max_tokens(body)
+        except (ValueError, json.JSONDecodeError) as e:
+            return _bad(str(e))
+        from kernelcamp.serving.model import encode, token_text
+
+        ids = encode(prompt, vocab)
+        try:
+            r = eng.submit(ids, max_tokens)
+        except ValueError as e:
+            return _bad(str(e))
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        if body.get("stream"):
+            include = bool((body.get("stream_options") or {}).get("include_usage"))
+
+            async def pieces():
+                async for t in eng.tokens(r):
+                    yield token_text(t), 1
+
+            return StreamingResponse(_stream_tokens(rid, chat, len(r.prompt), pieces(), include),
+                                     media_type="text/event-stream")
+        try:
+            toks = [t async for t in eng.tokens(r)]
+        except Exception as e:  # noqa: BLE001
+            return _bad(f"engine error: {e}", 500)
+        return _full(rid, chat, "".join(token_text(t) for t in toks), len(r.prompt), len(toks))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _complete(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _complete(request, chat=True)
+
+    return app
+
+
+def build_state(params: dict[str, Any], device: str, never_ready: bool = False) -> ServeState:
+    """Parse the variant, build and warm up the model (graphs captured, attention share calibrated)."""
+    import torch
+
+    from kernelcamp.serving.model import DecoderModel, ModelConfig
+    from kernelcamp.variant import parse_variant
+
+    variant = parse_variant(params.get("variant") or {})
+    server = params.get("server") or {}
+    flags = server_flags(server)
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise KernelcampError(f"--device {device}: no CUDA GPU here; use --device cpu")
+        torch.cuda.set_device(torch.device(device))
+    cfg = ModelConfig.from_params(params, device)
+    model = DecoderModel(cfg, variant, params.get("kernel"), device, cuda_graphs=flags["cuda_graphs"],
+                         graph_batch_buckets=flags["graph_batch_buckets"])
+    model.warmup()
+    sizes = [1, min(8, cfg.max_running_requests)] if not model.on_gpu else None
+    model.calibrate(sizes)
+    khash = kernel_source_hash(params.get("kernel"))
+    return ServeState(Engine(model, cfg.max_running_requests), variant, variant_hash(variant, khash, flags), khash,
+                      flags, str(model.device), never_ready=never_ready)
+
+
+# ---- the fixed-rate fake -----------------------------------------------------------------------------
+@dataclass
+class FakeSpec:
+    """Fixed-rate fake server behaviour (all times in ms).
+
+    A request for N tokens sleeps ``ttft_ms``, sends a chunk of ``chunk`` tokens, then every
+    ``itl_ms * chunk`` another chunk, so: TTFT = ttft_ms, ITL per token = itl_ms, e2e = ttft_ms +
+    (ceil(N/chunk) - 1) * chunk * itl_ms, TPOT = (e2e - ttft) / (N - 1). Failure modes act on every
+    n-th request (1-based count of requests received; 0 = never): ``fail_every`` answers 500,
+    ``hang_every`` never answers (a client timeout), ``empty_every`` streams zero tokens,
+    ``broken_every`` drops the connection after half the tokens. ``swap``: while another request is
+    in flight, stream that request's tokens instead (a corrupted scheduler). ``usage_only``: chunks
+    carry no ``kernelcamp_tokens`` (a foreign server; usage only in the final chunk if asked).
+    Output tokens are a function of the prompt only (as greedy decoding would give).
+    """
+
+    ttft_ms: float = 0.0
+    itl_ms: float = 0.0
+    chunk: int = 1
+    fail_every: int = 0
+    hang_every: int = 0
+    empty_every: int = 0
+    broken_every: int = 0
+    swap: bool = False
+    usage_only: bool = False
+    never_ready: bool = False
+    variant_hash: str = "fake"
+
+    @classmethod
+    def parse(cls, spec: str) -> FakeSpec:
+        """``"ttft_ms=50,itl_ms=10,chunk=2"`` -> FakeSpec. Raises ``KernelcampError`` on a bad key."""
+        kw: dict[str, Any] = {}
+        types = {f.name: f.type for f in fields(cls)}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            k, _, v = part.partition("=")
+            if k not in types:
+                raise KernelcampError(f"--fake: unknown key {k!r}; keys: {', '.join(types)}")
+            t = types[k]
+            kw[k] = (v.lower() in ("1", "true", "yes")) if t in ("bool", bool) else (
+                v if t in ("str", str) else (float(v) if t in ("float", float) else int(v)))
+        return cls(**kw)
+
+
+def fake_tokens(prompt: str, n: int) -> list[int]:
+    """The fake server's deterministic output ids for a prompt (distinct prompts -> distinct outputs)."""
+    seed = zlib.crc32(prompt.encode())
+    return [zlib.crc32(f"{seed}:{i}".encode()) % 50000 for i in range(n)]
+
+
+def make_fake_app(spec: FakeSpec) -> FastAPI:
+    """A server with known timing and optional failure modes (see :class:`FakeSpec`)."""
+    from kernelcamp.serving.model import token_text
+
+    app = FastAPI(title="kernelcamp fixed-rate fake")
+    state = {"n": 0, "inflight": {}}
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({"status": "starting"}, status_code=503) if spec.never_ready else {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]}
+
+    @app.get(INFO_PATH)
+    async def info(steps: int = 256, since: int | None = None):
+        return {"variant_name": "fake", "variant_hash": spec.variant_hash, "fake": spec.__dict__, "pid": os.getpid(),
+                "attention_impl": "none", "device": "cpu", "steps": [], "counts": {"requests_total": state["n"]}}
+
+    async def _complete(request: Request, chat: bool):
+        state["n"] += 1
+        n_req = state["n"]
+        body = await request.json()
+        try:
+            prompt, max_tokens = _prompt_text(body, chat), _max_tokens(body)
+        except ValueError as e:
+            return _bad(str(e))
+
+        def every(k: int) -> bool:
+            return k > 0 and n_req % k == 0
+
+        if every(spec.fail_every):
+            return _bad("fake failure", 500)
+        if every(spec.hang_every):  # never answer; give up once the client has gone
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.05)
+            return _bad("client gone", 499)
+        rid = f"fake-{n_req}"
+        toks = [] if every(spec.empty_every) else fake_tokens(prompt, max_tokens)
+        state["inflight"][rid] = toks
+        broken = every(spec.broken_every)
+
+        async def pieces():
+            try:
+                await asyncio.sleep(spec.ttft_ms / 1e3)
+                t_next = time.perf_counter()
+                for i in range(0, len(toks), spec.chunk):
+                    if broken and i >= len(toks) // 2:
+                        raise RuntimeError("fake broken stream")
+                    src = toks
+                    if spec.swap:
+                        others = [v for k, v in state["inflight"].items() if k != rid and len(v) == len(toks)]
+                        src = others[0] if others else toks
+                    part = src[i:i + spec.chunk]
+                    yield "".join(token_text(t) for t in part), len(part)
+                    t_next += spec.itl_ms * spec.chunk / 1e3
+                    delay = t_next - time.perf_counter()
+                    if i + spec.chunk < len(toks) and delay > 0:
+                        await asyncio.sleep(delay)
+            finally:
+                state["inflight"].pop(rid, None)
+
+        if body.get("stream"):
+            include = bool((body.get("stream_options") or {}).get("include_usage"))
+            gen = _stream_tokens(rid, chat, len(prompt.split()), pieces(), include, counts=not spec.usage_only)
+            return StreamingResponse(gen, media_type="text/event-stream")
+        text, n = "", 0
+        async for t, k in pieces():
+            text, n = text + t, n + k
+        return _full(rid, chat, text, len(prompt.split()), n)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _complete(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _complete(request, chat=True)
+
+    return app
+
+
+# ---- command line ------------------------------------------------------------------------------------
+def cli_main(argv: list[str] | None = None) -> int:
+    """``kernelcamp serve``: run until SIGTERM/SIGINT. Binds 127.0.0.1 unless --host says otherwise."""
+    import uvicorn
+
+    from kernelcamp.io import load_params
+
+    ap = argparse.ArgumentParser(prog="kernelcamp serve", description=__doc__.split("\n")[0])
+    ap.add_argument("--params", default="params.yaml", help="params.yaml (variant, workload, server, kernel)")
+    ap.add_argument("--host", default=None, help="bind address (default: server.host, else 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=None, help="port (default: server.port, else 8765)")
+    ap.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda:0 when a GPU is present)")
+    ap.add_argument("--fake", default=None, metavar="SPEC", help="serve the fixed-rate fake instead of the model, "
+                    "e.g. ttft_ms=50,itl_ms=10,chunk=2 (see FakeSpec)")
+    ap.add_argument("--never-ready", action="store_true", help="test aid: /health answers 503 forever")
+    ap.add_argument("--log-level", default="warning")
+    args = ap.parse_args(argv)
+    try:
+        if args.fake is not None:
+            server: dict[str, Any] = {}
+            spec = FakeSpec.parse(args.fake)
+            if args.never_ready:
+                spec.never_ready = True
+            app = make_fake_app(spec)
+        else:
+            params = load_params(args.params)
+            server = params.get("server") or {}
+            device = args.device
+            if device is None:
+                import torch
+
+                device = "cuda:0" if torch.cuda.is_available() else "cpu"
+            app = make_app(build_state(params, device, never_ready=args.never_ready))
+    except KernelcampError as e:
+        print(f"error: {e}", flush=True)
+        return 2
+    host = args.host or server.get("host") or "127.0.0.1"
+    port = args.port if args.port is not None else int(server.get("port", 8765))
+    config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level, access_log=False,
+                            timeout_graceful_shutdown=5)
+    srv = uvicorn.Server(config)
+    print(f"kernelcamp serve: http://{host}:{port} pid {os.getpid()}", flush=True)
+    try:
+        srv.run()
+    except KeyboardInterrupt:
+        pass
+    return 0 if srv.started else 1
