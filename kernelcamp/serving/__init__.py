@@ -26,8 +26,15 @@ from kernelcamp.variant import Variant
 
 # Server flags that change what the server computes or how it schedules: they enter the variant
 # hash. host/port are where it listens, not what it runs, so they are left out.
-SERVER_FLAG_KEYS = ("name", "cuda_graphs", "graph_batch_buckets", "max_running_requests", "overlap_scheduling",
-                    "env", "args")
+SERVER_FLAG_KEYS = (
+    "name",
+    "cuda_graphs",
+    "graph_batch_buckets",
+    "max_running_requests",
+    "overlap_scheduling",
+    "env",
+    "args",
+)
 INFO_PATH = "/v1/kernelcamp/info"
 
 
@@ -81,8 +88,14 @@ def variant_hash(variant: Variant, kernel_source_hash: str, flags: Mapping[str, 
     reports). ``kernel_source_hash``: :func:`kernel_source_hash`. ``flags``: :func:`server_flags`
     output (None: no flags). Returns 16 hex characters.
     """
-    payload = json.dumps({"variant": variant.as_dict(), "kernel": kernel_source_hash,
-                          "flags": dict(flags) if flags is not None else None}, sort_keys=True)
+    payload = json.dumps(
+        {
+            "variant": variant.as_dict(),
+            "kernel": kernel_source_hash,
+            "flags": dict(flags) if flags is not None else None,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -112,8 +112,14 @@ def dequantize_tokens(kv_cache: torch.Tensor, idx: torch.Tensor, layout: Any, pa
     return torch.cat([(q * scale[..., None]).reshape(*idx.shape, 448), rope], -1)
 
 
-def fallback_sparse_mla_decode_ref(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, layout: Any,
-                                   page_size: int, sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def fallback_sparse_mla_decode_ref(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    layout: Any,
+    page_size: int,
+    sm_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B,H,d_qk], indices [B,topk] int32 (-1 empty) -> (out fp32 [B,H,d_v], lse fp32 [B,H])."""
     lay = FALLBACK_LAYOUTS[_name(layout)]
     d_qk, d_v = lay.d_qk, lay.d_v
@@ -137,13 +143,25 @@ def load_backend(kernel: dict[str, Any] | None) -> SimpleNamespace:
     module = (kernel or {}).get("module", "kernels.sparse_mla_decode")
     try:
         mod = importlib.import_module(module)
-        return SimpleNamespace(source="kernel_module", module=module, LAYOUTS=mod.LAYOUTS,
-                               quantize_kv_cache=mod.quantize_kv_cache, ref=mod.sparse_mla_decode_ref,
-                               SparseMLADecode=mod.SparseMLADecode, error=None)
+        return SimpleNamespace(
+            source="kernel_module",
+            module=module,
+            LAYOUTS=mod.LAYOUTS,
+            quantize_kv_cache=mod.quantize_kv_cache,
+            ref=mod.sparse_mla_decode_ref,
+            SparseMLADecode=mod.SparseMLADecode,
+            error=None,
+        )
     except (ImportError, AttributeError) as e:
-        return SimpleNamespace(source="fallback", module=module, LAYOUTS=FALLBACK_LAYOUTS,
-                               quantize_kv_cache=fallback_quantize_kv_cache, ref=_fallback_ref,
-                               SparseMLADecode=None, error=f"{type(e).__name__}: {e}")
+        return SimpleNamespace(
+            source="fallback",
+            module=module,
+            LAYOUTS=FALLBACK_LAYOUTS,
+            quantize_kv_cache=fallback_quantize_kv_cache,
+            ref=_fallback_ref,
+            SparseMLADecode=None,
+            error=f"{type(e).__name__}: {e}",
+        )
 
 
 class CacheWriter:
@@ -188,6 +206,8 @@ def check_writer(writer: CacheWriter, device: torch.device | str = "cpu") -> Non
     cache = torch.zeros(1, p * writer.token_bytes, dtype=torch.uint8, device=device)
     writer.write(cache, latent, torch.arange(p, device=device))
     if not torch.equal(cache.reshape(-1), want):
-        raise KernelcampError(f"cache writer for layout {writer.name} does not reproduce quantize_kv_cache of a "
-                              "whole page: the layout in the kernel module changed; update kernelcamp/serving/"
-                              "attention.py SPLIT_ROWS")
+        raise KernelcampError(
+            f"cache writer for layout {writer.name} does not reproduce quantize_kv_cache of a "
+            "whole page: the layout in the kernel module changed; update kernelcamp/serving/"
+            "attention.py SPLIT_ROWS"
+        )

@@ -42,8 +42,10 @@ import aiohttp
 import numpy as np
 
 DEFAULT_LEVELS = (48, 64, 80, 96, 8, 1)
-_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
-          "romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+_WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
+    "romeo sierra tango uniform victor whiskey xray yankee zulu"
+).split()
 
 
 def default_prompts(n: int = 64, words: int = 24) -> list[str]:
@@ -113,8 +115,14 @@ def _finish(obj: dict[str, Any]) -> str | None:
     return ch[0].get("finish_reason") if ch else None
 
 
-async def run_request(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], index: int,
-                      timeout_s: float, collect_text: bool = False) -> RequestResult:
+async def run_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: dict[str, Any],
+    index: int,
+    timeout_s: float,
+    collect_text: bool = False,
+) -> RequestResult:
     """POST one streamed request and record its chunks; never raises for a failed request."""
     r = RequestResult(index)
     texts: list[str] = []
@@ -157,8 +165,7 @@ async def run_request(session: aiohttp.ClientSession, url: str, payload: dict[st
     except asyncio.TimeoutError:
         r.status, r.end = "timeout", time.perf_counter()
         return r
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-            ConnectionResetError):
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError):
         r.status, r.end = "broken_stream", time.perf_counter()
         return r
     except (aiohttp.ClientError, json.JSONDecodeError, OSError) as e:
@@ -188,12 +195,17 @@ def _pct(values: Sequence[float], prefix: str) -> dict[str, float | None]:
         return {f"{prefix}_p50": None, f"{prefix}_p90": None, f"{prefix}_p99": None, f"{prefix}_mean": None}
     a = np.asarray(values, dtype=float)
     p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return {f"{prefix}_p50": float(p50), f"{prefix}_p90": float(p90), f"{prefix}_p99": float(p99),
-            f"{prefix}_mean": float(a.mean())}
+    return {
+        f"{prefix}_p50": float(p50),
+        f"{prefix}_p90": float(p90),
+        f"{prefix}_p99": float(p99),
+        f"{prefix}_mean": float(a.mean()),
+    }
 
 
-def level_metrics(results: Sequence[RequestResult], concurrency: int, max_tokens: int,
-                  wall_s: float | None = None) -> dict[str, Any]:
+def level_metrics(
+    results: Sequence[RequestResult], concurrency: int, max_tokens: int, wall_s: float | None = None
+) -> dict[str, Any]:
     """The DESIGN.md metrics of one level from its request records (see the module docstring)."""
     ok = [r for r in results if r.ok]
     failed = [r for r in results if r.failed]
@@ -203,24 +215,39 @@ def level_metrics(results: Sequence[RequestResult], concurrency: int, max_tokens
         wall_s = (max(r.end for r in started) - min(r.start for r in started)) if started else 0.0
     tokens = sum(r.tokens for r in ok)
     row: dict[str, Any] = {
-        "concurrency": concurrency, "num_requests": len(results), "max_tokens": max_tokens,
-        "requests_ok": len(ok), "requests_failed": len(failed), "incomplete": len(incomplete),
+        "concurrency": concurrency,
+        "num_requests": len(results),
+        "max_tokens": max_tokens,
+        "requests_ok": len(ok),
+        "requests_failed": len(failed),
+        "incomplete": len(incomplete),
         "valid": not failed and not incomplete and bool(ok),
         "failure_reasons": dict(Counter(r.status for r in failed + incomplete)),
-        "wall_s": wall_s, "output_tokens": tokens, "output_tok_s": tokens / wall_s if wall_s > 0 else None,
+        "wall_s": wall_s,
+        "output_tokens": tokens,
+        "output_tok_s": tokens / wall_s if wall_s > 0 else None,
         "per_request_tok_s": float(np.mean([r.tokens / r.e2e_s for r in ok if r.e2e_s > 0])) if ok else None,
     }
     row.update(_pct([r.ttft_s * 1e3 for r in ok if r.ttft_s is not None], "ttft_ms"))
-    row.update(_pct([(r.e2e_s - r.ttft_s) / (r.tokens - 1) * 1e3 for r in ok if r.tokens > 1 and r.ttft_s is not None],
-                    "tpot_ms"))
+    row.update(
+        _pct(
+            [(r.e2e_s - r.ttft_s) / (r.tokens - 1) * 1e3 for r in ok if r.tokens > 1 and r.ttft_s is not None],
+            "tpot_ms",
+        )
+    )
     row.update(_pct([g * 1e3 for r in ok for g in r.itl_gaps_s()], "itl_ms"))
     row.update(_pct([r.e2e_s * 1e3 for r in ok], "e2e_ms"))
     return row
 
 
 def make_payload(prompt: str, max_tokens: int, chat: bool, model: str, extra: dict[str, Any] | None) -> dict:
-    p: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True, "temperature": 0.0,
-                         "stream_options": {"include_usage": True}}
+    p: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+    }
     if chat:
         p["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -238,10 +265,19 @@ async def _model_id(session: aiohttp.ClientSession, base: str) -> str:
         return "default"
 
 
-async def run_level(base_url: str, prompts: Sequence[str], concurrency: int, max_tokens: int = 256,
-                    num_requests: int | None = None, timeout_s: float = 300.0, chat: bool = False,
-                    model: str | None = None, extra_body: dict[str, Any] | None = None, collect_text: bool = False,
-                    level_timeout_s: float | None = None) -> tuple[dict[str, Any], list[RequestResult]]:
+async def run_level(
+    base_url: str,
+    prompts: Sequence[str],
+    concurrency: int,
+    max_tokens: int = 256,
+    num_requests: int | None = None,
+    timeout_s: float = 300.0,
+    chat: bool = False,
+    model: str | None = None,
+    extra_body: dict[str, Any] | None = None,
+    collect_text: bool = False,
+    level_timeout_s: float | None = None,
+) -> tuple[dict[str, Any], list[RequestResult]]:
     """One concurrency level. Returns (metrics row, per-request records in prompt order)."""
     n = num_requests if num_requests is not None else 2 * concurrency
     path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -281,20 +317,31 @@ async def run_level(base_url: str, prompts: Sequence[str], concurrency: int, max
 
 def progress_line(row: dict[str, Any]) -> str:
     """One line per level: counts, throughput, p50 latencies, validity."""
+
     def f(v: Any, spec: str = ".1f") -> str:
         return "-" if v is None else format(v, spec)
 
     mark = "valid" if row["valid"] else f"INVALID {row['failure_reasons']}"
-    return (f"concurrency {row['concurrency']:>3}: ok {row['requests_ok']}/{row['num_requests']} failed "
-            f"{row['requests_failed']} incomplete {row['incomplete']} | {f(row['output_tok_s'])} tok/s, "
-            f"{f(row['per_request_tok_s'])} tok/s/req, ttft p50 {f(row['ttft_ms_p50'])} ms, tpot p50 "
-            f"{f(row['tpot_ms_p50'], '.2f')} ms, e2e p50 {f(row['e2e_ms_p50'])} ms, wall {f(row['wall_s'], '.2f')} s"
-            f" [{mark}]")
+    return (
+        f"concurrency {row['concurrency']:>3}: ok {row['requests_ok']}/{row['num_requests']} failed "
+        f"{row['requests_failed']} incomplete {row['incomplete']} | {f(row['output_tok_s'])} tok/s, "
+        f"{f(row['per_request_tok_s'])} tok/s/req, ttft p50 {f(row['ttft_ms_p50'])} ms, tpot p50 "
+        f"{f(row['tpot_ms_p50'], '.2f')} ms, e2e p50 {f(row['e2e_ms_p50'])} ms, wall {f(row['wall_s'], '.2f')} s"
+        f" [{mark}]"
+    )
 
 
-async def run_levels(base_url: str, levels: Sequence[int] = DEFAULT_LEVELS, prompts: Sequence[str] | None = None,
-                     max_tokens: int = 256, num_prompts_per_level: int | None = None, timeout_s: float = 300.0,
-                     chat: bool = False, progress: bool = True, **kw: Any) -> list[dict[str, Any]]:
+async def run_levels(
+    base_url: str,
+    levels: Sequence[int] = DEFAULT_LEVELS,
+    prompts: Sequence[str] | None = None,
+    max_tokens: int = 256,
+    num_prompts_per_level: int | None = None,
+    timeout_s: float = 300.0,
+    chat: bool = False,
+    progress: bool = True,
+    **kw: Any,
+) -> list[dict[str, Any]]:
     """All levels in the given order; one progress line per level on stderr."""
     prompts = list(prompts or default_prompts())
     rows = []

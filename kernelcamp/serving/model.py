@@ -141,8 +141,15 @@ class DecoderModel:
     Triton launcher's configs); ``kernel`` is params.yaml's ``kernel`` section.
     """
 
-    def __init__(self, cfg: ModelConfig, variant: Any, kernel: dict[str, Any] | None, device: str = "cpu",
-                 cuda_graphs: bool = False, graph_batch_buckets: list[int] | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        variant: Any,
+        kernel: dict[str, Any] | None,
+        device: str = "cpu",
+        cuda_graphs: bool = False,
+        graph_batch_buckets: list[int] | None = None,
+    ):
         self.cfg, self.variant, self.device = cfg, variant, torch.device(device)
         self.on_gpu = self.device.type == "cuda"
         self.backend = load_backend(kernel)
@@ -154,8 +161,9 @@ class DecoderModel:
         self.dtype = torch.bfloat16 if self.on_gpu else torch.float32
         self.launcher = None
         if self.on_gpu and self.backend.SparseMLADecode is not None:
-            self.launcher = self.backend.SparseMLADecode(variant, dot_dtype=(kernel or {}).get("dot_dtype", "bf16"),
-                                                         check_indices=False)
+            self.launcher = self.backend.SparseMLADecode(
+                variant, dot_dtype=(kernel or {}).get("dot_dtype", "bf16"), check_indices=False
+            )
             self.attention_impl = "triton"
         elif self.on_gpu:
             self.attention_impl = "torch_reference_gpu_fallback"
@@ -166,8 +174,10 @@ class DecoderModel:
         self._init_weights()
         p = cfg.page_size
         self.num_pages = max(2, cfg.num_cache_tokens // p)
-        self.caches = [torch.zeros(self.num_pages, p * self.layout.token_bytes, dtype=torch.uint8, device=self.device)
-                       for _ in range(cfg.num_layers)]
+        self.caches = [
+            torch.zeros(self.num_pages, p * self.layout.token_bytes, dtype=torch.uint8, device=self.device)
+            for _ in range(cfg.num_layers)
+        ]
         self.free_pages = collections.deque(range(1, self.num_pages))  # page 0: trash page for pad rows
         self.max_pages = math.ceil(cfg.max_context_tokens / p)
         bmax = max([cfg.max_running_requests] + list(graph_batch_buckets or []))
@@ -193,9 +203,14 @@ class DecoderModel:
         h, H = c.hidden_size, c.num_heads
         self.embed = torch.randn(c.vocab_size, h, generator=g, device=dev).to(self.dtype)
         self.layers = [
-            dict(wq=w(h, H * self.d_qk, fan_in=h), wkv=w(h, self.d_qk, fan_in=h) * 1.0,
-                 wo=w(H * self.d_v, h, fan_in=H * self.d_v), w1=w(h, c.mlp_size, fan_in=h),
-                 w3=w(h, c.mlp_size, fan_in=h), w2=w(c.mlp_size, h, fan_in=c.mlp_size))
+            dict(
+                wq=w(h, H * self.d_qk, fan_in=h),
+                wkv=w(h, self.d_qk, fan_in=h) * 1.0,
+                wo=w(H * self.d_v, h, fan_in=H * self.d_v),
+                w1=w(h, c.mlp_size, fan_in=h),
+                w3=w(h, c.mlp_size, fan_in=h),
+                w2=w(c.mlp_size, h, fan_in=c.mlp_size),
+            )
             for _ in range(c.num_layers)
         ]
         self.lm = w(h, c.vocab_size, fan_in=h)
@@ -229,8 +244,9 @@ class DecoderModel:
         if self.launcher is not None:
             out, _ = self.launcher(q, cache, idx, self.cfg.layout, self.cfg.page_size, self.sm_scale)
         else:
-            out, _ = self.backend.ref(q, cache, idx, self.cfg.layout, self.cfg.page_size, self.sm_scale,
-                                      check_indices=False)
+            out, _ = self.backend.ref(
+                q, cache, idx, self.cfg.layout, self.cfg.page_size, self.sm_scale, check_indices=False
+            )
         return out
 
     # ---- forward -------------------------------------------------------------------------------
@@ -376,10 +392,12 @@ class DecoderModel:
             for _ in range(reps + 1):
                 ev: list[Any] = []
                 if self.on_gpu:
+
                     def timer(tag: str, ev=ev) -> None:
                         e = torch.cuda.Event(enable_timing=True)
                         e.record()
                         ev.append(e)
+
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     self._forward(self.tok[:b], self.pos[:b], self.ptab[:b], timer)
@@ -392,6 +410,7 @@ class DecoderModel:
 
                     def timer(tag: str, marks=marks) -> None:
                         marks.append(time.perf_counter())
+
                     t0 = time.perf_counter()
                     self._forward(self.tok[:b], self.pos[:b], self.ptab[:b], timer)
                     step = (time.perf_counter() - t0) * 1e3
@@ -399,18 +418,30 @@ class DecoderModel:
                 if _ > 0:  # the first run warms up
                     attn_total += attn
                     step_total += step
-            self.calibration[b] = {"attn_ms": attn_total / reps, "step_ms": step_total / reps,
-                                   "attention_share": attn_total / step_total if step_total else float("nan")}
+            self.calibration[b] = {
+                "attn_ms": attn_total / reps,
+                "step_ms": step_total / reps,
+                "attention_share": attn_total / step_total if step_total else float("nan"),
+            }
         return self.calibration
 
     def describe(self) -> dict[str, Any]:
         """Static facts for the info endpoint."""
-        return {"config": asdict(self.cfg), "device": str(self.device), "attention_impl": self.attention_impl,
-                "attention_source": self.backend.source, "attention_backend_error": self.backend.error,
-                "cuda_graphs_active": self.cuda_graphs, "graphs_disabled_reason": self.graphs_disabled_reason,
-                "graph_buckets": self.buckets if self.cuda_graphs else [], "num_pages": self.num_pages,
-                "d_qk": self.d_qk, "d_v": self.d_v, "token_bytes": self.layout.token_bytes,
-                "launcher_last_config": _jsonable(getattr(self.launcher, "last_config", None))}
+        return {
+            "config": asdict(self.cfg),
+            "device": str(self.device),
+            "attention_impl": self.attention_impl,
+            "attention_source": self.backend.source,
+            "attention_backend_error": self.backend.error,
+            "cuda_graphs_active": self.cuda_graphs,
+            "graphs_disabled_reason": self.graphs_disabled_reason,
+            "graph_buckets": self.buckets if self.cuda_graphs else [],
+            "num_pages": self.num_pages,
+            "d_qk": self.d_qk,
+            "d_v": self.d_v,
+            "token_bytes": self.layout.token_bytes,
+            "launcher_last_config": _jsonable(getattr(self.launcher, "last_config", None)),
+        }
 
 
 def _jsonable(obj: Any) -> Any:
@@ -423,6 +454,9 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
     if hasattr(obj, "kwargs"):  # triton.Config
-        return {**dict(obj.kwargs), "num_warps": getattr(obj, "num_warps", None),
-                "num_stages": getattr(obj, "num_stages", None)}
+        return {
+            **dict(obj.kwargs),
+            "num_warps": getattr(obj, "num_warps", None),
+            "num_stages": getattr(obj, "num_stages", None),
+        }
     return str(obj)

@@ -96,8 +96,14 @@ def _full(rid: str, chat: bool, text: str, prompt_tokens: int, completion_tokens
     else:
         choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
         obj = "text_completion"
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": MODEL_NAME, "choices": [choice],
-            "usage": _usage(prompt_tokens, completion_tokens)}
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": MODEL_NAME,
+        "choices": [choice],
+        "usage": _usage(prompt_tokens, completion_tokens),
+    }
 
 
 def _usage(p: int, c: int) -> dict[str, int]:
@@ -112,8 +118,14 @@ def _bad(msg: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": msg, "type": "invalid_request_error"}}, status_code=status)
 
 
-async def _stream_tokens(rid: str, chat: bool, prompt_tokens: int, pieces: AsyncIterator[tuple[str, int]],
-                         include_usage: bool, counts: bool = True) -> AsyncIterator[bytes]:
+async def _stream_tokens(
+    rid: str,
+    chat: bool,
+    prompt_tokens: int,
+    pieces: AsyncIterator[tuple[str, int]],
+    include_usage: bool,
+    counts: bool = True,
+) -> AsyncIterator[bytes]:
     """SSE body: one chunk per piece (text, tokens it holds), a finish chunk, optional usage, [DONE].
 
     ``counts``: put ``kernelcamp_tokens`` in every chunk (False imitates a foreign server)."""
@@ -124,8 +136,16 @@ async def _stream_tokens(rid: str, chat: bool, prompt_tokens: int, pieces: Async
         n += k
     yield _sse(_chunk(rid, chat, None if chat else "", 0 if counts else None, "length", first))
     if include_usage:
-        yield _sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": int(time.time()), "model": MODEL_NAME, "choices": [], "usage": _usage(prompt_tokens, n)})
+        yield _sse(
+            {
+                "id": rid,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": MODEL_NAME,
+                "choices": [],
+                "usage": _usage(prompt_tokens, n),
+            }
+        )
     yield b"data: [DONE]\n\n"
 
 
@@ -149,8 +169,14 @@ class Engine:
         self.running: list[_Req] = []
         self.steps: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
         self.step_index = 0
-        self.counts = {"requests_total": 0, "requests_finished": 0, "requests_cancelled": 0, "tokens_generated": 0,
-                       "decode_steps": 0, "prefills": 0}
+        self.counts = {
+            "requests_total": 0,
+            "requests_finished": 0,
+            "requests_cancelled": 0,
+            "tokens_generated": 0,
+            "decode_steps": 0,
+            "prefills": 0,
+        }
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelcamp-model")
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -172,8 +198,10 @@ class Engine:
         if len(prompt) + max_tokens > self.model.cfg.max_context_tokens:
             keep = self.model.cfg.max_context_tokens - max_tokens
             if keep < 1:
-                raise ValueError(f"max_tokens={max_tokens} leaves no room for the prompt in "
-                                 f"server.max_context_tokens={self.model.cfg.max_context_tokens}")
+                raise ValueError(
+                    f"max_tokens={max_tokens} leaves no room for the prompt in "
+                    f"server.max_context_tokens={self.model.cfg.max_context_tokens}"
+                )
             prompt = prompt[-keep:]  # keep the prompt's last tokens
         r = _Req(prompt, max_tokens, asyncio.Queue())
         self.waiting.append(r)
@@ -183,9 +211,17 @@ class Engine:
 
     def _record(self, kind: str, batch: int, ms: float, attn_ms: float, bucket: int | None = None) -> None:
         self.step_index += 1
-        self.steps.append({"index": self.step_index, "kind": kind, "batch": batch, "bucket": bucket,
-                           "step_ms": round(ms, 4), "attn_ms": None if attn_ms != attn_ms else round(attn_ms, 4),
-                           "t": round(time.time(), 4)})
+        self.steps.append(
+            {
+                "index": self.step_index,
+                "kind": kind,
+                "batch": batch,
+                "bucket": bucket,
+                "step_ms": round(ms, 4),
+                "attn_ms": None if attn_ms != attn_ms else round(attn_ms, 4),
+                "t": round(time.time(), 4),
+            }
+        )
 
     def _emit(self, r: _Req, tok: int) -> None:
         r.generated.append(tok)
@@ -281,10 +317,19 @@ class Engine:
         dec = [s for s in list(self.steps)[-2000:] if s["kind"] == "decode"]
         live = [s for s in dec if s["attn_ms"] is not None]
         share = (sum(s["attn_ms"] for s in live) / sum(s["step_ms"] for s in live)) if live else None
-        return {"counts": {**self.counts, "running": len(self.running), "waiting": len(self.waiting),
-                           "free_pages": len(self.model.free_pages), "step_index": self.step_index},
-                "recent_decode_step_ms_mean": (sum(s["step_ms"] for s in dec) / len(dec)) if dec else None,
-                "attention_share_live": share, "steps": recent, "engine_error": self.error}
+        return {
+            "counts": {
+                **self.counts,
+                "running": len(self.running),
+                "waiting": len(self.waiting),
+                "free_pages": len(self.model.free_pages),
+                "step_index": self.step_index,
+            },
+            "recent_decode_step_ms_mean": (sum(s["step_ms"] for s in dec) / len(dec)) if dec else None,
+            "attention_share_live": share,
+            "steps": recent,
+            "engine_error": self.error,
+        }
 
 
 # ---- the real app ------------------------------------------------------------------------------------
@@ -331,14 +376,24 @@ def make_app(state: ServeState) -> FastAPI:
         from kernelcamp.serving.model import _jsonable
 
         m = eng.model
-        return {"variant_name": state.variant.name, "variant_hash": state.variant_hash,
-                "kernel_source_hash": state.kernel_hash, "variant": state.variant.as_dict(),
-                "config_running": _jsonable(getattr(m.launcher, "last_config", None)),
-                "server_flags": state.flags, "overlap_scheduling_active": False, "pid": os.getpid(),
-                "started_at": state.started_at, "device": state.device, **m.describe(),
-                "attention_share": {"calibration": {str(k): v for k, v in m.calibration.items()},
-                                    "method": "eager steps, attention timed against the whole step"},
-                **eng.stats(steps, since)}
+        return {
+            "variant_name": state.variant.name,
+            "variant_hash": state.variant_hash,
+            "kernel_source_hash": state.kernel_hash,
+            "variant": state.variant.as_dict(),
+            "config_running": _jsonable(getattr(m.launcher, "last_config", None)),
+            "server_flags": state.flags,
+            "overlap_scheduling_active": False,
+            "pid": os.getpid(),
+            "started_at": state.started_at,
+            "device": state.device,
+            **m.describe(),
+            "attention_share": {
+                "calibration": {str(k): v for k, v in m.calibration.items()},
+                "method": "eager steps, attention timed against the whole step",
+            },
+            **eng.stats(steps, since),
+        }
 
     async def _complete(request: Request, chat: bool):
         try:
@@ -362,8 +417,9 @@ def make_app(state: ServeState) -> FastAPI:
                 async for t in eng.tokens(r):
                     yield token_text(t), 1
 
-            return StreamingResponse(_stream_tokens(rid, chat, len(r.prompt), pieces(), include),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                _stream_tokens(rid, chat, len(r.prompt), pieces(), include), media_type="text/event-stream"
+            )
         try:
             toks = [t async for t in eng.tokens(r)]
         except Exception as e:  # noqa: BLE001
@@ -396,14 +452,27 @@ def build_state(params: dict[str, Any], device: str, never_ready: bool = False) 
             raise KernelcampError(f"--device {device}: no CUDA GPU here; use --device cpu")
         torch.cuda.set_device(torch.device(device))
     cfg = ModelConfig.from_params(params, device)
-    model = DecoderModel(cfg, variant, params.get("kernel"), device, cuda_graphs=flags["cuda_graphs"],
-                         graph_batch_buckets=flags["graph_batch_buckets"])
+    model = DecoderModel(
+        cfg,
+        variant,
+        params.get("kernel"),
+        device,
+        cuda_graphs=flags["cuda_graphs"],
+        graph_batch_buckets=flags["graph_batch_buckets"],
+    )
     model.warmup()
     sizes = [1, min(8, cfg.max_running_requests)] if not model.on_gpu else None
     model.calibrate(sizes)
     khash = kernel_source_hash(params.get("kernel"))
-    return ServeState(Engine(model, cfg.max_running_requests), variant, variant_hash(variant, khash, flags), khash,
-                      flags, str(model.device), never_ready=never_ready)
+    return ServeState(
+        Engine(model, cfg.max_running_requests),
+        variant,
+        variant_hash(variant, khash, flags),
+        khash,
+        flags,
+        str(model.device),
+        never_ready=never_ready,
+    )
 
 
 # ---- the fixed-rate fake -----------------------------------------------------------------------------
@@ -444,8 +513,11 @@ class FakeSpec:
             if k not in types:
                 raise KernelcampError(f"--fake: unknown key {k!r}; keys: {', '.join(types)}")
             t = types[k]
-            kw[k] = (v.lower() in ("1", "true", "yes")) if t in ("bool", bool) else (
-                v if t in ("str", str) else (float(v) if t in ("float", float) else int(v)))
+            kw[k] = (
+                (v.lower() in ("1", "true", "yes"))
+                if t in ("bool", bool)
+                else (v if t in ("str", str) else (float(v) if t in ("float", float) else int(v)))
+            )
         return cls(**kw)
 
 
@@ -472,8 +544,16 @@ def make_fake_app(spec: FakeSpec) -> FastAPI:
 
     @app.get(INFO_PATH)
     async def info(steps: int = 256, since: int | None = None):
-        return {"variant_name": "fake", "variant_hash": spec.variant_hash, "fake": spec.__dict__, "pid": os.getpid(),
-                "attention_impl": "none", "device": "cpu", "steps": [], "counts": {"requests_total": state["n"]}}
+        return {
+            "variant_name": "fake",
+            "variant_hash": spec.variant_hash,
+            "fake": spec.__dict__,
+            "pid": os.getpid(),
+            "attention_impl": "none",
+            "device": "cpu",
+            "steps": [],
+            "counts": {"requests_total": state["n"]},
+        }
 
     async def _complete(request: Request, chat: bool):
         state["n"] += 1
@@ -509,7 +589,7 @@ def make_fake_app(spec: FakeSpec) -> FastAPI:
                     if spec.swap:
                         others = [v for k, v in state["inflight"].items() if k != rid and len(v) == len(toks)]
                         src = others[0] if others else toks
-                    part = src[i:i + spec.chunk]
+                    part = src[i : i + spec.chunk]
                     yield "".join(token_text(t) for t in part), len(part)
                     t_next += spec.itl_ms * spec.chunk / 1e3
                     delay = t_next - time.perf_counter()
@@ -550,8 +630,12 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default=None, help="bind address (default: server.host, else 127.0.0.1)")
     ap.add_argument("--port", type=int, default=None, help="port (default: server.port, else 8765)")
     ap.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda:0 when a GPU is present)")
-    ap.add_argument("--fake", default=None, metavar="SPEC", help="serve the fixed-rate fake instead of the model, "
-                    "e.g. ttft_ms=50,itl_ms=10,chunk=2 (see FakeSpec)")
+    ap.add_argument(
+        "--fake",
+        default=None,
+        metavar="SPEC",
+        help="serve the fixed-rate fake instead of the model, e.g. ttft_ms=50,itl_ms=10,chunk=2 (see FakeSpec)",
+    )
     ap.add_argument("--never-ready", action="store_true", help="test aid: /health answers 503 forever")
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
@@ -576,8 +660,9 @@ def cli_main(argv: list[str] | None = None) -> int:
         return 2
     host = args.host or server.get("host") or "127.0.0.1"
     port = args.port if args.port is not None else int(server.get("port", 8765))
-    config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level, access_log=False,
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5
+    )
     srv = uvicorn.Server(config)
     print(f"kernelcamp serve: http://{host}:{port} pid {os.getpid()}", flush=True)
     try:

@@ -43,8 +43,9 @@ class ServerThread:
 
     def __init__(self, app: Any, port: int | None = None, startup_timeout_s: float = 30.0):
         self.port = port or free_port()
-        self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False,
-                                     timeout_graceful_shutdown=2)
+        self.config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False, timeout_graceful_shutdown=2
+        )
         self.server = uvicorn.Server(self.config)
         self.server.install_signal_handlers = lambda: None  # uvicorn < 0.29
         self.thread = threading.Thread(target=self.server.run, daemon=True)
