@@ -1,0 +1,102 @@
+"""DVC stage `build`: compile every config of the variant and the baseline for the target GPU.
+
+    python stages/build.py --params params.yaml --out reports/build.json --metrics reports/build_metrics.json
+
+Reads params sections variant, baseline, target, workload, kernel and (optional) build.also_targets
+(extra target names reported beside the target). Writes one row per config x kernel x target with
+its role (variant/baseline), per role and target n_configs, n_fit, pruned, will_run, and the kernel
+source hash, variant hash and Triton version. Exits 2 with one line when no config of the variant
+fits the target; names every dead config on stderr ("PRUNED on sm120: ..."). Runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kernelcamp import inspect as ki  # noqa: E402
+from kernelcamp.errors import KernelcampError  # noqa: E402
+from kernelcamp.io import load_params, section, stage_main, write_json_atomic  # noqa: E402
+from kernelcamp.targets import load_target  # noqa: E402
+from kernelcamp.variant import Variant, parse_variant  # noqa: E402
+
+
+def build_report(variants: dict[str, Variant], target: Any, also: list[Any], specs_for, progress=None) -> dict:
+    """Rows and per-role summaries for ``variants`` ({role: Variant}) on the target and ``also``."""
+    targets = [target] + [t for t in also if t.name != target.name]
+    rows, summaries = [], {}
+    for role, variant in variants.items():
+        role_rows = ki.inspect_configs(variant.configs, targets, specs_for, is_list=variant.is_list, progress=progress)
+        rows += [{"role": role, "variant": variant.name, **r} for r in role_rows]
+        summaries[role] = {
+            "name": variant.name,
+            "variant_hash": variant.config_hash(),
+            "targets": {t.name: ki.summarize(variant, role_rows, t.name) for t in targets},
+        }
+        summaries[role].update({k: summaries[role]["targets"][target.name][k] for k in ("n_configs", "n_fit")})
+        summaries[role]["pruned"] = summaries[role]["targets"][target.name]["pruned"]
+        summaries[role]["will_run"] = summaries[role]["targets"][target.name]["will_run"]
+    return {"target": target.name, "also_targets": [t.name for t in targets[1:]], "roles": summaries, "rows": rows}
+
+
+def metrics(report: dict) -> dict[str, Any]:
+    """Flat scalars for `dvc metrics` (the main target only)."""
+    out: dict[str, Any] = {}
+    for role, s in report["roles"].items():
+        mine = [r for r in report["rows"] if r["role"] == role and r["target"] == report["target"]]
+        out[f"{role}_n_configs"], out[f"{role}_n_fit"] = s["n_configs"], s["n_fit"]
+        for fig in ("shared_bytes", "registers", "spill_bytes"):
+            vals = [r[fig] for r in mine if r[fig] is not None]
+            out[f"{role}_{fig}_max"] = max(vals) if vals else None
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--out", default="reports/build.json")
+    ap.add_argument("--metrics", default="reports/build_metrics.json")
+    args = ap.parse_args()
+
+    params = load_params(args.params)
+    variants = {"variant": parse_variant(section(params, "variant"), "variant")}
+    if params.get("baseline"):
+        variants["baseline"] = parse_variant(params["baseline"], "baseline")
+    target = load_target(section(params, "target"))
+    also = [load_target(name) for name in ((params.get("build") or {}).get("also_targets") or [])]
+    kernel = section(params, "kernel")
+    module = ki.kernel_module(kernel)
+    specs_for = ki.specs_for_workload(module, section(params, "workload"), kernel.get("dot_dtype", "bf16"))
+
+    report = build_report(variants, target, also, specs_for, progress=lambda m: print(m, file=sys.stderr))
+    report.update(
+        kernel=kernel.get("name"),
+        kernel_source_hash=ki.module_source_hash(module),
+        variant_hash=variants["variant"].config_hash(),
+        triton=ki.triton_version(),
+        workload=section(params, "workload").get("name"),
+    )
+    for role, s in report["roles"].items():
+        for name, t in s["targets"].items():
+            for p in t["pruned"]:
+                print(f"PRUNED on {name} ({role} {s['name']}): {p['config']}: {p['reason']}", file=sys.stderr)
+    write_json_atomic(args.out, report)
+    write_json_atomic(args.metrics, metrics(report))
+    v = report["roles"]["variant"]
+    if v["n_fit"] == 0:
+        raise KernelcampError(
+            f"variant {v['name']!r}: none of its {v['n_configs']} config(s) fits {target.name}: "
+            + "; ".join(f"{p['config']}: {p['reason']}" for p in v["pruned"])
+        )
+    print(f"build: variant {v['name']} {v['n_fit']}/{v['n_configs']} configs fit {target.name}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    stage_main(main)
