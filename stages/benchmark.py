@@ -1,0 +1,355 @@
+"""Stage benchmark: baseline vs candidate, kernel level (interleaved rounds per batch size) and
+serving level (kernelcamp.serving.bench), plus a profiler trace and a per-kernel time table.
+
+    python stages/benchmark.py --params params.yaml --build reports/build.json --deploy reports/deploy.json \
+        --out reports/benchmark.json --metrics reports/benchmark_metrics.json \
+        --latency-csv reports/kernel_latency.csv --summary-csv reports/kernel_summary.csv \
+        --serving-csv reports/serving.csv --trace reports/trace.json.gz --kernel-table reports/kernel_table.csv
+
+On a GPU: CUDA-graph replays with L2 flushed (kernelcamp.timing), workload shapes, bf16 dots.
+Without one: TRITON_INTERPRET=1 at ``workload.cpu`` shapes, fp16 dots, a few perf_counter rounds;
+every row says ``device=cpu`` and the report never shows them as GPU figures. Triton's autotuner
+needs a GPU driver, so on a CPU a list variant runs its first config (named in ``configs_ran``).
+Every result carries measured_at, host, GPU and the deploy id it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernelcamp.errors import KernelcampError  # noqa: E402
+from kernelcamp.io import (  # noqa: E402
+    atomic_path,
+    load_params,
+    read_json,
+    section,
+    stage_main,
+    write_csv_atomic,
+    write_json_atomic,
+)
+from kernelcamp.tracking import tracked_stage  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(f"[benchmark] {msg}", flush=True)
+
+
+def deploy_id(deploy: dict) -> str:
+    """The deploy record's own id, else a hash of the record (names exactly what was measured)."""
+    import hashlib
+    import json
+
+    return str(deploy.get("deploy_id") or hashlib.sha256(json.dumps(deploy, sort_keys=True).encode()).hexdigest()[:16])
+
+
+def kept_configs(build: dict, sec: str, target: str, n_configs: int) -> list[int]:
+    """Indices of ``sec``'s configs that ``target`` keeps per build.json's rows (all kernels fit)."""
+    rows = (build.get(sec) or {}).get("rows") if isinstance(build.get(sec), dict) else None
+    if rows is None:
+        rows = [r for r in build.get("rows", []) if (r.get("role") or r.get("section") or r.get("variant")) == sec]
+    mine = [r for r in rows if r.get("target") == target]
+    if not mine:
+        raise KernelcampError(
+            f"build.json has no rows of {sec} for target {target}: build inspects run_as_target, "
+            "rerun `dvc repro build`"
+        )
+    return [
+        i
+        for i in range(n_configs)
+        if (rs := [r for r in mine if r.get("config_index") == i]) and all(r.get("fits") for r in rs)
+    ]
+
+
+def kernel_level(params: dict, variants: dict, device: str) -> tuple[list[dict], dict]:
+    from kernelcamp import timing
+    from kernelcamp.stats import paired_ratio_ci
+    from kernels import sparse_mla_decode as k
+
+    wl, bk, tgt = params["workload"], params["benchmark"]["kernel"], params["target"]
+    shape = wl if device == "cuda" else {**wl, **wl["cpu"]}
+    dot = params["kernel"].get("dot_dtype", "bf16") if device == "cuda" else "fp16"
+    launchers = {name: k.SparseMLADecode(v, dot_dtype=dot) for name, v in variants.items()}
+    rows, per_batch = [], {}
+    batch_sizes = bk["batch_sizes"] if device == "cuda" else wl["cpu"]["batch_sizes"]
+    for bi, B in enumerate(batch_sizes):
+        log(f"batch {B} ({bi + 1}/{len(batch_sizes)}): H={shape['num_heads']} topk={shape['topk']} on {device}")
+        inp = k.make_inputs(
+            wl["layout"],
+            B,
+            shape["num_heads"],
+            shape["topk"],
+            shape["page_size"],
+            shape["num_cache_tokens"],
+            device,
+            seed=bi,
+        )
+        args = (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+        impls = {name: (lambda fn=fn, a=args: fn(*a, check_indices=False)) for name, fn in launchers.items()}
+        if device == "cuda":
+            got = timing.interleaved_rounds(
+                impls, rounds=bk["rounds"], replays_per_round=bk["replays_per_round"], warmup=bk["warmup"], progress=log
+            )
+        else:
+            got = []
+            for r in range(bk["cpu_rounds"]):
+                for pos, name in enumerate(timing.round_order(list(impls), r)):
+                    us = timing.bench_cpu(impls[name], replays=bk["cpu_replays_per_round"], warmup=int(r == 0))
+                    got.append({"round": r, "impl": name, "position": pos, "latency_us": sorted(us)[len(us) // 2]})
+                log(
+                    f"round {r + 1}/{bk['cpu_rounds']}: "
+                    + ", ".join(f"{g['impl']} {g['latency_us']:.0f} us" for g in got[-2:])
+                )
+        res: dict[str, Any] = {}
+        for name in launchers:
+            lat = [g["latency_us"] for g in got if g["impl"] == name]
+            s = timing.summarize(lat)
+            t = s["latency_us_p50"] * 1e-6
+            fl = k.flops(wl["layout"], B, shape["num_heads"], shape["topk"])
+            by = k.bytes_moved(wl["layout"], B, shape["num_heads"], shape["topk"])
+            gpu = device == "cuda"
+            res[name] = {
+                **s,
+                "tflops": fl / t / 1e12,
+                "gbps": by / t / 1e9,
+                "roofline_pct": 100 * max(by / (tgt["peak_gbps"] * 1e9), fl / (tgt["peak_bf16_tflops"] * 1e12)) / t
+                if gpu
+                else None,
+                "config_ran": launchers[name].last_config.label() if launchers[name].last_config else None,
+            }
+        base = [g["latency_us"] for g in got if g["impl"] == "baseline"]
+        cand = [g["latency_us"] for g in got if g["impl"] == "candidate"]
+        res["ab"] = paired_ratio_ci(base, cand, params["report"]["confidence"]) if len(base) > 1 else None
+        per_batch[str(B)] = res
+        for g in got:
+            rows.append(
+                {
+                    "batch": B,
+                    "round": g["round"],
+                    "impl": g["impl"],
+                    "position": g["position"],
+                    "latency_us": g["latency_us"],
+                    "device": device,
+                    "config": res[g["impl"]]["config_ran"],
+                    "timing": "cuda_graph_l2_flushed" if device == "cuda" else "cpu_interpreter_perf_counter",
+                }
+            )
+    # Overall A/B: every (batch, round) pair pooled (each batch size weighs by its rounds).
+    base = [r["latency_us"] for r in rows if r["impl"] == "baseline"]
+    cand = [r["latency_us"] for r in rows if r["impl"] == "candidate"]
+    overall = paired_ratio_ci(base, cand, params["report"]["confidence"])
+    return rows, {
+        "batch": per_batch,
+        "overall": overall,
+        "dot_dtype": dot,
+        "shape": {k_: shape[k_] for k_ in ("num_heads", "topk", "page_size", "num_cache_tokens")}
+        | {"layout": wl["layout"]},
+    }
+
+
+def serving_level(params: dict, deploy: dict) -> dict:
+    sv = params["benchmark"]["serving"]
+    if not sv.get("enabled"):
+        return {"skipped": "benchmark.serving.enabled is false", "levels": []}
+    if importlib.util.find_spec("kernelcamp.serving.bench") is None:
+        return {"skipped": "kernelcamp.serving.bench is not in this tree yet", "levels": []}
+    from kernelcamp.serving.bench import serving_benchmark
+
+    log("serving benchmark against the deployed server")
+    return serving_benchmark(params, deploy, progress=True)
+
+
+def profile(variants: dict, params: dict, device: str, trace: Path) -> list[dict]:
+    """torch.profiler (Kineto) trace of a few launches of each impl; rows of the per-kernel table."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprof
+
+    from kernels import sparse_mla_decode as k
+
+    wl = params["workload"]
+    shape = wl if device == "cuda" else {**wl, **wl["cpu"]}
+    B = (params["benchmark"]["kernel"]["batch_sizes"] if device == "cuda" else wl["cpu"]["batch_sizes"])[-1]
+    inp = k.make_inputs(
+        wl["layout"],
+        B,
+        shape["num_heads"],
+        shape["topk"],
+        shape["page_size"],
+        shape["num_cache_tokens"],
+        device,
+        seed=0,
+    )
+    dot = params["kernel"].get("dot_dtype", "bf16") if device == "cuda" else "fp16"
+    fns = {n: k.SparseMLADecode(v, dot_dtype=dot) for n, v in variants.items()}
+    for fn in fns.values():  # compile / autotune outside the trace
+        fn(inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    steps = params["benchmark"]["profile"]["decode_steps"] if device == "cuda" else 1
+    with tprof(activities=acts) as prof:
+        for _ in range(steps):
+            for name, fn in fns.items():
+                with torch.profiler.record_function(f"impl:{name}"):
+                    fn(inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+        if device == "cuda":
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        with atomic_path(trace) as out, open(raw, "rb") as src, gzip.open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    table = []
+    for e in prof.key_averages():
+        dev_us = getattr(e, "self_device_time_total", 0.0) or 0.0
+        if device == "cuda" and dev_us <= 0:
+            continue
+        table.append(
+            {
+                "name": e.key,
+                "calls": e.count,
+                "device_time_us_total": dev_us,
+                "device_time_us_mean": dev_us / max(e.count, 1),
+                "cpu_time_us_total": e.cpu_time_total,
+                "device": device,
+                "batch": B,
+                "steps": steps,
+            }
+        )
+    key = "device_time_us_total" if device == "cuda" else "cpu_time_us_total"
+    return sorted(table, key=lambda r: -r[key])[:40]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for a in (
+        "params",
+        "build",
+        "deploy",
+        "out",
+        "metrics",
+        "latency-csv",
+        "summary-csv",
+        "serving-csv",
+        "trace",
+        "kernel-table",
+    ):
+        ap.add_argument(f"--{a}", required=True)
+    args = ap.parse_args()
+    params = load_params(args.params)
+    for s in ("variant", "baseline", "workload", "target", "kernel", "benchmark", "report"):
+        section(params, s)
+    build = read_json(args.build, "build record")
+    deploy = read_json(args.deploy, "deploy record")
+
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module imports triton.jit
+        log("no GPU: Triton interpreter at workload.cpu shapes, fp16 dots; timings are labelled device=cpu")
+    from kernelcamp.provenance import device_info, git_info, now_utc
+    from kernelcamp.variant import parse_variant
+
+    if importlib.util.find_spec("kernels.sparse_mla_decode") is None:
+        raise KernelcampError("kernels/sparse_mla_decode.py is missing: nothing to benchmark")
+    from kernels.sparse_mla_decode import kernel_source_hash
+
+    run_as = params["benchmark"].get("run_as_target")
+    variants, notes = {}, {}
+    for name, sec in (("baseline", "baseline"), ("candidate", "variant")):
+        v = parse_variant(params[sec], sec)
+        full = [c.label() for c in v.configs]
+        if run_as:
+            keep = kept_configs(build, sec, run_as, len(v.configs))
+            if not keep:
+                raise KernelcampError(f"{sec} {v.name!r}: no config fits {run_as} (build.json), nothing would run")
+            v = v.restricted(keep)
+        if device == "cpu" and not v.single:
+            v = v.restricted([0])  # Triton's autotuner needs a GPU driver
+        notes[name] = {
+            "name": params[sec]["name"],
+            "hash": parse_variant(params[sec], sec).config_hash(),
+            "configs": full,
+            "configs_ran": [c.label() for c in v.configs],
+            "config_list": (f"as {run_as} would run it (configs it prunes dropped)" if run_as else "every config")
+            + ("; CPU: first config only, no autotune" if device == "cpu" and len(full) > 1 else ""),
+        }
+        variants[name] = v
+        log(f"{name} {notes[name]['name']}: runs {notes[name]['configs_ran']} ({notes[name]['config_list']})")
+    rows, kernel = kernel_level(params, variants, device)
+    serving = serving_level(params, deploy)
+    table = profile(variants, params, device, Path(args.trace)) if params["benchmark"]["profile"]["enabled"] else []
+    info = device_info()
+    prov = {
+        "measured_at": now_utc(),
+        "host": info["host"],
+        "device": device,
+        "gpu": info.get("gpu_name"),
+        "deploy_id": deploy_id(deploy),
+        "kernel_source_hash": kernel_source_hash(),
+        **git_info(),
+        **info,
+    }
+    record = {
+        **prov,
+        "run_as_target": run_as,
+        "variants": notes,
+        "kernel": kernel,
+        "serving": serving,
+        "profile": {
+            "trace": args.trace,
+            "kernel_table": args.kernel_table,
+            "what": "kernel launches, baseline and candidate (record_function impl:<name>)",
+        },
+        "timing": "cuda_graph_l2_flushed" if device == "cuda" else "cpu_interpreter_perf_counter",
+    }
+    summary = [
+        {
+            "batch": int(b),
+            "device": device,
+            **{
+                f"{n}_latency_us_{q}": r[n][f"latency_us_{q}"]
+                for n in ("baseline", "candidate")
+                for q in ("p20", "p50", "p80")
+            },
+            **{f"ab_{x}": (r["ab"] or {}).get(x) for x in ("ratio", "ci_lo", "ci_hi")},
+        }
+        for b, r in kernel["batch"].items()
+    ]
+    metrics = {
+        "device_is_gpu": int(device == "cuda"),
+        "kernel_ratio": kernel["overall"]["ratio"],
+        "kernel_ratio_ci_lo": kernel["overall"]["ci_lo"],
+        "kernel_ratio_ci_hi": kernel["overall"]["ci_hi"],
+        **{f"b{s['batch']}": {k_: v for k_, v in s.items() if k_ not in ("batch", "device")} for s in summary},
+    }
+    if serving.get("step_model"):
+        metrics["step_model"] = serving["step_model"]
+    write_csv_atomic(args.latency_csv, rows)
+    write_csv_atomic(args.summary_csv, summary)
+    write_csv_atomic(
+        args.serving_csv,
+        [{**lv, "device": device} for lv in serving.get("levels", [])]
+        or [{"concurrency": None, "device": device, "skipped": serving.get("skipped")}],
+    )
+    write_csv_atomic(args.kernel_table, table or [{"name": None, "skipped": "benchmark.profile.enabled is false"}])
+    write_json_atomic(args.metrics, metrics)
+    write_json_atomic(args.out, record)
+    log(
+        f"overall ratio candidate/baseline {metrics['kernel_ratio']:.3f} "
+        f"[{metrics['kernel_ratio_ci_lo']:.3f}, {metrics['kernel_ratio_ci_hi']:.3f}] on {device}; wrote {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    stage_main(tracked_stage("benchmark")(main))
