@@ -61,7 +61,7 @@ def kernel_module_path(kernel: Mapping[str, Any] | None, root: str | Path | None
 
 
 def kernel_source_hash(kernel: Mapping[str, Any] | None = None, root: str | Path | None = None) -> str:
-    """sha256 (16 hex) of the kernel module's source file, or ``"absent"`` when there is no file.
+    """sha256 (hex) of the kernel module's source file, or ``"absent"`` when there is no file.
 
     Uses the module's own ``kernel_source_hash()`` when it is importable, so the build stage, the
     server and deploy agree; falls back to hashing the file's bytes.
@@ -78,7 +78,7 @@ def kernel_source_hash(kernel: Mapping[str, Any] | None = None, root: str | Path
             return str(fn())
     except Exception:  # noqa: BLE001 - an unimportable kernel still has a source hash
         pass
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def variant_hash(variant: Variant, kernel_source_hash: str, flags: Mapping[str, Any] | None = None) -> str:

@@ -1,0 +1,69 @@
+"""DVC stage `deploy`: make the target server run the variant with the server flag set, and prove it.
+
+    python stages/deploy.py --params params.yaml --out reports/deploy.json
+
+Reads params sections deploy, server, variant, kernel, workload. Targets (deploy.kind): embedded
+(kernelcamp's own server on 127.0.0.1, previous one stopped, state in $DVC_ROOT/.kernelcamp/),
+command (your launch command, kernel file copied to deploy.kernel_dest), ssh (files copied to
+host:remote_dir, sha256 compared on both sides, restart run there). Ready = /health 200 + one real
+completion + the server's variant hash matches (kernelcamp.serving.deploy).
+
+Writes (atomically) one JSON record: deploy_id, kind, url, variant_name, variant_hash,
+kernel_source_hash, files [{path, sha256_local, sha256_remote}], checksums_match, flags,
+seconds_to_healthy, pid, reused, hash_verified, server_info, timestamp, provenance. A repeated
+deploy of the same variant hash and flags against a live matching server is a no-op (reused: true).
+Exits 2 with one line when the server cannot be made ready (nothing left running).
+
+    python stages/deploy.py --stop     # stop the embedded server this workspace started
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kernelcamp.io import load_params, section, stage_main, write_json_atomic  # noqa: E402
+from kernelcamp.provenance import git_info  # noqa: E402
+from kernelcamp.serving.deploy import deploy, stop_command, stop_embedded  # noqa: E402
+
+
+def summary_line(rec: dict) -> str:
+    """One human line for the log."""
+    what = "reused" if rec["reused"] else f"ready in {rec['seconds_to_healthy']} s"
+    sums = "checksums match" if rec["checksums_match"] else "CHECKSUMS DIFFER"
+    hashed = {True: "hash verified", False: "hash NOT verified", None: "hash not reported"}[rec.get("hash_verified")]
+    return (
+        f"deploy {rec['kind']}: {rec['variant_name']} ({rec['variant_hash']}) at {rec['url']}: {what}, {sums}, {hashed}"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--out", default="reports/deploy.json")
+    ap.add_argument("--stop", action="store_true", help="stop the server(s) this workspace started and exit")
+    args = ap.parse_args()
+
+    if args.stop:
+        stopped = stop_embedded() | stop_command()
+        print(
+            "stopped the workspace's server" if stopped else "no server of this workspace was running", file=sys.stderr
+        )
+        return 0
+    params = load_params(args.params)
+    for name in ("deploy", "variant", "server"):
+        section(params, name)
+    rec = deploy(params)
+    rec["provenance"] = git_info(ROOT)
+    write_json_atomic(args.out, rec)
+    print(summary_line(rec), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    stage_main(main)
