@@ -350,9 +350,11 @@ def tracked_run(
                 run.end("FINISHED")
             else:
                 run.end("FAILED", f"exit status {e.code}")
+                e.kernelcamp_recorded = True  # type: ignore[attr-defined]
             raise
         except BaseException as e:
             run.end("FAILED", f"{type(e).__name__}: {e}")
+            e.kernelcamp_recorded = True  # type: ignore[attr-defined]
             raise
         run.end("FINISHED")
 
@@ -424,8 +426,8 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
     def __exit__(self, exc_type, exc, tb):
         assert self._sig is not None
         self._sig.close()
-        if exc is None:
-            return False
+        if exc is None or getattr(exc, "kernelcamp_recorded", False):
+            return False  # succeeded, or a tracked_run inside already ended its run FAILED
         if isinstance(exc, _Killed):
             record_stage_failure(self.name, f"killed by {exc}", self.params_path, status="KILLED")
             raise SystemExit(128 + exc.signum) from None

@@ -1,0 +1,364 @@
+"""The campaign report: validated inputs -> PNG plots + markdown, and the figures MLflow logs.
+
+Inputs are the stage records in reports/ (build.json, deploy.json, benchmark.json, verify.json).
+``load_inputs`` checks them all before anything is written or logged, so a run is never marked
+finished with half its figures. CPU timings (``device == "cpu"``: Triton interpreter, perf_counter)
+are labelled as such on every plot, table and metric name (``kernel_cpu.*``), never as GPU results.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.io import read_json
+from kernelcamp.stats import decision
+
+REQUIRED = {
+    "build": ("target", "roles", "rows"),
+    "benchmark": ("measured_at", "host", "device", "deploy_id", "kernel", "variants"),
+    "verify": ("passed", "measured_at", "deploy_id"),
+    "deploy": (),
+}
+
+
+def load_inputs(paths: Mapping[str, str | os.PathLike]) -> dict[str, Any]:
+    """Read and check the stage records named in ``paths`` (keys of ``REQUIRED``).
+
+    Raises ``KernelcampError`` naming the first missing file or key.
+    """
+    data = {}
+    for name, keys in REQUIRED.items():
+        rec = read_json(paths[name], f"{name} record")
+        if not isinstance(rec, dict):
+            raise KernelcampError(f"{name} record at {paths[name]} is not a JSON object: rerun `dvc repro {name}`")
+        missing = [k for k in keys if k not in rec]
+        if missing:
+            raise KernelcampError(f"{name} record at {paths[name]} lacks {missing}: rerun `dvc repro {name}`")
+        data[name] = rec
+    kb = data["benchmark"]["kernel"]
+    if not kb.get("batch") or "overall" not in kb:
+        raise KernelcampError(f"benchmark record at {paths['benchmark']} has no kernel results: rerun the benchmark")
+    return data
+
+
+def is_cpu(bench: Mapping[str, Any]) -> bool:
+    return bench.get("device") != "cuda"
+
+
+def level_valid(level: Mapping[str, Any]) -> bool:
+    """A serving level counts only with no failed and no incomplete request (DESIGN.md)."""
+    if "valid" in level:
+        return bool(level["valid"])
+    return not (level.get("requests_failed") or level.get("requests_incomplete"))
+
+
+# ------------------------------------------------------------------------------------------- plots
+
+
+def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str, str]:
+    """Write PNGs into ``out_dir``; returns ``{plot name: file name}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bench = data["benchmark"]
+    cpu = is_cpu(bench)
+    names = {n: bench["variants"][n]["name"] for n in ("baseline", "candidate")}
+    made: dict[str, str] = {}
+
+    batches = sorted(bench["kernel"]["batch"], key=int)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for impl, color in (("baseline", "tab:gray"), ("candidate", "tab:blue")):
+        xs = [int(b) for b in batches]
+        p50 = [bench["kernel"]["batch"][b][impl]["latency_us_p50"] for b in batches]
+        lo = [p - bench["kernel"]["batch"][b][impl]["latency_us_p20"] for b, p in zip(batches, p50, strict=True)]
+        hi = [bench["kernel"]["batch"][b][impl]["latency_us_p80"] - p for b, p in zip(batches, p50, strict=True)]
+        ax.errorbar(xs, p50, yerr=[lo, hi], marker="o", capsize=3, color=color, label=f"{impl}: {names[impl]}")
+    ax.set_xlabel("batch size (decode requests)")
+    ax.set_ylabel("latency (us, p50; bars p20-p80)")
+    where = "CPU, Triton interpreter: NOT GPU timings" if cpu else f"{bench.get('gpu')}"
+    ax.set_title(f"Kernel latency per batch size ({where})", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "kernel_latency.png", dpi=110)
+    plt.close(fig)
+    made["kernel_latency"] = "kernel_latency.png"
+
+    levels = sorted((bench.get("serving") or {}).get("levels") or [], key=lambda lv: lv.get("concurrency", 0))
+    if levels:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        xs = [lv["concurrency"] for lv in levels]
+        ys = [lv.get("output_tok_s") for lv in levels]
+        ax.plot(xs, ys, marker="o", label=f"candidate: {names['candidate']}")
+        bad = [(x, y) for lv, x, y in zip(levels, xs, ys, strict=True) if not level_valid(lv)]
+        if bad:
+            ax.scatter(
+                *zip(*bad, strict=True),
+                marker="x",
+                s=120,
+                color="red",
+                label="INVALID level (failed/incomplete requests)",
+            )
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel("output tok/s (ok requests)")
+        ax.set_title("Serving throughput per concurrency" + (" (CPU)" if cpu else ""), fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "serving_throughput.png", dpi=110)
+        plt.close(fig)
+        made["serving_throughput"] = "serving_throughput.png"
+
+    sm = (bench.get("serving") or {}).get("step_model") or {}
+    pts = sm.get("points") or []
+    if sm.get("a_ms") is not None and pts:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        xs = [p["batch"] for p in pts]
+        ax.scatter(xs, [p["step_ms"] for p in pts], label="measured decode steps")
+        grid = [0, max(xs)]
+        ax.plot(
+            grid,
+            [sm["a_ms"] + sm["b_ms_per_req"] * x for x in grid],
+            color="tab:orange",
+            label=f"fit {sm['a_ms']:.2f} + {sm['b_ms_per_req']:.3f}*batch ms (R2 {sm.get('r2', float('nan')):.3f})",
+        )
+        ax.set_xlabel("batch (running requests)")
+        ax.set_ylabel("decode step (ms)")
+        ax.set_title("Step-time model" + (" (CPU)" if cpu else ""), fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "step_model.png", dpi=110)
+        plt.close(fig)
+        made["step_model"] = "step_model.png"
+    return made
+
+
+# ---------------------------------------------------------------------------------------- markdown
+
+
+def _f(x: Any, fmt: str = ".3g") -> str:
+    return "n/a" if x is None else format(x, fmt) if isinstance(x, (int, float)) else str(x)
+
+
+def headline(data: Mapping[str, Any], threshold: float) -> dict[str, Any]:
+    """The decision on the pooled kernel A/B (ratio candidate/baseline latency, lower is faster)."""
+    o = data["benchmark"]["kernel"]["overall"]
+    return {
+        "decision": decision(o["ratio"], o["ci_lo"], o["ci_hi"], threshold),
+        "ratio": o["ratio"],
+        "ci_lo": o["ci_lo"],
+        "ci_hi": o["ci_hi"],
+        "threshold": threshold,
+        "confidence": o.get("confidence"),
+        "n_rounds": o.get("n_rounds"),
+        "cpu": is_cpu(data["benchmark"]),
+    }
+
+
+def build_table(build: Mapping[str, Any]) -> list[str]:
+    """Markdown lines: one row per role x target x config (all kernels), pruned configs named loudly."""
+    lines = [
+        "| role | target | config | kernel | shared B | regs | spill B | warps/SM | CTAs/SM | fits |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    pruned = []
+    for r in build["rows"]:
+        fits = "yes" if r.get("fits") else "**NO**"
+        lines.append(
+            f"| {r.get('role')} | {r.get('target')} | {r.get('config')} | {r.get('kernel')} | "
+            f"{_f(r.get('shared_bytes'), 'd')} | {_f(r.get('registers'), 'd')} | "
+            f"{_f(r.get('spill_bytes'), 'd')} | {_f(r.get('warps_per_sm'), 'd')} | "
+            f"{_f(r.get('ctas_per_sm'), 'd')} | {fits} |"
+        )
+        if not r.get("fits"):
+            pruned.append(
+                f"- **PRUNED on {r.get('target')}** ({r.get('role')} {r.get('variant')}): "
+                f"`{r.get('config')}`: {r.get('reason')}"
+            )
+    if pruned:
+        lines += ["", "Configs a target would prune (Triton's autotuner drops these without a word):", ""]
+        lines += sorted(set(pruned))
+    return lines
+
+
+def render_markdown(
+    data: Mapping[str, Any], plots: Mapping[str, str], threshold: float, plots_rel: str = "plots"
+) -> str:
+    bench, verify, build, deploy = data["benchmark"], data["verify"], data["build"], data["deploy"]
+    cpu = is_cpu(bench)
+    h = headline(data, threshold)
+    v = bench["variants"]
+    out = [f"# kernelcamp report: {v['candidate']['name']} vs {v['baseline']['name']}", ""]
+    if cpu:
+        out += [
+            "> **CPU run.** Kernel timings come from the Triton interpreter on a CPU (time.perf_counter) at "
+            "small shapes; they test the pipeline, not the kernel, and are never GPU results.",
+            "",
+        ]
+    out += [
+        "## Decision",
+        "",
+        f"**{h['decision']}**{' (CPU interpreter timings)' if cpu else ''}: latency ratio candidate/baseline "
+        f"{h['ratio']:.4f}, {int(round(100 * (h['confidence'] or 0.95)))}% CI [{h['ci_lo']:.4f}, {h['ci_hi']:.4f}] "
+        f"over {h['n_rounds']} paired interleaved rounds (all batch sizes pooled); threshold "
+        f"{threshold:.1%} (`report.threshold`). Faster/slower needs the whole interval on one side of 1 and "
+        "|ratio - 1| above the threshold.",
+        "",
+    ]
+    out += ["## Kernel latency per batch size", ""]
+    if "kernel_latency" in plots:
+        out += [f"![kernel latency]({plots_rel}/{plots['kernel_latency']})", ""]
+    out += [
+        "| batch | device | baseline p50 us | candidate p50 us | ratio | 95% CI | decision | cand. TFLOP/s | "
+        "cand. GB/s | cand. roofline % |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for b in sorted(bench["kernel"]["batch"], key=int):
+        r = bench["kernel"]["batch"][b]
+        ab = r.get("ab") or {}
+        dec = decision(ab["ratio"], ab["ci_lo"], ab["ci_hi"], threshold) if ab else "n/a"
+        c = r["candidate"]
+        out.append(
+            f"| {b} | {bench['device']} | {_f(r['baseline']['latency_us_p50'])} | "
+            f"{_f(c['latency_us_p50'])} | {_f(ab.get('ratio'), '.4f')} | "
+            f"[{_f(ab.get('ci_lo'), '.4f')}, {_f(ab.get('ci_hi'), '.4f')}] | {dec} | {_f(c.get('tflops'))} | "
+            f"{_f(c.get('gbps'))} | {_f(c.get('roofline_pct'))} |"
+        )
+    out += ["", "Config lists that ran:", ""]
+    for n in ("baseline", "candidate"):
+        out.append(
+            f"- {n} `{v[n]['name']}` (hash {v[n].get('hash')}): ran {v[n]['configs_ran']} of "
+            f"{v[n]['configs']}: {v[n].get('config_list')}"
+        )
+    if bench.get("run_as_target"):
+        out.append(f"- run as target **{bench['run_as_target']}** would (configs it prunes dropped)")
+    out += ["", "## Serving", ""]
+    sv = bench.get("serving") or {}
+    levels = sorted(sv.get("levels") or [], key=lambda lv: lv.get("concurrency", 0))
+    if not levels:
+        out += [f"Not measured: {sv.get('skipped') or 'no levels'}.", ""]
+    else:
+        if "serving_throughput" in plots:
+            out += [f"![serving throughput]({plots_rel}/{plots['serving_throughput']})", ""]
+        out += [
+            "| concurrency | valid | ok / failed / incomplete | output tok/s | per-request tok/s | TTFT p50 ms | "
+            "TPOT p50 ms | e2e p50 ms |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for lv in levels:
+            ok = level_valid(lv)
+            tput = _f(lv.get("output_tok_s")) if ok else f"~~{_f(lv.get('output_tok_s'))}~~ INVALID"
+            out.append(
+                f"| {lv.get('concurrency')} | {'yes' if ok else '**NO**'} | {lv.get('requests_ok')} / "
+                f"{lv.get('requests_failed')} / {lv.get('requests_incomplete', 0)} | {tput} | "
+                f"{_f(lv.get('per_request_tok_s'))} | {_f(lv.get('ttft_ms_p50'))} | "
+                f"{_f(lv.get('tpot_ms_p50'))} | {_f(lv.get('e2e_ms_p50'))} |"
+            )
+        out.append("")
+        if sv.get("attention_share") is not None:
+            out += [f"Attention's measured share of a decode step: {sv['attention_share']:.1%}.", ""]
+    sm = sv.get("step_model") or {}
+    out += ["## Step-time model", ""]
+    if sm.get("a_ms") is not None:
+        if "step_model" in plots:
+            out += [f"![step model]({plots_rel}/{plots['step_model']})", ""]
+        out += [f"`step_ms = {sm['a_ms']:.3f} + {sm['b_ms_per_req']:.4f} * batch` (R^2 {_f(sm.get('r2'), '.4f')})", ""]
+    else:
+        out += ["Not fitted (no serving measurements).", ""]
+    out += [
+        "## Build: resources per target",
+        "",
+        f"Target `{build['target']}`; also inspected: {', '.join(build.get('also_targets') or []) or 'none'}.",
+        "",
+    ]
+    out += build_table(build) + [""]
+    out += [
+        "## Verify",
+        "",
+        f"passed: **{verify['passed']}**; kernel cases {verify.get('kernel_cases')} "
+        f"(failed {verify.get('kernel_cases_failed')}); capture: {_f(verify.get('capture_passed'))}; "
+        f"serving 1 vs N: {_f(verify.get('serving_passed'))}.",
+    ]
+    for k, why in (verify.get("skipped") or {}).items():
+        out.append(f"- {k} skipped: {why}")
+    out += [
+        "",
+        "## Profile",
+        "",
+        f"Kineto trace `{(bench.get('profile') or {}).get('trace')}` (open in "
+        "chrome://tracing or Perfetto); per-kernel table `"
+        f"{(bench.get('profile') or {}).get('kernel_table')}`.",
+        "",
+    ]
+    out += ["## Provenance", "", "| what | value |", "|---|---|"]
+    prov = [
+        ("benchmark measured_at", bench.get("measured_at")),
+        ("verify measured_at", verify.get("measured_at")),
+        ("host", bench.get("host")),
+        ("device", bench.get("device")),
+        ("GPU", bench.get("gpu") or "none (CPU)"),
+        ("driver", bench.get("driver")),
+        ("torch", bench.get("torch")),
+        ("triton", bench.get("triton")),
+        ("git commit", bench.get("git_commit")),
+        ("git dirty", bench.get("git_dirty")),
+        ("deploy id (benchmark)", bench.get("deploy_id")),
+        ("deploy id (verify)", verify.get("deploy_id")),
+        ("deploy url", deploy.get("url")),
+        ("kernel source hash", bench.get("kernel_source_hash")),
+        ("timing method", bench.get("timing")),
+    ]
+    out += [f"| {k} | {_f(val)} |" for k, val in prov]
+    if verify.get("deploy_id") != bench.get("deploy_id"):
+        out += ["", "**Warning: benchmark and verify measured different deploys.**"]
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------------------- metrics
+
+
+def mlflow_points(data: Mapping[str, Any], threshold: float) -> list[tuple[str, float | None, int]]:
+    """``(key, value, step)``: per-batch series use step = batch, per-concurrency step = concurrency.
+    Kernel figures from a CPU run are named ``kernel_cpu.*`` so they never mix with GPU runs."""
+    bench, verify, build = data["benchmark"], data["verify"], data["build"]
+    kp = "kernel_cpu" if is_cpu(bench) else "kernel"
+    pts: list[tuple[str, float | None, int]] = []
+    h = headline(data, threshold)
+    pts += [
+        (f"{kp}.ratio", h["ratio"], 0),
+        (f"{kp}.ratio_ci_lo", h["ci_lo"], 0),
+        (f"{kp}.ratio_ci_hi", h["ci_hi"], 0),
+        (f"{kp}.decision_code", {"faster": -1, "inconclusive": 0, "slower": 1}[h["decision"]], 0),
+    ]
+    for b, r in bench["kernel"]["batch"].items():
+        step = int(b)
+        for impl in ("baseline", "candidate"):
+            for f in ("latency_us_p20", "latency_us_p50", "latency_us_p80", "tflops", "gbps", "roofline_pct"):
+                pts.append((f"{kp}.{impl}.{f}", r[impl].get(f), step))
+        for f in ("ratio", "ci_lo", "ci_hi"):
+            pts.append((f"{kp}.ab_{f}", (r.get("ab") or {}).get(f), step))
+    sv = bench.get("serving") or {}
+    for lv in sv.get("levels") or []:
+        if not level_valid(lv):
+            pts.append(("serving.invalid_level", 1, int(lv["concurrency"])))
+            continue
+        for f, val in lv.items():
+            if f != "concurrency" and isinstance(val, (int, float)) and not isinstance(val, bool):
+                pts.append((f"serving.{f}", val, int(lv["concurrency"])))
+    for f in ("a_ms", "b_ms_per_req", "r2"):
+        pts.append((f"step_model.{f}", (sv.get("step_model") or {}).get(f), 0))
+    pts.append(("verify.passed", int(bool(verify["passed"])), 0))
+    for role, s in build["roles"].items():
+        for t, ts in s.get("targets", {}).items():
+            pts.append((f"build.{role}.{t}.configs_fit", ts.get("n_fit"), 0))
+            pts.append((f"build.{role}.{t}.configs_pruned", len(ts.get("pruned") or []), 0))
+    return pts

@@ -1,0 +1,110 @@
+"""Stage report: reports/report.md with PNG plots, and the pipeline's one MLflow run.
+
+    python stages/report.py --params params.yaml --build reports/build.json --deploy reports/deploy.json \
+        --benchmark reports/benchmark.json --verify reports/verify.json --out reports/report.md \
+        --plots reports/plots
+
+Order, so that nothing is half-written and no run is FINISHED with half its figures: check every
+input -> check the tracking store (tracked_stage) -> render report and plots into a temporary folder
+-> open the MLflow run, log params (flattened params.yaml), metrics, tags and artifacts (reports/
+plus the rendered files) -> move the report and plots into place -> end the run FINISHED. Any
+failure after the run opened ends it FAILED with the error; SIGTERM/SIGINT end it KILLED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernelcamp import report as kr  # noqa: E402
+from kernelcamp import tracking  # noqa: E402
+from kernelcamp.io import load_params, section, stage_main  # noqa: E402
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Put folder ``src`` at ``dst``, replacing what was there (old folder moved aside, then removed)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    old = None
+    if dst.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
+        os.replace(dst, old / dst.name)
+    shutil.move(str(src), str(dst))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for a in ("params", "build", "deploy", "benchmark", "verify", "out", "plots"):
+        ap.add_argument(f"--{a}", required=True)
+    args = ap.parse_args()
+    params = load_params(args.params)
+    rep = section(params, "report")
+    threshold = float(rep["threshold"])
+    data = kr.load_inputs({k: getattr(args, k) for k in ("build", "deploy", "benchmark", "verify")})
+    out, plots_dst = Path(args.out), Path(args.plots)
+    head = kr.headline(data, threshold)
+    bench = data["benchmark"]
+    tags = tracking.run_tags(
+        params,
+        {
+            "stage": "report",
+            "device": bench.get("device"),
+            "gpu": bench.get("gpu") or "none (cpu)",
+            "driver": bench.get("driver"),
+            "torch": bench.get("torch"),
+            "triton": bench.get("triton"),
+            "kernel_source_hash": bench.get("kernel_source_hash") or data["build"].get("kernel_source_hash"),
+            "deploy_id": bench.get("deploy_id"),
+            "measured_at": bench.get("measured_at"),
+            "decision": head["decision"],
+            "run_as_target": bench.get("run_as_target"),
+        },
+    )
+    with tempfile.TemporaryDirectory(prefix=".report.", dir=out.parent) as tmp:
+        tmp = Path(tmp)
+        plots = kr.make_plots(data, tmp / "plots")
+        rel = os.path.relpath(plots_dst, out.parent)
+        (tmp / out.name).write_text(kr.render_markdown(data, plots, threshold, rel), encoding="utf-8")
+        print(
+            f"[report] rendered {out.name} and {len(plots)} plot(s); logging to {tracking.tracking_uri(params)}",
+            flush=True,
+        )
+        with tracking.tracked_run(params, tags=tags) as run:
+            run.log_params(params)
+            run.log_series(kr.mlflow_points(data, threshold))
+            inputs = tmp / "inputs"
+            inputs.mkdir()
+            for p in Path(args.benchmark).parent.iterdir():  # the stage records beside benchmark.json
+                if p.is_file() and not p.name.startswith(".") and p.name != out.name:
+                    shutil.copy2(p, inputs / p.name)
+            run.log_artifacts(inputs, "reports")
+            run.log_artifacts(tmp / "plots", "reports/plots")
+            run.log_artifacts(_only(tmp, out.name), "reports")
+            _replace_dir(tmp / "plots", plots_dst)
+            os.replace(tmp / out.name, out)
+            run_id = run.run_id
+    print(
+        f"[report] {head['decision']}: ratio {head['ratio']:.4f} [{head['ci_lo']:.4f}, {head['ci_hi']:.4f}]"
+        f"{' (CPU interpreter timings)' if head['cpu'] else ''}; wrote {out}; MLflow run {run_id}",
+        flush=True,
+    )
+    return 0
+
+
+def _only(folder: Path, name: str) -> Path:
+    """A folder holding just ``folder/name`` (log_artifacts takes folders)."""
+    sub = folder / ".one"
+    sub.mkdir(exist_ok=True)
+    shutil.copy2(folder / name, sub / name)
+    return sub
+
+
+if __name__ == "__main__":
+    stage_main(tracking.tracked_stage("report")(main))
