@@ -38,12 +38,15 @@ helpers cannot be inspected in that mode).
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import hashlib
 import importlib
+import inspect as pyinspect
 import io
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -135,11 +138,13 @@ def as_jit(fn: Any) -> Any:
 
 
 def source_hash(fn: Any) -> str:
-    """sha256 (hex) of a kernel's source and of Triton's dependency hash (callees, globals)."""
+    """sha256 (hex) of a kernel's source and of the file that defines it (so an edited helper in the
+    same module changes it too). The same in interpreter mode and out of it."""
     jit = as_jit(fn)
     h = hashlib.sha256(jit.src.encode())
-    with contextlib.suppress(Exception):
-        h.update(str(jit.cache_key).encode())
+    raw = getattr(jit, "fn", None)
+    with contextlib.suppress(OSError, TypeError):
+        h.update(Path(pyinspect.getsourcefile(raw)).read_bytes())
     return h.hexdigest()
 
 
@@ -250,17 +255,8 @@ def _short_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"[:400]
 
 
-def compile_figures(spec: KernelSpecLike, arch: int, use_cache: bool = True, root: Path | None = None) -> dict:
-    """Compile one kernel for ``arch`` (or read the cache) and return its figures.
-
-    Keys: the ``FIGURES``, ``unreadable`` ({figure: reason}), ``error`` (None, or why it did not
-    compile), ``compile_s`` (of the compile that made the figures), ``cached`` (read from disk).
-    Never raises for a compile error: the caller names the config.
-    """
-    root = cache_dir() if root is None else root
-    key = compile_key(spec, arch)
-    if use_cache and (hit := _cache_read(key, root)) is not None:
-        return {**hit, "cached": True}
+def _compile_one(spec: KernelSpecLike, arch: int) -> tuple[dict, bytes | None]:
+    """Compile in this process; figures (without ``cached``) and the cubin."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -303,9 +299,106 @@ def compile_figures(spec: KernelSpecLike, arch: int, use_cache: bool = True, roo
         "triton": triton_version(),
         "arch": arch,
     }
-    if use_cache and not (unreadable and error is None):  # never cache a tool failure
-        _cache_write(key, root, result, cubin)
-    return {**result, "cached": False}
+    return result, cubin
+
+
+def _interpreted(fn: Any) -> bool:
+    from triton.runtime.jit import JITFunction
+
+    return not isinstance(fn, JITFunction)
+
+
+def _compile_in_child(jobs: Sequence[tuple[KernelSpecLike, int]]) -> list[tuple[dict, bytes | None]]:
+    """Compile in a child Python without ``TRITON_INTERPRET`` (interpreter mode replaces Triton's own
+    ``@jit`` helpers such as ``tl.cdiv`` with interpreter functions, which the compiler cannot call).
+    The child imports each kernel by module and name, so kernels must live at module level."""
+    payload = []
+    for spec, arch in jobs:
+        raw = getattr(as_jit(spec.fn), "fn", None)
+        payload.append(
+            {
+                "module": raw.__module__,
+                "qualname": raw.__qualname__,
+                "name": spec.name,
+                "signature": dict(spec.signature),
+                "constexprs": dict(spec.constexprs),
+                "attrs": getattr(spec, "attrs", None),
+                "num_warps": spec.num_warps,
+                "num_stages": spec.num_stages,
+                "arch": arch,
+            }
+        )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "jobs.pkl", Path(tmp) / "figures.json"
+        inp.write_bytes(pickle.dumps(payload))
+        code = f"from kernelcamp.inspect import _child_main; _child_main({str(inp)!r}, {str(out)!r})"
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        if r.returncode != 0 or not out.exists():
+            tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            raise KernelcampError(f"the compile subprocess (run without TRITON_INTERPRET) failed: {tail}")
+        results = json.loads(out.read_text())
+    return [(fig, base64.b64decode(cubin) if cubin else None) for fig, cubin in results]
+
+
+def _child_main(jobs_path: str, out_path: str) -> None:
+    """Entry point of ``_compile_in_child``'s subprocess."""
+    from types import SimpleNamespace
+
+    results = []
+    for job in pickle.loads(Path(jobs_path).read_bytes()):
+        fn = importlib.import_module(job.pop("module"))
+        for part in job.pop("qualname").split("."):
+            fn = getattr(fn, part)
+        arch = job.pop("arch")
+        fig, cubin = _compile_one(SimpleNamespace(fn=fn, **job), arch)
+        results.append([fig, base64.b64encode(cubin).decode() if cubin else None])
+    Path(out_path).write_text(json.dumps(results))
+
+
+def compile_many(
+    jobs: Sequence[tuple[KernelSpecLike, int]], use_cache: bool = True, root: Path | None = None
+) -> list[dict]:
+    """Figures of each ``(spec, arch)`` job, from the disk cache or compiled (identical jobs once).
+
+    Each result has the ``FIGURES``, ``unreadable`` ({figure: reason}), ``error`` (None, or why it did
+    not compile), ``compile_s`` (of the compile that made the figures) and ``cached``. Never raises
+    for a compile error: the caller names the config.
+    """
+    root = cache_dir() if root is None else root
+    keys = [compile_key(spec, arch) for spec, arch in jobs]
+    found: dict[str, dict] = {}
+    todo: dict[str, tuple[KernelSpecLike, int]] = {}
+    for key, job in zip(keys, jobs, strict=True):
+        if key in found or key in todo:
+            continue
+        hit = _cache_read(key, root) if use_cache else None
+        if hit is not None:
+            found[key] = {**hit, "cached": True}
+        else:
+            todo[key] = job
+    if todo:
+        items = list(todo.items())
+        if any(_interpreted(spec.fn) for _, (spec, _a) in items):
+            compiled = _compile_in_child([job for _, job in items])
+        else:
+            compiled = [_compile_one(*job) for _, job in items]
+        for (key, _job), (fig, cubin) in zip(items, compiled, strict=True):
+            if use_cache and not (fig["unreadable"] and fig["error"] is None):  # never cache a tool failure
+                _cache_write(key, root, fig, cubin)
+            found[key] = {**fig, "cached": False}
+    seen: set[str] = set()
+    out = []
+    for key in keys:  # a job repeated in one call is compiled once; its repeats read as cached
+        out.append(found[key] if key not in seen else {**found[key], "cached": True})
+        seen.add(key)
+    return out
+
+
+def compile_figures(spec: KernelSpecLike, arch: int, use_cache: bool = True, root: Path | None = None) -> dict:
+    """Figures of one kernel for ``arch`` (see ``compile_many``)."""
+    return compile_many([(spec, arch)], use_cache=use_cache, root=root)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,75 +445,77 @@ def inspect_configs(
     ctas_per_sm, warps_per_sm, limited_by, fits, reason, error, unreadable, compile_s, cached.
     """
     is_list = len(configs) > 1 if is_list is None else is_list
-    rows: list[dict] = []
+    built: list[tuple[Target, int, LaunchConfig, list | str]] = []  # specs, or why they cannot be built
     for target in targets:
         for i, cfg in enumerate(configs):
-            base = {
-                "target": target.name,
-                "arch": target.arch,
-                "config_index": i,
-                "config": cfg.label(),
-                **cfg.as_dict(),
-            }
             try:
-                specs = list(specs_for(cfg))
+                built.append((target, i, cfg, list(specs_for(cfg))))
             except Exception as e:  # noqa: BLE001 - the kernel module rejects the config
                 msg = f"config {cfg.label()} cannot be built: {_short_error(e)}"
                 if strict:
                     raise KernelcampError(msg) from e
-                rows.append(
-                    {
-                        **base,
-                        "kernel": None,
-                        **dict.fromkeys(FIGURES),
-                        "ctas_per_sm": 0,
-                        "warps_per_sm": 0,
-                        "limited_by": None,
-                        "fits": False,
-                        "reason": msg,
-                        "error": msg,
-                        "unreadable": dict.fromkeys(FIGURES, "not built"),
-                        "compile_s": 0.0,
-                        "cached": False,
-                    }
-                )
-                continue
-            for spec in specs:
-                fig = compile_figures(spec, target.arch, use_cache=use_cache, root=cache_root)
-                if progress:
-                    took = "cached" if fig["cached"] else f"compiled in {fig['compile_s']:.2f} s"
-                    failed = f": ERROR {fig['error']}" if fig["error"] else ""
-                    progress(f"{target.name}  {cfg.label()}  {spec.name}  {took}{failed}")
-                fits, reason = _fit(fig, target, is_list)
-                if fig["error"]:
-                    reason = f"config {cfg.label()} kernel {spec.name}: {reason}"
-                    if strict:
-                        raise KernelcampError(reason)
-                elif reason:
-                    reason = f"kernel {spec.name} {reason}"
-                shared = fig["shared_bytes"]
-                if shared is not None and fig.get("static_shared_bytes"):
-                    shared += fig["static_shared_bytes"]
-                occ = (
-                    occupancy(target, fig["registers"], shared, spec.num_warps)
-                    if not fig["error"]
-                    else {"ctas_per_sm": 0, "warps_per_sm": 0, "limited_by": None}
-                )
-                rows.append(
-                    {
-                        **base,
-                        "kernel": spec.name,
-                        "kernel_num_warps": spec.num_warps,
-                        **{k: fig[k] for k in FIGURES},
-                        **occ,
-                        "fits": fits,
-                        "reason": reason,
-                        "error": fig["error"],
-                        "unreadable": fig["unreadable"],
-                        "compile_s": fig["compile_s"],
-                        "cached": fig["cached"],
-                    }
-                )
+                built.append((target, i, cfg, msg))
+    jobs = [(spec, t.arch) for t, _, _, specs in built if not isinstance(specs, str) for spec in specs]
+    if progress:
+        progress(f"inspecting {len(jobs)} kernel compile(s) for {', '.join(t.name for t in targets)}")
+    figs = iter(compile_many(jobs, use_cache=use_cache, root=cache_root))
+    rows: list[dict] = []
+    for target, i, cfg, specs in built:
+        base = {"target": target.name, "arch": target.arch, "config_index": i, "config": cfg.label(), **cfg.as_dict()}
+        if isinstance(specs, str):
+            rows.append(
+                {
+                    **base,
+                    "kernel": None,
+                    **dict.fromkeys(FIGURES),
+                    "ctas_per_sm": 0,
+                    "warps_per_sm": 0,
+                    "limited_by": None,
+                    "fits": False,
+                    "reason": specs,
+                    "error": specs,
+                    "unreadable": dict.fromkeys(FIGURES, "not built"),
+                    "compile_s": 0.0,
+                    "cached": False,
+                }
+            )
+            continue
+        for spec in specs:
+            fig = next(figs)
+            if progress:
+                took = "cached" if fig["cached"] else f"compiled in {fig['compile_s']:.2f} s"
+                failed = f": ERROR {fig['error']}" if fig["error"] else ""
+                progress(f"{target.name}  {cfg.label()}  {spec.name}  {took}{failed}")
+            fits, reason = _fit(fig, target, is_list)
+            if fig["error"]:
+                reason = f"config {cfg.label()} kernel {spec.name}: {reason}"
+                if strict:
+                    raise KernelcampError(reason)
+            elif reason:
+                reason = f"kernel {spec.name} {reason}"
+            shared = fig["shared_bytes"]
+            if shared is not None and fig.get("static_shared_bytes"):
+                shared += fig["static_shared_bytes"]
+            occ = (
+                occupancy(target, fig["registers"], shared, spec.num_warps)
+                if not fig["error"]
+                else {"ctas_per_sm": 0, "warps_per_sm": 0, "limited_by": None}
+            )
+            rows.append(
+                {
+                    **base,
+                    "kernel": spec.name,
+                    "kernel_num_warps": spec.num_warps,
+                    **{k: fig[k] for k in FIGURES},
+                    **occ,
+                    "fits": fits,
+                    "reason": reason,
+                    "error": fig["error"],
+                    "unreadable": fig["unreadable"],
+                    "compile_s": fig["compile_s"],
+                    "cached": fig["cached"],
+                }
+            )
     return rows
 
 
