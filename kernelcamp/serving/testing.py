@@ -74,3 +74,82 @@ class ServerThread:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class LoopbackSshd:
+    """Context manager: a private ``sshd`` on 127.0.0.1:<free port> with a temp host key and one
+    authorized client key (needs ``/usr/sbin/sshd``, i.e. ``apt-get install -y openssh-server``).
+
+    Yields self with ``port``, ``user``, ``identity_file`` and ``options`` (for :class:`SshRunner`).
+    """
+
+    SSHD = "/usr/sbin/sshd"
+
+    def __init__(self, workdir: str):
+        import getpass
+        import os
+
+        self.dir = os.path.abspath(workdir)
+        self.port = free_port()
+        self.user = getpass.getuser()
+        self.identity_file = os.path.join(self.dir, "client_key")
+        self.options = [
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            f"UserKnownHostsFile={self.dir}/known_hosts",
+            "-o",
+            "LogLevel=ERROR",
+        ]
+        self.proc = None
+
+    @classmethod
+    def available(cls) -> bool:
+        import os
+        import shutil
+
+        return os.path.exists(cls.SSHD) and shutil.which("ssh") is not None and shutil.which("scp") is not None
+
+    def __enter__(self) -> LoopbackSshd:
+        import os
+        import subprocess
+
+        os.makedirs(self.dir, exist_ok=True)
+        for name in ("host_key", "client_key"):
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(self.dir, name)], check=True
+            )
+        auth = os.path.join(self.dir, "authorized_keys")
+        with open(self.identity_file + ".pub") as src, open(auth, "w") as dst:
+            dst.write(src.read())
+        os.chmod(auth, 0o600)
+        cfg = os.path.join(self.dir, "sshd_config")
+        with open(cfg, "w") as f:
+            f.write(
+                f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.dir}/host_key\n"
+                f"AuthorizedKeysFile {auth}\nPidFile {self.dir}/sshd.pid\nStrictModes no\nUsePAM no\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
+                "PermitRootLogin prohibit-password\n"
+            )
+        os.makedirs("/run/sshd", exist_ok=True)
+        self.proc = subprocess.Popen(
+            [self.SSHD, "-D", "-e", "-f", cfg],
+            stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(self.dir, "sshd.log"), "w"),
+        )
+        deadline = time.monotonic() + 10
+        while port_is_free(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"sshd did not start (see {self.dir}/sshd.log)")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001
+                self.proc.kill()
+                self.proc.wait(timeout=5)
