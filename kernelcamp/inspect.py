@@ -773,6 +773,8 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     from kernelcamp.variant import parse_variant
 
     args = build_parser().parse_args(argv)
+    if "triton" not in sys.modules:  # interpreter mode (read at triton's import) cannot cross-compile
+        os.environ.pop("TRITON_INTERPRET", None)
     try:
         params = load_params(args.params) if args.params else {}
         conf = conf_dir()

@@ -12,10 +12,13 @@ fits the target; names every dead config on stderr ("PRUNED on sm120: ..."). Run
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+# Cross-compiling needs Triton's compiler: interpreter mode (read when triton is imported) cannot compile.
+os.environ.pop("TRITON_INTERPRET", None)
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
