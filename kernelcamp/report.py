@@ -53,7 +53,7 @@ def level_valid(level: Mapping[str, Any]) -> bool:
     """A serving level counts only with no failed and no incomplete request (DESIGN.md)."""
     if "valid" in level:
         return bool(level["valid"])
-    return not (level.get("requests_failed") or level.get("requests_incomplete"))
+    return not (level.get("requests_failed") or level.get("requests_incomplete") or level.get("incomplete"))
 
 
 # ------------------------------------------------------------------------------------------- plots
@@ -118,7 +118,9 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
         made["serving_throughput"] = "serving_throughput.png"
 
     sm = (bench.get("serving") or {}).get("step_model") or {}
-    pts = sm.get("points") or []
+    pts = sm.get("points") or [
+        {"batch": int(b), "step_ms": v.get("step_ms_median")} for b, v in (sm.get("by_batch") or {}).items()
+    ]
     if sm.get("a_ms") is not None and pts:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         xs = [p["batch"] for p in pts]
@@ -259,13 +261,20 @@ def render_markdown(
             tput = _f(lv.get("output_tok_s")) if ok else f"~~{_f(lv.get('output_tok_s'))}~~ INVALID"
             out.append(
                 f"| {lv.get('concurrency')} | {'yes' if ok else '**NO**'} | {lv.get('requests_ok')} / "
-                f"{lv.get('requests_failed')} / {lv.get('requests_incomplete', 0)} | {tput} | "
+                f"{lv.get('requests_failed')} / {lv.get('requests_incomplete', lv.get('incomplete', 0))} | {tput} | "
                 f"{_f(lv.get('per_request_tok_s'))} | {_f(lv.get('ttft_ms_p50'))} | "
                 f"{_f(lv.get('tpot_ms_p50'))} | {_f(lv.get('e2e_ms_p50'))} |"
             )
         out.append("")
-        if sv.get("attention_share") is not None:
-            out += [f"Attention's measured share of a decode step: {sv['attention_share']:.1%}.", ""]
+        share = sv.get("attention_share")
+        if isinstance(share, Mapping):
+            share, how = share.get("live"), share.get("method")
+        else:
+            how = None
+        if share is not None:
+            out += [f"Attention's measured share of a decode step: {share:.1%}" + (f" ({how})." if how else "."), ""]
+        if sv.get("scaled_for_cpu"):
+            out += ["Serving ran on the CPU with the model scaled down (`scaled_for_cpu`): not GPU figures.", ""]
     sm = sv.get("step_model") or {}
     out += ["## Step-time model", ""]
     if sm.get("a_ms") is not None:

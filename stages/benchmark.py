@@ -45,7 +45,8 @@ def log(msg: str) -> None:
 
 
 def deploy_id(deploy: dict) -> str:
-    """The deploy record's own id, else a hash of the record (names exactly what was measured)."""
+    """The deploy record's own id, else a hash of the record (names exactly what was measured).
+    (Copied in stages/verify.py rather than imported, so that verify does not depend on this script.)"""
     import hashlib
     import json
 

@@ -45,6 +45,14 @@ def _err(a, b) -> float:
     return float(torch.nan_to_num(d, nan=float("inf")).max()) if d.numel() else 0.0
 
 
+def deploy_id(deploy: dict) -> str:
+    """The deploy record's own id, else a hash of the record (as stages/benchmark.py)."""
+    import hashlib
+    import json
+
+    return str(deploy.get("deploy_id") or hashlib.sha256(json.dumps(deploy, sort_keys=True).encode()).hexdigest()[:16])
+
+
 def check_kernel(params: dict, variants: dict, device: str, dot: str) -> list[dict]:
     import torch
 
@@ -146,7 +154,6 @@ def main() -> int:
         raise KernelcampError("kernels/sparse_mla_decode.py is missing: nothing to verify")
     from kernelcamp.provenance import device_info, now_utc
     from kernelcamp.variant import parse_variant
-    from stages.benchmark import deploy_id
 
     variants = {
         "candidate": parse_variant(params["variant"], "variant"),
