@@ -181,7 +181,9 @@ def _triton_config(c: LaunchConfig) -> triton.Config:
 # Kernels
 
 
-@triton.jit
+# Sizes are not specialized (B == 1, max_splits == 1 would each compile another binary): one binary per
+# config and layout keeps warm-up short and the compile inspector's binary the one that runs.
+@triton.jit(do_not_specialize=["B", "H", "topk", "max_splits"])
 def _sparse_mla_split_kernel(
     # pointers
     q_ptr,
@@ -740,6 +742,21 @@ class KernelSpec:
     attrs: dict[tuple[int, ...], list] = field(default_factory=dict)
 
 
+def _compilable(kernel: Any) -> Any:
+    """The ``JITFunction`` that ``triton.compile`` needs, or ``RuntimeError`` under the interpreter.
+
+    With ``TRITON_INTERPRET=1`` set when triton is imported, every ``@triton.jit`` function (Triton's
+    own ``tl.cdiv``, ``tl.max``, ... included) is an interpreter function and cannot be compiled:
+    cross-compile in a process started without ``TRITON_INTERPRET`` (e.g. a subprocess in tests).
+    """
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        raise RuntimeError(
+            "compile_specs: Triton runs in interpreter mode (TRITON_INTERPRET=1 when triton was imported); "
+            "cross-compile in a process started without TRITON_INTERPRET"
+        )
+    return kernel
+
+
 def _spec(
     name: str, fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int
 ) -> KernelSpec:
@@ -766,7 +783,7 @@ def compile_specs(
     _check_config(config)
     if dot_dtype not in _DOT_DTYPES:
         raise ValueError(f"dot_dtype={dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
-    fn = _sparse_mla_split_kernel  # the JITFunction itself, never an Autotuner
+    fn = _compilable(_sparse_mla_split_kernel)
     split_types = {
         "q_ptr": "*bf16",
         "kv_u8_ptr": "*u8",
@@ -806,7 +823,7 @@ def compile_specs(
     comb_const = {"D_V": lay.d_v, "BLOCK_S": _block_s(n)}
     return [
         _spec("sparse_mla_split", fn, split_types, split_const, config.num_warps, config.num_stages),
-        _spec("sparse_mla_combine", _sparse_mla_combine_kernel, comb_types, comb_const, 4, 1),
+        _spec("sparse_mla_combine", _compilable(_sparse_mla_combine_kernel), comb_types, comb_const, 4, 1),
     ]
 
 

@@ -1,0 +1,368 @@
+"""Benchmark the sparse MLA decode kernel on a GPU: configs x shapes x batch sizes, vs the torch reference.
+
+Examples (run from the repository root, on a machine with a CUDA GPU)::
+
+    python benchmarks/bench_kernel.py --out reports/kernel_bench
+    python benchmarks/bench_kernel.py --families v4_flash --batches 1,128 \\
+        --configs T16_H16_w4_s2_kauto,T32_H32_w8_s2_kauto --out /tmp/bench
+    python benchmarks/bench_kernel.py --grid --block-t 16,32 --block-h 16,64 --warps 4,8 --stages 1,2 \\
+        --splits auto --time-budget-s 200 --out /tmp/sweep
+
+Writes ``<out>/kernel_bench.csv`` (tidy: one row per family, batch size and implementation, rewritten
+atomically after every row so an interrupted run keeps what it measured) and ``<out>/summary.md``
+(best config per shape, targets of issue 2). Needs only torch, triton, numpy and pyyaml (no dvc,
+Hydra or MLflow). Timing: ``kernelcamp.timing.bench_graph`` (CUDA-graph replays, L2 flushed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+try:  # the lent GPU machine may lack pyyaml (and kernelcamp.io needs it): fall back to local helpers
+    import yaml
+
+    from kernelcamp.io import write_csv_atomic, write_text_atomic
+except ImportError:  # pragma: no cover - exercised on the device only
+    yaml = None
+    import csv
+    import io
+    import os
+    import tempfile
+
+    def write_text_atomic(path: Any, text: str) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+    def write_csv_atomic(path: Any, rows: list[dict[str, Any]]) -> None:
+        header: list[str] = []
+        for r in rows:
+            header.extend(k for k in r if k not in header)
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+        write_text_atomic(path, buf.getvalue())
+
+
+from kernelcamp.provenance import device_info, git_info, now_utc  # noqa: E402
+from kernelcamp.timing import bench_graph, summarize  # noqa: E402
+from kernelcamp.variant import LaunchConfig, Variant  # noqa: E402
+from kernels import sparse_mla_decode as smd  # noqa: E402
+
+# name -> (layout, H, topk); issue 2's shapes.
+FAMILIES = {
+    "v32": ("deepseek_v32", 128, 2048),
+    "v32_tp8": ("deepseek_v32", 16, 2048),
+    "v4_flash": ("deepseek_v4", 64, 512),
+}
+DEFAULT_CONFIGS = "T16_H16_w4_s2_kauto,T16_H16_w8_s2_kauto,T32_H16_w4_s2_kauto,T32_H32_w8_s2_kauto,T16_H64_w8_s1_kauto"
+# Issue 2's targets on the H200 (benchmark figures, not assertions): family -> (B, column, minimum).
+TARGETS = [("v32", 128, "tflops", 250.0), ("v32_tp8", 128, "gbps", 2000.0), ("v4_flash", 128, "roofline_pct", 50.0)]
+B1_TARGET_US = 15.0
+
+
+def parse_config_label(label: str) -> LaunchConfig:
+    """``T16_H16_w4_s2_kauto`` (LaunchConfig.label) -> LaunchConfig. Raises ValueError on a bad label."""
+    parts = label.strip().split("_")
+    try:
+        if len(parts) != 5 or [p[0] for p in parts] != ["T", "H", "w", "s", "k"]:
+            raise ValueError
+        splits = parts[4][1:]
+        return LaunchConfig(
+            int(parts[0][1:]),
+            int(parts[1][1:]),
+            int(parts[2][1:]),
+            int(parts[3][1:]),
+            "auto" if splits == "auto" else int(splits),
+        )
+    except ValueError:
+        raise ValueError(
+            f"config {label!r}: expected T<BLOCK_T>_H<BLOCK_H>_w<warps>_s<stages>_k<splits|auto>, "
+            "e.g. T16_H16_w4_s2_kauto"
+        ) from None
+
+
+def grid_configs(args: argparse.Namespace) -> list[LaunchConfig]:
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    splits = [x if x == "auto" else int(x) for x in args.splits.split(",") if x]
+    return [
+        LaunchConfig(t, h, w, s, k)
+        for h, t, w, s, k in itertools.product(
+            ints(args.block_h), ints(args.block_t), ints(args.warps), ints(args.stages), splits
+        )
+    ]
+
+
+def tflops(layout: str, B: int, H: int, topk: int, us: float) -> float:
+    return smd.flops(layout, B, H, topk) / (us * 1e-6) / 1e12
+
+
+def gbps(layout: str, B: int, H: int, topk: int, us: float) -> float:
+    return smd.bytes_moved(layout, B, H, topk) / (us * 1e-6) / 1e9
+
+
+def roofline_pct(layout: str, B: int, H: int, topk: int, us: float, target: dict[str, Any]) -> float:
+    t_bw = smd.bytes_moved(layout, B, H, topk) / (target["peak_gbps"] * 1e9)
+    t_fl = smd.flops(layout, B, H, topk) / (target["peak_bf16_tflops"] * 1e12)
+    return 100.0 * max(t_bw, t_fl) / (us * 1e-6)
+
+
+def derived(layout: str, B: int, H: int, topk: int, us: float, target: dict[str, Any]) -> dict[str, float]:
+    return {
+        "tflops": tflops(layout, B, H, topk, us),
+        "gbps": gbps(layout, B, H, topk, us),
+        "roofline_pct": roofline_pct(layout, B, H, topk, us, target),
+    }
+
+
+def summary_md(rows: list[dict[str, Any]], prov: dict[str, Any], args: argparse.Namespace) -> str:
+    ok = [r for r in rows if r.get("latency_us_p50") is not None]
+    lines = [
+        "# Sparse MLA decode kernel benchmark",
+        "",
+        f"GPU {prov.get('gpu_name')} (sm{prov.get('gpu_arch')}, {prov.get('num_sms')} SMs), driver "
+        f"{prov.get('driver')}, SM clock {prov.get('sm_clock_mhz')} MHz (max {prov.get('max_sm_clock_mhz')}), "
+        f"torch {prov.get('torch')}, Triton {prov.get('triton')}, CUDA {prov.get('cuda')}; "
+        f"measured {prov.get('measured_at')}; git {prov.get('git_commit')}; kernel source sha256 "
+        f"{smd.kernel_source_hash()[:16]}.",
+        "",
+        "Timing: CUDA-graph replays with L2 flushed before every call (kernelcamp/timing.py), "
+        f"{args.replays} replays x {args.calls_per_graph} calls; roofline against {args.target}.",
+        "",
+        "## Best config per shape (by median latency)",
+        "",
+        "| family | layout | H | topk | B | best config | splits | p50 us | p20-p80 us | TFLOPS | GB/s | roofline % "
+        "| torch ref us | speedup |",
+        "|" + "---|" * 14,
+    ]
+    keys = sorted(
+        {(r["family"], r["B"]) for r in ok if r["impl"] == "triton"}, key=lambda k: (list(FAMILIES).index(k[0]), k[1])
+    )
+    best = {}
+    for fam, B in keys:
+        cand = [r for r in ok if r["impl"] == "triton" and r["family"] == fam and r["B"] == B]
+        r = min(cand, key=lambda x: x["latency_us_p50"])
+        best[(fam, B)] = r
+        ref = next((x for x in ok if x["impl"] == "torch_ref" and x["family"] == fam and x["B"] == B), None)
+        ref_txt = f"{ref['latency_us_p50']:.1f} | {r['speedup_vs_ref']:.1f}x" if ref else "- | -"
+        lines.append(
+            f"| {fam} | {r['layout']} | {r['H']} | {r['topk']} | {B} | {r['config']} | {r['num_splits']} | "
+            f"{r['latency_us_p50']:.2f} | {r['latency_us_p20']:.2f}-{r['latency_us_p80']:.2f} | {r['tflops']:.1f} | "
+            f"{r['gbps']:.0f} | {r['roofline_pct']:.1f} | {ref_txt} |"
+        )
+    lines += ["", "## Issue 2 targets", ""]
+    for fam, B, col, want in TARGETS:
+        r = best.get((fam, B))
+        got = f"{r[col]:.1f}" if r else "not measured"
+        verdict = "met" if r and r[col] >= want else "NOT met"
+        lines.append(f"- {fam} B={B}: {col} {got} (target >= {want:g}): {verdict}")
+    for fam in FAMILIES:
+        r = best.get((fam, 1))
+        if r:
+            verdict = "met" if r["latency_us_p50"] <= B1_TARGET_US else "NOT met"
+            lines.append(f"- {fam} B=1: {r['latency_us_p50']:.2f} us (target <= {B1_TARGET_US:g} us): {verdict}")
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        lines += ["", "## Configs that did not run", ""]
+        lines += [f"- {r['family']} B={r['B']} {r['config']}: {r['error']}" for r in failed]
+    lines += ["", f"Full table: kernel_bench.csv ({len(rows)} rows).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="output folder for kernel_bench.csv and summary.md")
+    p.add_argument("--families", default=",".join(FAMILIES), help=f"comma list of {list(FAMILIES)}")
+    p.add_argument("--batches", default="1,8,32,64,128", help="comma list of batch sizes B")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, help="comma list of config labels (T16_H16_w4_s2_kauto)")
+    p.add_argument("--grid", action="store_true", help="use the cross product of --block-t/--block-h/... instead")
+    p.add_argument("--block-t", default="16,32,64")
+    p.add_argument("--block-h", default="16,32,64")
+    p.add_argument("--warps", default="4,8")
+    p.add_argument("--stages", default="1,2,3")
+    p.add_argument("--splits", default="auto", help="comma list of ints and/or auto")
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--num-cache-tokens", type=int, default=262144)
+    p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--calls-per-graph", type=int, default=8)
+    p.add_argument("--no-ref", action="store_true", help="skip timing the torch reference")
+    p.add_argument("--check", action="store_true", help="check each config's output against the reference once")
+    p.add_argument("--target", default=str(ROOT / "conf/target/sm90.yaml"), help="target yaml with the peaks")
+    p.add_argument("--time-budget-s", type=float, default=0.0, help="stop starting new configs after this (0: none)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: bench_kernel.py needs a CUDA GPU (none visible)", file=sys.stderr)
+        return 2
+    fams = [f for f in args.families.split(",") if f]
+    bad = [f for f in fams if f not in FAMILIES]
+    if bad:
+        p.error(f"unknown families {bad}; choose from {list(FAMILIES)}")
+    batches = [int(b) for b in args.batches.split(",") if b]
+    configs = grid_configs(args) if args.grid else [parse_config_label(c) for c in args.configs.split(",") if c]
+    target = load_target(args.target)
+    out = Path(args.out)
+    prov = {**device_info(), **git_info(ROOT), "measured_at": now_utc()}
+    src_hash = smd.kernel_source_hash()[:16]
+    t_start = time.time()
+    rows: list[dict[str, Any]] = []
+    log = lambda msg: print(f"[{time.time() - t_start:7.1f}s] {msg}", flush=True)  # noqa: E731
+    log(
+        f"{prov.get('gpu_name')} torch {prov['torch']} triton {prov['triton']}; {len(configs)} configs x "
+        f"{fams} x B {batches}"
+    )
+
+    def base(fam: str, B: int) -> dict[str, Any]:
+        layout, H, topk = FAMILIES[fam]
+        return {"family": fam, "layout": layout, "H": H, "topk": topk, "B": B, "page_size": args.page_size}
+
+    def emit(row: dict[str, Any]) -> None:
+        rows.append(
+            {
+                **row,
+                "gpu_name": prov.get("gpu_name"),
+                "driver": prov.get("driver"),
+                "sm_clock_mhz": prov.get("sm_clock_mhz"),
+                "torch": prov["torch"],
+                "triton": prov["triton"],
+                "cuda": prov.get("cuda"),
+                "git_commit": prov.get("git_commit"),
+                "kernel_source_hash": src_hash,
+                "measured_at": now_utc(),
+            }
+        )
+        write_csv_atomic(out / "kernel_bench.csv", rows)
+
+    try:
+        run_families(args, fams, batches, configs, target, prov, emit, log, base)
+    finally:
+        write_text_atomic(out / "summary.md", summary_md(rows, prov, args))
+        log(f"wrote {out / 'kernel_bench.csv'} ({len(rows)} rows) and {out / 'summary.md'}")
+    return 0
+
+
+def run_families(args, fams, batches, configs, target, prov, emit, log, base) -> None:  # noqa: ANN001
+    """Time the reference and every config for each family and batch size; ``emit`` each row."""
+    budget_per_family = args.time_budget_s / len(fams) if args.time_budget_s > 0 else math.inf
+    for fam in fams:
+        t_fam = time.time()
+        layout, H, topk = FAMILIES[fam]
+        log(f"{fam}: making inputs ({layout}, H {H}, topk {topk}, B up to {max(batches)})")
+        full = smd.make_inputs(layout, max(batches), H, topk, args.page_size, args.num_cache_tokens, "cuda")
+        ins = {B: {**full, "q": full["q"][:B], "indices": full["indices"][:B]} for B in batches}
+        ref_us: dict[int, float] = {}
+        if not args.no_ref:
+            for B in batches:
+                x = ins[B]
+                fn = functools.partial(_ref_call, x, layout, args.page_size)
+                s = summarize(bench_graph(fn, replays=max(3, args.replays // 2), warmup=2, calls_per_graph=2))
+                ref_us[B] = s["latency_us_p50"]
+                emit(
+                    {
+                        **base(fam, B),
+                        "impl": "torch_ref",
+                        "config": "torch_ref",
+                        **s,
+                        **derived(layout, B, H, topk, s["latency_us_p50"], target),
+                    }
+                )
+                log(f"{fam} B={B} torch_ref {s['latency_us_p50']:.1f} us")
+        for cfg in configs:
+            if time.time() - t_fam > budget_per_family:
+                log(f"{fam}: time budget spent, skipping {cfg.label()} and later configs")
+                break
+            if cfg.BLOCK_H > max(16, triton_next_pow2(H)):
+                continue
+            launcher = smd.SparseMLADecode(Variant(cfg.label(), (cfg,)), check_indices=False)
+            for B in batches:
+                x = ins[B]
+                row = {
+                    **base(fam, B),
+                    "impl": "triton",
+                    "config": cfg.label(),
+                    **cfg.as_dict(),
+                    "num_splits": smd.resolve_num_splits(
+                        cfg.num_splits, B, H, topk, cfg.BLOCK_H, cfg.BLOCK_T, prov.get("num_sms") or smd.DEFAULT_NUM_SMS
+                    ),
+                }
+                fn = functools.partial(_kernel_call, launcher, x, layout, args.page_size)
+                try:
+                    if args.check:
+                        o, _ = fn()
+                        ro, _ = smd.sparse_mla_decode_ref(
+                            x["q"],
+                            x["kv_cache"],
+                            x["indices"],
+                            layout,
+                            args.page_size,
+                            x["sm_scale"],
+                            check_indices=False,
+                        )
+                        row["max_abs_err"] = float((o.float() - ro).abs().max())
+                    s = summarize(bench_graph(fn, replays=args.replays, warmup=2, calls_per_graph=args.calls_per_graph))
+                except Exception as e:  # noqa: BLE001 - a config that cannot run is a result, not a crash
+                    msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+                    emit({**row, "error": msg})
+                    log(f"{fam} B={B} {cfg.label()} FAILED {msg}")
+                    torch.cuda.synchronize()
+                    break
+                d = derived(layout, B, H, topk, s["latency_us_p50"], target)
+                speed = ref_us[B] / s["latency_us_p50"] if B in ref_us and s["latency_us_p50"] > 0 else None
+                emit({**row, **s, **d, "speedup_vs_ref": speed})
+                log(
+                    f"{fam} B={B} {cfg.label()} k={row['num_splits']} {s['latency_us_p50']:.2f} us "
+                    f"{d['tflops']:.1f} TFLOPS {d['gbps']:.0f} GB/s {d['roofline_pct']:.1f}%"
+                )
+        del full, ins
+        torch.cuda.empty_cache()
+
+
+def load_target(path: str) -> dict[str, Any]:
+    """The target yaml (peaks); without pyyaml, its flat ``key: value`` lines are read directly."""
+    text = Path(path).read_text()
+    if yaml is not None:
+        return yaml.safe_load(text)
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if ":" in line:
+            k, v = (x.strip() for x in line.split(":", 1))
+            try:
+                out[k] = float(v) if "." in v else int(v)
+            except ValueError:
+                out[k] = v
+    return out
+
+
+def _ref_call(x: dict[str, Any], layout: str, page_size: int) -> Any:
+    return smd.sparse_mla_decode_ref(
+        x["q"], x["kv_cache"], x["indices"], layout, page_size, x["sm_scale"], check_indices=False
+    )
+
+
+def _kernel_call(launcher: smd.SparseMLADecode, x: dict[str, Any], layout: str, page_size: int) -> Any:
+    return launcher(x["q"], x["kv_cache"], x["indices"], layout, page_size, x["sm_scale"], check_indices=False)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

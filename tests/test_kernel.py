@@ -1,0 +1,276 @@
+"""CPU tests of the sparse MLA decode kernel (TRITON_INTERPRET=1, fp16 dot operands) and its reference.
+
+The interpreter multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps), so the kernel runs
+with ``dot_dtype="fp16"`` here (fp8 e4m3 -> fp16 is exact); the bf16 path is tested on the GPU
+(tests/test_kernel_gpu.py). Shapes are small: d_qk is fixed by the layout, so the interpreter's
+cost is in B, H and topk.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernelcamp.variant import LaunchConfig, Variant
+from kernels import sparse_mla_decode as smd
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+DOT = "bf16" if ON_GPU else "fp16"
+LOWP = torch.bfloat16 if ON_GPU else torch.float16
+
+# (tensor, dtype of the kernel's result, atol, rtol, reason). The error is judged against torch's own
+# error in the dot precision: max(|kernel - ref_fp32| - rtol * |ref_fp32|) <= atol + 2 * max|ref_lowp -
+# ref_fp32|, where ref_lowp is the torch reference with q, the dequantized rows and the softmax weights in
+# the dot dtype (returned in fp32). The max-norms are compared, not element by element (rounding errors
+# of the same size fall on different elements); rtol removes the rounding of the kernel's own result
+# dtype, which ref_lowp does not have; atol covers rows whose terms cancel to ~0.
+TOLERANCES = {
+    # bf16 has 8 significant bits: round-to-nearest (GPU) is off by <= 2^-8 relative; the Triton 3.6
+    # interpreter converts fp32 -> bf16 by truncation (measured: kernel with fp32 dots == ref truncated),
+    # off by <= 1 ulp = 2^-7 relative.
+    "out": (torch.bfloat16, 1e-3, 2.0**-8 if ON_GPU else 2.0**-7, "bf16 output rounding (RTNE GPU, truncation CPU)"),
+    "lse": (torch.float32, 1e-3, 1e-5, "fp32 LSE; the scores' dot-operand rounding is measured by ref_lowp"),
+}
+
+
+def _launch(inp: dict, config: LaunchConfig, dot: str = DOT) -> tuple[torch.Tensor, torch.Tensor]:
+    k = smd.SparseMLADecode(Variant("t", (config,)), dot_dtype=dot)
+    out, lse = k(inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+    assert k.last_config == config
+    return out, lse
+
+
+def _assert_close(inp: dict, out: torch.Tensor, lse: torch.Tensor) -> None:
+    args = (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+    ref_out, ref_lse = smd.sparse_mla_decode_ref(*args)
+    low_out, low_lse = smd.sparse_mla_decode_ref(*args, compute_dtype=LOWP)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    for name, got, ref, low in (("out", out, ref_out, low_out), ("lse", lse, ref_lse, low_lse)):
+        _, atol, rtol, _ = TOLERANCES[name]
+        finite = torch.isfinite(ref)
+        assert torch.equal(torch.isfinite(got), finite), f"{name}: non-finite pattern differs"
+        g, r, lo = got.float()[finite], ref[finite], low[finite]
+        excess = float(((g - r).abs() - rtol * r.abs()).max())
+        torch_err = float((lo - r).abs().max())
+        assert excess <= atol + 2 * torch_err, f"{name}: error {excess:.3e} > {atol} + 2 x torch's {torch_err:.3e}"
+
+
+# layout, B, H, topk, page_size, config, empty_fraction; cost grows with H * topk * B
+CASES = [
+    ("deepseek_v32", 2, 16, 40, 64, LaunchConfig(16, 16, 4, 2, 1), 0.0),  # topk not a multiple of BLOCK_T
+    ("deepseek_v32", 3, 16, 64, 256, LaunchConfig(32, 16, 4, 2, "auto"), 0.25),  # -1 slots, page 256
+    ("deepseek_v32", 1, 128, 24, 64, LaunchConfig(16, 64, 8, 2, 2), 0.0),  # H 128, B 1
+    ("deepseek_v32", 1, 48, 20, 64, LaunchConfig(16, 32, 4, 2, 2), 0.1),  # BLOCK_H does not divide H=48
+    ("deepseek_v4", 2, 16, 40, 64, LaunchConfig(16, 16, 4, 2, 3), 0.2),
+    ("deepseek_v4", 1, 16, 50, 256, LaunchConfig(16, 32, 4, 2, 1), 0.0),  # BLOCK_H > H: masked heads
+    ("deepseek_v4", 1, 64, 32, 64, LaunchConfig(16, 32, 4, 2, "auto"), 0.0),  # H 64
+]
+
+
+@pytest.mark.parametrize("layout,B,H,topk,page_size,config,empty", CASES, ids=lambda v: str(v))
+def test_kernel_matches_reference(layout, B, H, topk, page_size, config, empty):
+    n_tok = 2 * page_size if page_size == 256 else 4 * page_size
+    inp = smd.make_inputs(layout, B, H, topk, page_size, n_tok, DEVICE, seed=B + H + topk, empty_fraction=empty)
+    assert bool((inp["indices"] == n_tok - 1).any(dim=1).all() if empty == 0 else True)  # last token of last page
+    out, lse = _launch(inp, config)
+    _assert_close(inp, out, lse)
+
+
+@pytest.mark.parametrize("layout", ["deepseek_v32", "deepseek_v4"])
+def test_all_empty_row_gives_zeros_and_minus_inf(layout):
+    inp = smd.make_inputs(layout, 3, 16, 40, 64, 256, DEVICE, seed=1)
+    inp["indices"][1] = -1
+    for splits in (1, 3):
+        out, lse = _launch(inp, LaunchConfig(16, 16, 4, 2, splits))
+        assert torch.all(out[1] == 0) and torch.all(lse[1] == float("-inf"))
+        ref_out, ref_lse = smd.sparse_mla_decode_ref(inp["q"], inp["kv_cache"], inp["indices"], layout, 64)
+        assert torch.all(ref_out[1] == 0) and torch.all(ref_lse[1] == float("-inf"))
+        _assert_close(inp, out, lse)
+
+
+def test_last_token_of_last_page_dominates():
+    # a row whose only valid slot is the cache's last token: out must be that token's V row exactly
+    layout, ps, n_tok = "deepseek_v4", 64, 128
+    inp = smd.make_inputs(layout, 1, 16, 32, ps, n_tok, DEVICE, seed=3)
+    inp["indices"][:] = -1
+    inp["indices"][0, 17] = n_tok - 1
+    out, lse = _launch(inp, LaunchConfig(16, 16, 4, 2, 2))
+    v = smd.dequantize_kv_cache(inp["kv_cache"], layout, ps)[n_tok - 1, :512]
+    torch.testing.assert_close(out[0].float(), v.expand(16, -1).to(torch.bfloat16).float(), atol=0, rtol=0)
+    _assert_close(inp, out, lse)
+
+
+def test_sm_scale_is_applied():
+    inp = smd.make_inputs("deepseek_v32", 1, 16, 32, 64, 128, DEVICE, seed=5)
+    inp["sm_scale"] = 0.3
+    out, lse = _launch(inp, LaunchConfig(16, 16, 4, 2, 1))
+    _assert_close(inp, out, lse)
+
+
+@pytest.mark.parametrize(
+    "layout,page_size", [("deepseek_v32", 64), ("deepseek_v32", 256), ("deepseek_v4", 64), ("deepseek_v4", 256)]
+)
+def test_quantize_roundtrip_and_byte_layout(layout, page_size):
+    lay = smd.LAYOUTS[layout]
+    g = torch.Generator().manual_seed(0)
+    latent = (torch.randn(2 * page_size, lay.d_qk, generator=g) * 3).to(torch.bfloat16)
+    kv = smd.quantize_kv_cache(latent, layout, page_size)
+    assert kv.dtype == torch.uint8 and kv.shape == (2, page_size * lay.token_bytes)
+    deq = smd.dequantize_kv_cache(kv, layout, page_size)
+    x = latent.float()
+    assert torch.equal(deq[:, lay.fp8_dims :], x[:, lay.fp8_dims :])  # rope stored as bf16, exact
+    nope = x[:, : lay.fp8_dims].unflatten(1, (lay.num_groups, lay.group_size))
+    step = nope.abs().amax(-1, keepdim=True) / 448 * (2 if lay.scale_kind == "ue8m0" else 1)
+    err = (deq[:, : lay.fp8_dims].unflatten(1, (lay.num_groups, lay.group_size)) - nope).abs()
+    assert bool((err <= nope.abs() * 2.0**-4 + step * 2.0**-9 + 1e-30).all())  # e4m3: 3 mantissa bits
+    # byte positions: token t of page 1
+    t, page = 5, kv[1]
+    if lay.scale_kind == "fp32":
+        row = page[t * 656 : (t + 1) * 656]
+        scales = row[512:528].clone().view(torch.float32)
+        torch.testing.assert_close(scales, nope[page_size + t].abs().amax(-1) / 448)
+        assert torch.equal(row[528:656].clone().view(torch.bfloat16), latent[page_size + t, 512:])
+    else:
+        data = page[t * 576 : (t + 1) * 576]
+        srow = page[page_size * 576 + t * 8 : page_size * 576 + (t + 1) * 8]
+        assert int(srow[7]) == 0  # pad byte
+        e = srow[:7].long()
+        assert bool(((2.0 ** (e - 127).float()) * 448 >= nope[page_size + t].abs().amax(-1)).all())
+        assert torch.equal(data[448:576].clone().view(torch.bfloat16), latent[page_size + t, 448:])
+
+
+def test_make_inputs_is_deterministic_and_distinct():
+    a = smd.make_inputs("deepseek_v4", 2, 16, 64, 64, 256, "cpu", seed=7, empty_fraction=0.0)
+    b = smd.make_inputs("deepseek_v4", 2, 16, 64, 64, 256, "cpu", seed=7, empty_fraction=0.0)
+    assert torch.equal(a["indices"], b["indices"]) and torch.equal(a["kv_cache"], b["kv_cache"])
+    for row in a["indices"]:
+        assert len(set(row.tolist())) == 64 and 255 in row.tolist()
+    assert set(a) == {"q", "kv_cache", "indices", "sm_scale", "layout", "page_size"}
+    assert a["sm_scale"] == pytest.approx(1 / math.sqrt(512))
+
+
+def test_flops_and_bytes():
+    assert smd.flops("deepseek_v32", 128, 128, 2048) == 2 * 128 * (576 + 512) * 2048 * 128
+    assert smd.bytes_moved("deepseek_v4", 2, 64, 512) == 584 * 512 * 2 + 2 * 2 * 64 * 512 + 4 * 2 * 512 + (
+        2 * 2 * 64 * 512 + 4 * 2 * 64
+    )
+
+
+def test_auto_splits_rule():
+    # one program per SM at small batch, 1 split once the grid fills the GPU
+    assert smd.resolve_num_splits("auto", 1, 128, 2048, 16, 16, 132) == 16
+    assert smd.resolve_num_splits("auto", 128, 128, 2048, 16, 16, 132) == 1
+    assert smd.resolve_num_splits("auto", 1, 64, 512, 16, 16, 132) == 8  # capped: >= 4 tiles per split
+    assert smd.resolve_num_splits(100, 1, 16, 40, 16, 16) == 3  # never more splits than tiles
+
+
+def _inp():
+    return smd.make_inputs("deepseek_v32", 2, 16, 32, 64, 128, DEVICE, seed=2)
+
+
+BAD = [
+    ("q", lambda d: d.update(q=d["q"].float())),
+    ("q", lambda d: d.update(q=d["q"][:, :, :512])),
+    ("q", lambda d: d.update(q=d["q"].transpose(1, 2).contiguous().transpose(1, 2))),
+    ("kv_cache", lambda d: d.update(kv_cache=d["kv_cache"][:, :-8])),
+    ("kv_cache", lambda d: d.update(kv_cache=d["kv_cache"].view(torch.int8))),
+    ("indices", lambda d: d.update(indices=d["indices"].long())),
+    ("indices", lambda d: d.update(indices=d["indices"][:1])),
+    ("indices", lambda d: d["indices"].__setitem__((0, 3), 128)),  # == num_pages * page_size
+    ("indices", lambda d: d["indices"].__setitem__((1, 0), -2)),
+    ("layout", lambda d: d.update(layout="deepseek_v3")),
+    ("page_size", lambda d: d.update(page_size=32)),
+]
+
+
+@pytest.mark.parametrize("name,mutate", BAD, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD)])
+def test_bad_input_raises_value_error_naming_it(name, mutate):
+    d = _inp()
+    mutate(d)
+    k = smd.SparseMLADecode(Variant("t", (LaunchConfig(16, 16, 4, 2, 1),)), dot_dtype=DOT)
+    with pytest.raises(ValueError, match=name):
+        k(d["q"], d["kv_cache"], d["indices"], d["layout"], d["page_size"], d["sm_scale"])
+    if name != "layout":
+        with pytest.raises(ValueError, match=name):
+            smd.sparse_mla_decode_ref(d["q"], d["kv_cache"], d["indices"], d["layout"], d["page_size"])
+
+
+@pytest.mark.parametrize(
+    "field,config",
+    [
+        ("BLOCK_T", LaunchConfig(8, 16, 4, 2, 1)),
+        ("BLOCK_H", LaunchConfig(16, 24, 4, 2, 1)),
+        ("num_splits", LaunchConfig(16, 16, 4, 2, 0)),
+    ],
+)
+def test_bad_config_raises_value_error(field, config):
+    with pytest.raises(ValueError, match=field):
+        smd.SparseMLADecode(Variant("t", (config,)))
+    with pytest.raises(ValueError, match="dot_dtype"):
+        smd.SparseMLADecode(Variant("t", (LaunchConfig(16, 16, 4, 2, 1),)), dot_dtype="fp8")
+
+
+def test_list_variant_wraps_autotuner_and_single_does_not():
+    single = smd.SparseMLADecode(Variant("s", (LaunchConfig(16, 16, 4, 2, 1),)))
+    assert single._tuner is None
+    cfgs = (LaunchConfig(16, 16, 4, 2, "auto"), LaunchConfig(32, 16, 8, 2, 2))
+    lst = smd.SparseMLADecode(Variant("l", cfgs, ("B", "topk"), is_list=True))
+    assert lst._tuner is not None and list(lst._tuner.keys) == ["B", "topk"]
+    assert [c.kwargs["BLOCK_T"] for c in lst._tuner.configs] == [16, 32]
+
+
+@pytest.mark.skipif(bool(os.environ.get("TRITON_INTERPRET")), reason="interpreter functions cannot be compiled")
+def test_compile_specs_cover_every_argument():
+    cfg = LaunchConfig(32, 16, 8, 2, "auto")
+    specs = smd.compile_specs("deepseek_v4", 64, 512, cfg)
+    assert [s.name for s in specs] == ["sparse_mla_split", "sparse_mla_combine"]
+    split = specs[0]
+    assert (split.num_warps, split.num_stages) == (8, 2)
+    assert split.constexprs["BLOCK_T"] == 32 and split.constexprs["LAYOUT"] == 1
+    assert all(split.signature[k] == "constexpr" for k in split.constexprs)
+    assert split.signature["q_ptr"] == "*bf16" and split.signature["kv_u8_ptr"] == "*u8"
+
+
+@pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="checks the interpreter-mode error")
+def test_compile_specs_under_interpreter_say_what_to_do():
+    with pytest.raises(RuntimeError, match="without TRITON_INTERPRET"):
+        smd.compile_specs("deepseek_v4", 64, 512, LaunchConfig(16, 16, 4, 2, "auto"))
+
+
+def test_kernel_source_hash():
+    h = smd.kernel_source_hash()
+    assert len(h) == 64 and h == smd.kernel_source_hash()
+
+
+_CROSS = """
+import sys, triton
+from triton.compiler import ASTSource
+from triton.backends.compiler import GPUTarget
+from kernelcamp.variant import LaunchConfig
+from kernels.sparse_mla_decode import compile_specs
+for arch in (90, 120):
+    for spec in compile_specs("deepseek_v4", 64, 512, LaunchConfig(16, 16, 4, 2, "auto")):
+        k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
+                           target=GPUTarget("cuda", arch, 32),
+                           options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+        print(arch, spec.name, k.metadata.shared)
+"""
+
+
+def test_cross_compiles_for_sm90_and_sm120():
+    # in a subprocess: under TRITON_INTERPRET=1 nothing can be compiled (see compile_specs)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", _CROSS], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.split("\n")
+    assert any(line.startswith("120 sparse_mla_split") for line in lines)
+    shared = int(next(line for line in lines if line.startswith("90 sparse_mla_split")).split()[-1])
+    assert 0 < shared <= 232448

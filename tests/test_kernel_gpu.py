@@ -1,0 +1,138 @@
+"""GPU tests of the sparse MLA decode kernel: full shapes on the bf16 path, capture safety, timing.
+
+Run on the device: ``pytest -m gpu tests/test_kernel_gpu.py``. Error criterion and tolerances as in
+tests/test_kernel.py (torch's own bf16 error as the yardstick).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.variant import LaunchConfig, Variant
+from kernels import sparse_mla_decode as smd
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# (tensor, atol, rtol, reason) for the bf16 dot path; see tests/test_kernel.py for the criterion.
+TOLERANCES = {
+    "out": (1e-3, 2.0**-8, "bf16 output rounded to nearest: <= 2^-8 relative"),
+    "lse": (1e-3, 1e-5, "fp32 LSE; dot-operand rounding measured by the bf16 torch reference"),
+}
+FULL = {
+    "v32": ("deepseek_v32", 128, 2048),
+    "v32_tp8": ("deepseek_v32", 16, 2048),
+    "v4_flash": ("deepseek_v4", 64, 512),
+}
+CONFIGS = [LaunchConfig(16, 16, 4, 2, "auto"), LaunchConfig(32, 32, 8, 2, 1), LaunchConfig(16, 64, 8, 1, 4)]
+STORY = (LaunchConfig(16, 16, 4, 2, "auto"), LaunchConfig(32, 16, 4, 2, "auto"), LaunchConfig(32, 16, 8, 2, "auto"))
+
+
+def _args(inp):
+    return inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"]
+
+
+def _assert_close(inp, out, lse):
+    ref_out, ref_lse = smd.sparse_mla_decode_ref(*_args(inp))
+    low_out, low_lse = smd.sparse_mla_decode_ref(*_args(inp), compute_dtype=torch.bfloat16)
+    for name, got, ref, low in (("out", out, ref_out, low_out), ("lse", lse, ref_lse, low_lse)):
+        atol, rtol, _ = TOLERANCES[name]
+        finite = torch.isfinite(ref)
+        assert torch.equal(torch.isfinite(got), finite), f"{name}: non-finite pattern differs"
+        g, r, lo = got.float()[finite], ref[finite], low[finite]
+        excess = float(((g - r).abs() - rtol * r.abs()).max())
+        torch_err = float((lo - r).abs().max())
+        assert excess <= atol + 2 * torch_err, f"{name}: error {excess:.3e} > {atol} + 2 x torch's {torch_err:.3e}"
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    out = {}
+    for fam, (layout, H, topk) in FULL.items():
+        inp = smd.make_inputs(layout, 8, H, topk, 64, 65536, "cuda", seed=1, empty_fraction=0.05)
+        inp["indices"][3] = -1  # an all-empty row
+        out[fam] = inp
+    return out
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label())
+@pytest.mark.parametrize("fam", list(FULL))
+def test_full_shapes_bf16_match_reference(inputs, fam, config):
+    inp = inputs[fam]
+    k = smd.SparseMLADecode(Variant("t", (config,)))
+    out, lse = k(*_args(inp))
+    assert k.last_config == config
+    assert torch.all(out[3] == 0) and torch.all(lse[3] == float("-inf"))
+    _assert_close(inp, out, lse)
+
+
+def test_b1_page256_and_splits_agree():
+    inp = smd.make_inputs("deepseek_v32", 1, 128, 2048, 256, 8192, "cuda", seed=4)
+    outs = []
+    for splits in (1, 4, "auto"):
+        out, lse = smd.SparseMLADecode(Variant("t", (LaunchConfig(16, 32, 4, 2, splits),)))(*_args(inp))
+        _assert_close(inp, out, lse)
+        outs.append(lse)
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-5)
+
+
+def test_autotune_list_records_config_and_benchmarks_once(inputs):
+    inp = inputs["v4_flash"]
+    k = smd.SparseMLADecode(Variant("story", STORY, ("B",), is_list=True))
+    out, lse = k(*_args(inp))
+    assert k.last_config in STORY
+    assert k.autotune_bench_runs == len(STORY)
+    _assert_close(inp, out, lse)
+    k(*_args(inp))
+    assert k.autotune_bench_runs == len(STORY)  # cached for this key
+
+
+def test_timing_harness_sanity(inputs):
+    from kernelcamp import timing
+
+    inp = inputs["v4_flash"]
+    k = smd.SparseMLADecode(Variant("t", (CONFIGS[0],)), check_indices=False)
+
+    def fn():
+        return k(*_args(inp))
+
+    flushed = timing.summarize(timing.bench_graph(fn, replays=10))
+    warm = timing.summarize(timing.bench_graph(fn, replays=10, flush_l2=False))
+    assert 0 < flushed["latency_us_p20"] <= flushed["latency_us_p50"] <= flushed["latency_us_p80"] < 10_000
+    assert flushed["latency_us_p50"] >= 0.8 * warm["latency_us_p50"]  # a cold L2 is never much faster
+    k2 = smd.SparseMLADecode(Variant("t2", (CONFIGS[1],)), check_indices=False)
+    rows = timing.interleaved_rounds({"a": fn, "b": lambda: k2(*_args(inp))}, rounds=4, replays_per_round=3)
+    assert len(rows) == 8 and {r["impl"] for r in rows} == {"a", "b"}
+    assert [r["impl"] for r in rows[:4]] == ["a", "b", "b", "a"]
+    assert all(r["gpu_name"] and r["triton"] and r["latency_us"] > 0 for r in rows)
+
+
+def test_capture_single_config_warmed_passes(inputs):
+    from kernelcamp.capture import check_capture_safety
+
+    inp = inputs["v32"]
+    k = smd.SparseMLADecode(Variant("bt16_w8", (LaunchConfig(16, 16, 8, 2, "auto"),)))
+    rep = check_capture_safety(k, inp, warmup_inputs=inp)
+    assert rep["captured"] and rep["replay_matches_eager"] and rep["max_abs_diff"] == 0
+    assert rep["compiles_during_capture"] == 0 and rep["autotune_runs_during_capture"] == 0
+
+
+def test_capture_autotune_warmed_passes(inputs):
+    from kernelcamp.capture import check_capture_safety
+
+    inp = inputs["v4_flash"]
+    k = smd.SparseMLADecode(Variant("story", STORY, ("B",), is_list=True))
+    rep = check_capture_safety(k, inp, warmup_inputs=inp)
+    assert rep["replay_matches_eager"] and rep["autotune_runs_during_capture"] == 0
+
+
+def test_capture_autotune_cold_is_caught(inputs):
+    # last: a failed capture is the one test here that leaves the CUDA context doing extra work
+    from kernelcamp.capture import check_capture_safety
+
+    inp = inputs["v4_flash"]
+    k = smd.SparseMLADecode(Variant("story", STORY, ("B",), is_list=True))
+    warm = {**inp, "q": inp["q"][:2], "indices": inp["indices"][:2]}  # warmed at B=2, captured at B=8
+    with pytest.raises(KernelcampError, match="autotune benchmark"):
+        check_capture_safety(k, inp, warmup_inputs=warm)
