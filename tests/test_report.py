@@ -1,0 +1,129 @@
+"""Report from fixture records (a real CPU run of 2026-11-29): markdown, plots, MLflow figures,
+CPU labelling, invalid serving levels, and the report stage's all-or-nothing behaviour."""
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kernelcamp import report as kr
+from kernelcamp.errors import KernelcampError
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "fixtures" / "report"
+
+
+def _data():
+    return kr.load_inputs({n: FIX / f"{n}.json" for n in ("build", "deploy", "benchmark", "verify")})
+
+
+def _as_gpu(data, slowdown=1.0):
+    """The fixture turned into a GPU-looking record with a planted candidate slowdown."""
+    d = copy.deepcopy(data)
+    b = d["benchmark"]
+    b.update(device="cuda", gpu="NVIDIA H200")
+    b["kernel"]["overall"] = {
+        "ratio": slowdown,
+        "ci_lo": slowdown - 0.01,
+        "ci_hi": slowdown + 0.01,
+        "n_rounds": 60,
+        "confidence": 0.95,
+    }
+    return d
+
+
+def test_cpu_report_is_labelled_and_complete(tmp_path):
+    data = _data()
+    plots = kr.make_plots(data, tmp_path / "plots")
+    assert set(plots) == {"kernel_latency", "serving_throughput", "step_model"}
+    assert all((tmp_path / "plots" / f).stat().st_size > 1000 for f in plots.values())
+    md = kr.render_markdown(data, plots, 0.02)
+    assert "**CPU run.**" in md and "(CPU interpreter timings)" in md
+    assert "**inconclusive**" in md and "95% CI [" in md and "threshold 2.0%" in md
+    assert "PRUNED on sm120" in md  # the story's BLOCK_T=32 configs, named loudly
+    for needle in ("deploy id (benchmark)", "measured_at", "kernel source hash", "step_ms = ", "Attention's measured"):
+        assert needle in md, needle
+    keys = {k for k, _, _ in kr.mlflow_points(data, 0.02)}
+    assert "kernel_cpu.ratio" in keys and not any(k.startswith("kernel.") for k in keys)
+    assert "serving.output_tok_s" in keys and "step_model.a_ms" in keys
+
+
+@pytest.mark.parametrize("ratio,expect", [(1.10, "slower"), (0.90, "faster"), (1.005, "inconclusive")])
+def test_decision_from_the_interval_and_threshold(ratio, expect):
+    d = _as_gpu(_data(), ratio)
+    assert kr.headline(d, 0.02)["decision"] == expect
+    md = kr.render_markdown(d, {}, 0.02)
+    assert f"**{expect}**" in md and "CPU run" not in md
+    pts = kr.mlflow_points(d, 0.02)
+    assert ("kernel.ratio", ratio, 0) in pts
+    steps = {s for k, _, s in pts if k == "kernel.candidate.latency_us_p50"}
+    assert steps == {int(b) for b in d["benchmark"]["kernel"]["batch"]}  # per-batch series use the step
+
+
+def test_invalid_serving_level_is_never_a_plain_number():
+    d = _data()
+    lv = d["benchmark"]["serving"]["levels"][-1]
+    lv.update(valid=False, requests_failed=2)
+    md = kr.render_markdown(d, {}, 0.02)
+    assert "INVALID" in md and "~~" in md
+    pts = kr.mlflow_points(d, 0.02)
+    assert ("serving.invalid_level", 1, lv["concurrency"]) in pts
+    assert not any(k == "serving.output_tok_s" and s == lv["concurrency"] for k, _, s in pts)
+
+
+def test_missing_or_broken_inputs_are_one_clear_error(tmp_path):
+    for n in ("build", "deploy", "verify"):
+        shutil.copy(FIX / f"{n}.json", tmp_path / f"{n}.json")
+    paths = {n: tmp_path / f"{n}.json" for n in ("build", "deploy", "benchmark", "verify")}
+    with pytest.raises(KernelcampError, match="benchmark record not found"):
+        kr.load_inputs(paths)
+    (tmp_path / "benchmark.json").write_text(json.dumps({"measured_at": "x"}))
+    with pytest.raises(KernelcampError, match="lacks"):
+        kr.load_inputs(paths)
+
+
+def _stage(tmp_path, env_extra):
+    rep = tmp_path / "reports"
+    rep.mkdir()
+    for n in ("build", "deploy", "benchmark", "verify"):
+        shutil.copy(FIX / f"{n}.json", rep / f"{n}.json")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {**os.environ, "DVC_ROOT": str(tmp_path), **env_extra}
+    if "MLFLOW_TRACKING_URI" not in env_extra:
+        env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [sys.executable, str(ROOT / "stages" / "report.py"), "--params", "params.yaml"]
+    for n in ("build", "deploy", "benchmark", "verify"):
+        cmd += [f"--{n}", f"reports/{n}.json"]
+    cmd += ["--out", "reports/report.md", "--plots", "reports/plots"]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_report_stage_writes_report_and_one_finished_run(tmp_path):
+    r = _stage(tmp_path, {})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "reports" / "report.md").exists() and (tmp_path / "reports" / "plots").is_dir()
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = c.search_runs([c.get_experiment_by_name("kernelcamp").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["decision"] == "inconclusive" and run.data.tags["device"] == "cpu"
+    assert run.data.params["variant.name"] == "bt16_w8"
+    arts = {a.path for a in c.list_artifacts(run.info.run_id, "reports")}
+    assert "reports/report.md" in arts and "reports/benchmark.json" in arts
+
+
+def test_report_stage_unreachable_server_leaves_nothing(tmp_path):
+    r = _stage(tmp_path, {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unreachable" in lines[0], r.stderr
+    assert not (tmp_path / "reports" / "report.md").exists()
+    assert not (tmp_path / "reports" / "plots").exists()
