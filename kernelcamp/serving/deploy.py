@@ -344,7 +344,7 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
                 "embedded", url, variant, vhash, khash, flags, files, 0.0, st["pid"], True, facts, log=str(log)
             )
     stop_embedded(root)
-    if not _wait_port_free(port, host, 10.0):
+    if not _wait_port_free(port, host, float(cfg.get("port_free_timeout_s", 10.0))):
         raise KernelcampError(
             f"port {port} on {host} is held by a process this deploy did not start: stop it or "
             f"set server.port (e.g. -S server.port={port + 1})"

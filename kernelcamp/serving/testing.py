@@ -129,7 +129,7 @@ class LoopbackSshd:
                 f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.dir}/host_key\n"
                 f"AuthorizedKeysFile {auth}\nPidFile {self.dir}/sshd.pid\nStrictModes no\nUsePAM no\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
-                "PermitRootLogin prohibit-password\n"
+                "PermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\n"
             )
         os.makedirs("/run/sshd", exist_ok=True)
         self.proc = subprocess.Popen(

@@ -1,0 +1,247 @@
+"""Deploy targets: embedded (stage script, restart, reuse, foreign/stale process on the port, never
+ready), command (launch with flag env, reuse, stop), ssh (against a private sshd on loopback when
+/usr/sbin/sshd exists; checksum comparison with a fake remote runner always). No test leaves a
+process or a port behind."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.io import load_params
+from kernelcamp.serving import params_variant_hash
+from kernelcamp.serving.deploy import (
+    _alive,
+    compare_checksums,
+    deploy,
+    deploy_ssh,
+    kill_group,
+    remote_sha256,
+    stop_command,
+    stop_embedded,
+)
+from kernelcamp.serving.server import FakeSpec, make_fake_app
+from kernelcamp.serving.testing import LoopbackSshd, ServerThread, free_port, port_is_free
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _procs_mentioning(text: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.fixture
+def params(tmp_path, monkeypatch):
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    p = load_params(ROOT / "params.yaml")
+    p["server"] = {**p["server"], "port": free_port(), "max_running_requests": 4}
+    p["deploy"] = {"kind": "embedded", "health_timeout_s": 90, "poll_interval_s": 0.2, "port_free_timeout_s": 1}
+    yield p
+    stop_embedded(tmp_path)
+    stop_command(tmp_path)
+    assert not _procs_mentioning(str(tmp_path)), "a server started by the test is still running"
+    assert port_is_free(p["server"]["port"])
+
+
+def test_embedded_stage_restart_and_reuse(params, tmp_path):
+    pfile, out = tmp_path / "params.yaml", tmp_path / "reports" / "deploy.json"
+    pfile.write_text(yaml.safe_dump(params))
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "deploy.py"), "--params", str(pfile), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(out.read_text())
+    assert rec["variant_hash"] == params_variant_hash(params) and rec["hash_verified"] and not rec["reused"]
+    assert rec["checksums_match"] and rec["files"][0]["sha256_local"] == rec["files"][0]["sha256_remote"]
+    assert rec["seconds_to_healthy"] > 0 and rec["url"].startswith("http://127.0.0.1:")
+    for key in ("flags", "pid", "timestamp", "deploy_id", "kernel_source_hash"):
+        assert rec[key]
+    again = deploy(params, tmp_path)  # same hash and flags: a no-op
+    assert again["reused"] and again["pid"] == rec["pid"] and again["deploy_id"] == rec["deploy_id"]
+    changed = copy.deepcopy(params)
+    changed["server"]["max_running_requests"] = 2  # other flags: the old server holds the port and is replaced
+    new = deploy(changed, tmp_path)
+    assert not new["reused"] and new["pid"] != rec["pid"] and new["variant_hash"] != rec["variant_hash"]
+    assert not _alive(rec["pid"])
+    info = httpx.get(new["url"] + "/v1/kernelcamp/info").json()
+    assert info["pid"] == new["pid"] and info["variant_hash"] == new["variant_hash"]
+
+
+def test_foreign_process_on_port_is_a_clear_error(params, tmp_path):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", params["server"]["port"]))
+        s.listen()
+        with pytest.raises(KernelcampError, match="held by a process this deploy did not start"):
+            deploy(params, tmp_path)
+
+
+def test_stale_server_answering_with_right_hash_never_passes(params, tmp_path):
+    # A process that is not ours answers on the port and even claims the right hash.
+    stale = make_fake_app(FakeSpec(variant_hash=params_variant_hash(params)))
+    with ServerThread(stale, port=params["server"]["port"]):
+        with pytest.raises(KernelcampError, match="held by a process"):
+            deploy(params, tmp_path)
+
+
+def test_never_ready_server_times_out_and_leaves_nothing(params, tmp_path):
+    params["server"]["args"] = ["--never-ready"]
+    params["deploy"]["health_timeout_s"] = 2
+    t0 = time.monotonic()
+    with pytest.raises(KernelcampError, match="not ready after 2 s") as e:
+        deploy(params, tmp_path)
+    assert "\n" not in str(e.value)
+    assert time.monotonic() - t0 < 40
+    assert not (tmp_path / ".kernelcamp" / "server.json").exists()
+    assert not _procs_mentioning(str(tmp_path))
+    assert port_is_free(params["server"]["port"])
+
+
+def test_command_target_launch_reuse_stop(params, tmp_path):
+    port = free_port()
+    params["deploy"] = {
+        "kind": "command",
+        "url": f"http://127.0.0.1:{port}",
+        "kernel_dest": str(tmp_path / "srv" / "kernel.py"),
+        "launch": f"exec {sys.executable} -m kernelcamp.cli serve --fake variant_hash=$KERNELCAMP_VARIANT_HASH "
+        f"--port {port} --log-level error  # {tmp_path}",
+        "stop": None,
+        "health_timeout_s": 60,
+        "poll_interval_s": 0.2,
+    }
+    rec = deploy(params, tmp_path)
+    assert rec["hash_verified"] and rec["checksums_match"] and not rec["reused"]
+    assert (
+        Path(params["deploy"]["kernel_dest"]).read_bytes() == (ROOT / "kernels" / "sparse_mla_decode.py").read_bytes()
+    )
+    assert deploy(params, tmp_path)["reused"]
+    assert stop_command(tmp_path)
+    assert port_is_free(port)
+
+
+class LocalRunner:
+    """A fake remote: runs commands with bash locally; ``corrupt`` flips the copy of one file."""
+
+    def __init__(self, corrupt: str | None = None):
+        self.corrupt = corrupt
+
+    def run(self, cmd):
+        return subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
+
+    def put(self, local, remote):
+        shutil.copyfile(local, remote)
+        if self.corrupt and remote.endswith(self.corrupt):
+            with open(remote, "ab") as f:
+                f.write(b"# tampered\n")
+        return subprocess.CompletedProcess([], 0, "", "")
+
+
+def test_checksum_mismatch_with_fake_remote(params, tmp_path):
+    params["deploy"] = {
+        "kind": "ssh",
+        "host": "fake",
+        "remote_dir": str(tmp_path / "remote"),
+        "restart": "true",
+        "url": "http://127.0.0.1:9",
+        "health_timeout_s": 1,
+    }
+    with pytest.raises(KernelcampError, match="checksum mismatch for sparse_mla_decode.py"):
+        deploy_ssh(params, tmp_path, runner=LocalRunner(corrupt="sparse_mla_decode.py"))
+    sums = remote_sha256(LocalRunner(), str(tmp_path / "remote"), ["variant.json"])
+    assert len(sums["variant.json"]) == 64
+    with pytest.raises(KernelcampError, match="missing"):
+        compare_checksums({"a": "1" * 64}, {})
+
+
+needs_sshd = pytest.mark.skipif(
+    not LoopbackSshd.available(), reason="no /usr/sbin/sshd (apt-get install openssh-server)"
+)
+
+
+def _ssh_params(params, tmp_path, sshd, port):
+    params["deploy"] = {
+        "kind": "ssh",
+        "host": "127.0.0.1",
+        "port": sshd.port,
+        "user": sshd.user,
+        "identity_file": sshd.identity_file,
+        "ssh_options": sshd.options,
+        "remote_dir": str(tmp_path / "remote"),
+        "url": f"http://127.0.0.1:{port}",
+        "restart": f"PYTHONPATH={ROOT} setsid nohup {sys.executable} -m kernelcamp.cli serve --fake "
+        f"variant_hash=$KERNELCAMP_VARIANT_HASH --port {port} --log-level error > server.log 2>&1 "
+        "< /dev/null &",
+        "health_timeout_s": 60,
+        "poll_interval_s": 0.2,
+    }
+    return params
+
+
+def _stop_port(port):
+    try:
+        pid = httpx.get(f"http://127.0.0.1:{port}/v1/kernelcamp/info", timeout=5).json()["pid"]
+    except httpx.HTTPError:
+        return
+    kill_group(pid, None, grace_s=5)
+
+
+@needs_sshd
+def test_ssh_deploy_over_loopback_sshd(params, tmp_path):
+    port = free_port()
+    with LoopbackSshd(str(tmp_path / "sshd")) as sshd:
+        p = _ssh_params(params, tmp_path, sshd, port)
+        try:
+            rec = deploy(p, tmp_path)
+            assert rec["checksums_match"] and rec["hash_verified"] and not rec["reused"]
+            assert {f["path"] for f in rec["files"]} == {"sparse_mla_decode.py", "variant.json"}
+            assert all(len(f["sha256_remote"]) == 64 for f in rec["files"])
+            assert deploy(p, tmp_path)["reused"]
+        finally:
+            _stop_port(port)
+    assert port_is_free(port)
+
+
+@needs_sshd
+def test_ssh_checksum_mismatch_over_loopback_sshd(params, tmp_path, monkeypatch):
+    from kernelcamp.serving import deploy as dep
+
+    real_put = dep.SshRunner.put
+
+    def tampering_put(self, local, remote):
+        r = real_put(self, local, remote)
+        if remote.endswith("sparse_mla_decode.py"):  # the remote copy changes after the transfer
+            with open(remote, "ab") as f:
+                f.write(b"# tampered\n")
+        return r
+
+    monkeypatch.setattr(dep.SshRunner, "put", tampering_put)
+    port = free_port()
+    with LoopbackSshd(str(tmp_path / "sshd")) as sshd:
+        with pytest.raises(KernelcampError, match="checksum mismatch for sparse_mla_decode.py"):
+            deploy(_ssh_params(params, tmp_path, sshd, port), tmp_path)
+    assert port_is_free(port)  # restart never ran
