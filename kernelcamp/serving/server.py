@@ -177,7 +177,17 @@ class Engine:
             "decode_steps": 0,
             "prefills": 0,
         }
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelcamp-model")
+        dev = getattr(model, "device", None)
+
+        def _init_thread() -> None:  # Triton launches on the thread's current device
+            if dev is not None and dev.type == "cuda":
+                import torch
+
+                torch.cuda.set_device(dev)
+
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="kernelcamp-model", initializer=_init_thread
+        )
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.error: str | None = None
