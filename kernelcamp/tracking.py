@@ -9,7 +9,7 @@ store go to ``$DVC_ROOT/mlartifacts/`` for the same reason. Open it with
 Reliability (DESIGN.md, reliability contract):
 
 * Several processes opening a fresh SQLite store at once can break it for good, so the store is
-  created and migrated once under an exclusive ``fcntl`` lock on ``mlflow.db.lock``, and every
+  created and migrated once under an exclusive ``fcntl`` lock on ``mlflow.db-lock``, and every
   write we make to a SQLite store takes the same lock (writes are short: runs log at the end).
 * MLflow marks a crashed run FINISHED and leaves a killed one RUNNING. ``tracked_run`` ends a run
   FINISHED only when its block completes, FAILED on any exception or non-zero ``SystemExit`` (the
@@ -80,13 +80,13 @@ def _sqlite_path(uri: str) -> Path | None:
 
 @contextlib.contextmanager
 def store_lock(uri: str) -> Iterator[None]:
-    """Exclusive ``fcntl`` lock beside a SQLite store (``<db>.lock``); a no-op for servers."""
+    """Exclusive ``fcntl`` lock beside a SQLite store (``<db>-lock``); a no-op for servers."""
     db = _sqlite_path(uri)
     if db is None:
         yield
         return
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(db) + ".lock", "a+") as f:
+    with open(str(db) + "-lock", "a+") as f:  # matches .gitignore's /mlflow.db-*
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield

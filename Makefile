@@ -1,0 +1,37 @@
+# An index of commands; each target is one line you could type yourself. `make help` lists them.
+PY ?= python
+
+.PHONY: help run test test-gpu params check-params lint format queue ui clean-server
+
+help:  ## list the commands
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+
+run:  ## install, then run the pipeline on the default conf (dvc exp run)
+	$(PY) -m pip install -e . && dvc exp run
+
+test:  ## install with test extras, then run the CPU tests
+	$(PY) -m pip install -e '.[test]' && $(PY) -m pytest
+
+test-gpu:  ## run the GPU tests (on a machine with a CUDA GPU)
+	$(PY) -m pytest -m gpu
+
+params:  ## recompose params.yaml from conf/ exactly as dvc exp run does (commit the result)
+	$(PY) -m kernelcamp.compose
+
+check-params:  ## fail when the committed params.yaml differs from conf/
+	$(PY) -m kernelcamp.compose --check
+
+lint:  ## ruff lint and format check, whole tree
+	ruff check . && ruff format --check .
+
+format:  ## ruff format, whole tree
+	ruff format .
+
+queue:  ## run queued experiments (dvc exp run --queue ...)
+	dvc queue start && dvc queue status
+
+ui:  ## open the MLflow UI on the workspace store
+	mlflow ui --backend-store-uri sqlite:///mlflow.db
+
+clean-server:  ## stop the embedded server this workspace started
+	$(PY) stages/deploy.py --stop
