@@ -121,3 +121,12 @@ def test_sweep_refuses_no_gpu_and_repeated_gpu(tmp_path: Path) -> None:
         sweep.run_sweep(tmp_path, [])
     with pytest.raises(KernelcampError, match="once"):
         sweep.run_sweep(tmp_path, ["0", "0"])
+
+
+def test_embedded_deploy_state_is_per_worker_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelcamp.serving.deploy import state_dir
+
+    monkeypatch.delenv(sweep.SLOT_ENV, raising=False)
+    assert state_dir(tmp_path) == tmp_path / ".kernelcamp"
+    monkeypatch.setenv(sweep.SLOT_ENV, "1")
+    assert state_dir(tmp_path) == tmp_path / ".kernelcamp" / "slot1", "workers must not stop each other's servers"

@@ -45,6 +45,7 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.io import write_json_atomic, write_text_atomic
 from kernelcamp.provenance import dvc_root, now_utc, sha256_file
 from kernelcamp.serving import INFO_PATH, kernel_module_path, kernel_source_hash, server_flags, variant_hash
+from kernelcamp.sweep import worker_port, worker_slot
 from kernelcamp.variant import parse_variant
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -52,9 +53,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # ---- common ------------------------------------------------------------------------------------------
 def state_dir(root: str | Path | None = None) -> Path:
-    """``$DVC_ROOT/.kernelcamp`` (the real workspace, also for queued experiments)."""
-    d = Path(root) if root is not None else dvc_root()
-    return d / ".kernelcamp"
+    """``$DVC_ROOT/.kernelcamp`` (the real workspace, also for queued experiments); a sweep worker in
+    slot N > 0 (``kernelcamp sweep``) keeps its own state in ``.kernelcamp/slotN`` so that parallel
+    workers never stop each other's servers."""
+    d = (Path(root) if root is not None else dvc_root()) / ".kernelcamp"
+    slot = worker_slot()
+    return d / f"slot{slot}" if slot else d
 
 
 def flag_env(flags: dict[str, Any], vhash: str) -> dict[str, str]:
@@ -317,7 +321,7 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
     server = params.get("server") or {}
     variant, khash, flags, vhash, kpath = _variant_facts(params)
     host = server.get("host") or "127.0.0.1"
-    port = int(server.get("port", 8765))
+    port = worker_port(int(server.get("port", 8765)))
     url = f"http://{host}:{port}"
     sdir = state_dir(root)
     sdir.mkdir(parents=True, exist_ok=True)
