@@ -334,7 +334,7 @@ def main() -> int:
         **{f"b{s['batch']}": {k_: v for k_, v in s.items() if k_ not in ("batch", "device")} for s in summary},
     }
     if serving.get("step_model"):
-        metrics["step_model"] = serving["step_model"]
+        metrics["step_model"] = {k_: serving["step_model"].get(k_) for k_ in ("a_ms", "b_ms_per_req", "r2")}
     write_csv_atomic(args.latency_csv, rows)
     write_csv_atomic(args.summary_csv, summary)
     write_csv_atomic(
