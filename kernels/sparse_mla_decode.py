@@ -251,34 +251,45 @@ def _sparse_mla_split_kernel(
         page_base = (tok // PAGE_SIZE) * PAGE_BYTES
         row = tok % PAGE_SIZE
         row_base = tl.multiple_of(page_base + row * TOKEN_ROW, 16)
+        # The fp8 values are loaded as [BLOCK_T, groups, group size] so that each row's few scales are
+        # loaded once and broadcast (a per-value scale gather cost registers and spills: 255 regs, up to
+        # 432 B stack for V3.2 on sm90 before this), then merged into the [BLOCK_T, 512] main tile.
         if LAYOUT == 0:
-            fp8 = tl.load(kv_u8_ptr + row_base[:, None] + offs_d[None, :], mask=valid[:, None], other=0)
+            offs_g = tl.arange(0, 4)
+            offs_e = tl.arange(0, 128)
+            col3 = offs_g[None, :, None] * 128 + offs_e[None, None, :]
+            fp8 = tl.load(kv_u8_ptr + row_base[:, None, None] + col3, mask=valid[:, None, None], other=0)
             scale = tl.load(
-                kv_f32_ptr + (row_base[:, None] + 512) // 4 + offs_d[None, :] // 128, mask=valid[:, None], other=0.0
+                kv_f32_ptr + (row_base[:, None] + 512) // 4 + offs_g[None, :], mask=valid[:, None], other=0.0
             )
-            k_main = (fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale).to(DOT_DTYPE)
+            k3 = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, :, None]
+            k_main = tl.reshape(k3, (BLOCK_T, D)).to(DOT_DTYPE)
             k_rope = tl.load(
                 kv_bf16_ptr + (row_base[:, None] + 528) // 2 + offs_r[None, :], mask=valid[:, None], other=0.0
             ).to(DOT_DTYPE)
         else:
-            is_fp8 = offs_d < 448
+            offs_g = tl.arange(0, 8)  # 7 fp8 groups of 64, then the 64 rope values as group 7
+            offs_e = tl.arange(0, 64)
+            is_fp8 = offs_g < 7
+            col3 = offs_g[None, :, None] * 64 + offs_e[None, None, :]
             fp8 = tl.load(
-                kv_u8_ptr + row_base[:, None] + offs_d[None, :], mask=valid[:, None] & is_fp8[None, :], other=0
+                kv_u8_ptr + row_base[:, None, None] + col3, mask=valid[:, None, None] & is_fp8[None, :, None], other=0
             )
             e8 = tl.load(
-                kv_u8_ptr + (page_base + PAGE_SIZE * 576 + row * 8)[:, None] + offs_d[None, :] // 64,
+                kv_u8_ptr + (page_base + PAGE_SIZE * 576 + row * 8)[:, None] + offs_g[None, :],
                 mask=valid[:, None] & is_fp8[None, :],
                 other=0,
             )
             scale = (e8.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # 2^(e-127), exact
             rope = tl.load(
-                kv_bf16_ptr + (row_base[:, None] + 448) // 2 + (offs_d[None, :] - 448),
-                mask=valid[:, None] & (offs_d[None, :] >= 448),
-                other=0.0,
+                kv_bf16_ptr + (row_base[:, None] + 448) // 2 + offs_e[None, :], mask=valid[:, None], other=0.0
             )
-            k_main = tl.where(
-                is_fp8[None, :], fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale, rope.to(tl.float32)
-            ).to(DOT_DTYPE)
+            k3 = tl.where(
+                is_fp8[None, :, None],
+                fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, :, None],
+                rope.to(tl.float32)[:, None, :],
+            )
+            k_main = tl.reshape(k3, (BLOCK_T, D)).to(DOT_DTYPE)
 
         qk = tl.dot(q_main, tl.trans(k_main))
         if LAYOUT == 0:
