@@ -127,8 +127,10 @@ LN2 = 0.6931471805599453
 # num_splits="auto": split the top-k range until the grid has about one program per SM, keeping at
 # least AUTO_MIN_TILES BLOCK_T tiles per split and at most AUTO_MAX_SPLITS splits (bounded partial
 # buffers). Rule: splits = clamp(num_sms // (B * cdiv(H, BLOCK_H)), 1, min(AUTO_MAX_SPLITS,
-# tiles // AUTO_MIN_TILES)). Chosen on the H200 sweep recorded in reports/kernel_bench/ (see there).
-AUTO_MIN_TILES = 4
+# tiles // AUTO_MIN_TILES)). Measured on the H200 (reports/kernel_bench/, commit 971a9ff): V4-Flash
+# B=1 T16_H16_w4_s2 with 32 splits (1 tile each) 11.4 us vs 18.9 us with 8 (the old cap of 4 tiles
+# per split), so AUTO_MIN_TILES is 1. At B >= 32 the rule gives 1-4 splits (not swept further).
+AUTO_MIN_TILES = 1
 AUTO_MAX_SPLITS = 32
 DEFAULT_NUM_SMS = 132  # H200; used only when no GPU is present (interpreter runs)
 

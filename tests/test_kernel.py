@@ -166,7 +166,8 @@ def test_auto_splits_rule():
     # one program per SM at small batch, 1 split once the grid fills the GPU
     assert smd.resolve_num_splits("auto", 1, 128, 2048, 16, 16, 132) == 16
     assert smd.resolve_num_splits("auto", 128, 128, 2048, 16, 16, 132) == 1
-    assert smd.resolve_num_splits("auto", 1, 64, 512, 16, 16, 132) == 8  # capped: >= 4 tiles per split
+    assert smd.resolve_num_splits("auto", 1, 64, 512, 16, 16, 132) == 32  # capped at 32 tiles / AUTO_MAX_SPLITS
+    assert smd.resolve_num_splits("auto", 1, 64, 64, 16, 16, 132) == 4  # never more splits than tiles
     assert smd.resolve_num_splits(100, 1, 16, 40, 16, 16) == 3  # never more splits than tiles
 
 
