@@ -142,6 +142,27 @@ def stop_workers(workers: list[Worker], grace_s: float = 10.0) -> None:
             w.proc.wait()
 
 
+def prepare_tracking_store(repo_root: Path) -> None:
+    """Create and migrate the MLflow store of ``repo_root`` once, before any worker starts.
+
+    Raises ``KernelcampError`` when the store cannot be opened or its server is unreachable.
+    """
+    from kernelcamp import tracking
+    from kernelcamp.io import load_params
+
+    params_path = repo_root / "params.yaml"
+    params = load_params(params_path) if params_path.exists() else {}
+    old = os.environ.get("DVC_ROOT")
+    os.environ["DVC_ROOT"] = str(repo_root)
+    try:
+        tracking.ensure_store(params)
+    finally:
+        if old is None:
+            os.environ.pop("DVC_ROOT", None)
+        else:
+            os.environ["DVC_ROOT"] = old
+
+
 def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) -> int:
     """Drain the DVC queue with one worker per GPU; return 0 if every worker exited cleanly.
 
@@ -152,14 +173,7 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
     if len(set(gpus)) != len(gpus):
         raise KernelcampError(f"--gpus {','.join(gpus)}: each GPU may appear once (one worker per GPU)")
     # Create the tracking store once, before any worker (DESIGN.md: concurrent creation can break it).
-    try:
-        from kernelcamp import tracking
-
-        prepare = getattr(tracking, "prepare_store", None)
-        if prepare is not None:
-            prepare()
-    except ImportError:
-        pass
+    prepare_tracking_store(repo_root)
     n = queued_count(repo_root)
     log(f"sweep: {n} queued experiment(s), {len(gpus)} worker(s) on GPU(s) {', '.join(gpus)}")
     log_dir = repo_root / ".dvc" / "tmp" / "kernelcamp-sweep"

@@ -27,6 +27,7 @@ from kernelcamp import inspect as ki  # noqa: E402
 from kernelcamp.errors import KernelcampError  # noqa: E402
 from kernelcamp.io import load_params, section, stage_main, write_json_atomic  # noqa: E402
 from kernelcamp.targets import load_target  # noqa: E402
+from kernelcamp.tracking import tracked_stage  # noqa: E402
 from kernelcamp.variant import Variant, parse_variant  # noqa: E402
 
 
@@ -72,7 +73,11 @@ def main() -> int:
     if params.get("baseline"):
         variants["baseline"] = parse_variant(params["baseline"], "baseline")
     target = load_target(section(params, "target"))
-    also = [load_target(name) for name in ((params.get("build") or {}).get("also_targets") or [])]
+    also_names = list((params.get("build") or {}).get("also_targets") or [])
+    run_as = (params.get("benchmark") or {}).get("run_as_target")
+    if run_as and run_as not in also_names:
+        also_names.append(run_as)  # benchmark restricts the variants to what this target keeps
+    also = [load_target(name) for name in also_names]
     kernel = section(params, "kernel")
     module = ki.kernel_module(kernel)
     specs_for = ki.specs_for_workload(module, section(params, "workload"), kernel.get("dot_dtype", "bf16"))
@@ -102,4 +107,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    stage_main(main)
+    stage_main(tracked_stage("build")(main))

@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
 from kernelcamp.io import load_params, section, stage_main, write_json_atomic  # noqa: E402
 from kernelcamp.provenance import git_info  # noqa: E402
 from kernelcamp.serving.deploy import deploy, stop_command, stop_embedded  # noqa: E402
+from kernelcamp.tracking import tracked_stage  # noqa: E402
 
 
 def summary_line(rec: dict) -> str:
@@ -66,4 +67,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    stage_main(main)
+    stage_main(tracked_stage("deploy")(main))

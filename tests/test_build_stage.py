@@ -22,7 +22,9 @@ def cache_root(tmp_path_factory) -> Path:
 def run_build(params: dict, tmp_path: Path, cache_root: Path) -> tuple[subprocess.CompletedProcess, Path, Path]:
     pfile, out, met = tmp_path / "params.yaml", tmp_path / "reports" / "build.json", tmp_path / "reports" / "m.json"
     pfile.write_text(yaml.safe_dump(params))
-    env = {**os.environ, "KERNELCAMP_CACHE_DIR": str(cache_root)}
+    # DVC_ROOT: the tracking store (a failure is recorded there) lives in the test's folder.
+    env = {**os.environ, "KERNELCAMP_CACHE_DIR": str(cache_root), "DVC_ROOT": str(tmp_path)}
+    env.pop("MLFLOW_TRACKING_URI", None)
     cmd = [sys.executable, str(ROOT / "stages" / "build.py"), "--params", str(pfile), "--out", str(out)]
     r = subprocess.run([*cmd, "--metrics", str(met)], env=env, capture_output=True, text=True, cwd=ROOT)
     return r, out, met
@@ -70,3 +72,14 @@ def test_build_no_fit_exits_2_with_one_line(tmp_path, cache_root):
     assert len(errors) == 1 and "fits tiny" in errors[0] and "Traceback" not in r.stderr
     rep = json.loads(out.read_text())  # the report is still written, naming why
     assert rep["roles"]["variant"]["n_fit"] == 0 and len(rep["roles"]["variant"]["pruned"]) == 3
+
+
+def test_build_also_inspects_the_run_as_target(tmp_path, cache_root):
+    params = base_params()
+    params["build"] = {"also_targets": []}
+    params["benchmark"] = {**(params.get("benchmark") or {}), "run_as_target": "sm120"}
+    r, out, _ = run_build(params, tmp_path, cache_root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert rep["also_targets"] == ["sm120"], "benchmark.run_as_target needs build rows for that target"
+    assert {row["target"] for row in rep["rows"]} == {"sm90", "sm120"}
