@@ -1,5 +1,8 @@
 # An index of commands; each target is one line you could type yourself. `make help` lists them.
 PY ?= python
+# On a machine without an NVIDIA GPU, install the tested CPU pins (torch 2.13.0 CPU build, Triton
+# 3.6.0, numpy 2.3.5: Triton 3.6's interpreter breaks with numpy >= 2.4); a GPU machine keeps its own torch.
+PIP_PINS ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo "-c .ci/constraints.txt")
 
 .PHONY: help run test test-gpu params check-params lint format queue ui clean-server
 
@@ -7,10 +10,10 @@ help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 run:  ## install, then run the pipeline on the default conf (dvc exp run)
-	$(PY) -m pip install -e . && dvc exp run
+	$(PY) -m pip install $(PIP_PINS) -e . && dvc exp run
 
 test:  ## install with test extras, then run the CPU tests
-	$(PY) -m pip install -e '.[test]' && $(PY) -m pytest
+	$(PY) -m pip install $(PIP_PINS) -e '.[test]' && $(PY) -m pytest
 
 test-gpu:  ## run the GPU tests (on a machine with a CUDA GPU)
 	$(PY) -m pytest -m gpu
