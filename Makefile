@@ -4,7 +4,7 @@ PY ?= python
 # 3.6.0, numpy 2.3.5: Triton 3.6's interpreter breaks with numpy >= 2.4); a GPU machine keeps its own torch.
 PIP_PINS ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo "-c .ci/constraints.txt")
 
-.PHONY: help run test test-gpu params check-params lint format queue ui clean-server
+.PHONY: help run test test-gpu params check-params lint format queue sweep campaign ui clean-server
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -32,6 +32,12 @@ format:  ## ruff format, whole tree
 
 queue:  ## run queued experiments (dvc exp run --queue ...)
 	dvc queue start && dvc queue status
+
+sweep:  ## run queued experiments with one worker pinned to each GPU
+	kernelcamp sweep
+
+campaign:  ## reproduce the warp-occupancy campaign on a GPU (reports/campaigns/warp_occupancy/)
+	bash benchmarks/campaign.sh
 
 ui:  ## open the MLflow UI on the workspace store
 	mlflow ui --backend-store-uri sqlite:///mlflow.db
