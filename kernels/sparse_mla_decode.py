@@ -28,9 +28,12 @@ loads a ``BLOCK_H x d_qk`` query tile, walks its share of the top-k slots in ``B
 gathers the fp8 rows by index (page = idx // page_size), dequantizes them with the layout's scales
 into the dot dtype, computes ``q . k^T`` with ``tl.dot`` (fp32 accumulate), runs an online softmax in
 base 2 (``sm_scale * log2(e)`` folded into one multiply) and accumulates ``p . v`` where v is the
-same dequantized tile (MLA shares the latent between K and V). Both layouts go through one
-512-wide "main" tile: V3.2's 512 fp8 values (its 64 rope values are a second, 64-wide dot), V4's 448
-fp8 values followed by its 64 rope values (so V4's V is the whole main tile). With one split the
+same dequantized tile (MLA shares the latent between K and V). V4 goes through one 512-wide "main"
+tile: its 448 fp8 values, dequantized, followed by its 64 rope values (so V4's V is the whole main
+tile). V3.2 (``_sparse_mla_v32_loop``) applies its 4 fp32 group scales to the scores and to P instead
+of to K (FlashMLA style): four 128-wide raw-fp8 dots plus the 64-wide rope dot for the scores, and
+four [BLOCK_H, 128] output accumulators (out_g += (P * scale_g) . k8_g); this removed the sm90
+spills of the BLOCK_H = 64 configs (benchmarks/KERNEL_TUNING.md). With one split the
 kernel writes the final bf16 output and LSE itself; with more it writes fp32 partial outputs and
 base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale.
 
@@ -183,6 +186,105 @@ def _triton_config(c: LaunchConfig) -> triton.Config:
 # Kernels
 
 
+@triton.jit
+def _store_rows(
+    out_ptr, part_out_ptr, bh, part, col0, o, mask_h, n_splits, D: tl.constexpr, W: tl.constexpr
+):
+    # one W-wide column slice [col0, col0 + W) of the final (bf16) or partial (fp32) output rows
+    offs = col0 + tl.arange(0, W)
+    if n_splits == 1:
+        tl.store(out_ptr + bh[:, None] * D + offs[None, :], o.to(out_ptr.dtype.element_ty), mask=mask_h[:, None])
+    else:
+        tl.store(part_out_ptr + part[:, None] * D + offs[None, :], o, mask=mask_h[:, None])
+
+
+@triton.jit
+def _sparse_mla_v32_loop(
+    q_row_ptrs, mask_h, offs_h, kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr,
+    part_out_ptr, part_lse_ptr, pid_b, pid_s, n_splits, H, topk, max_splits, sm_scale_log2, stride_ib,
+    PAGE_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    # DeepSeek-V3.2 body of _sparse_mla_split_kernel. The 4 fp32 scales (one per 128 values) are
+    # applied to the scores and to P, not to K (FlashMLA style):
+    #   s[h, t]     = sum_g scale_g[t] * (q_g[h] . k8_g[t]) + q_rope[h] . k_rope[t]
+    #   out_g[h, :] = sum_t (p[h, t] * scale_g[t]) * k8_g[t, :]
+    # so each 128-wide fp8 group goes raw fp8 -> dot dtype (exact) into its own dot, and the output
+    # is 4 [BLOCK_H, 128] accumulators. No per-value multiply and no 512-wide fp32 K tile (the 512-wide
+    # version spilled at BLOCK_H = 64 on sm90).
+    D: tl.constexpr = 512
+    G: tl.constexpr = 128
+    ROPE: tl.constexpr = 64
+    PAGE_BYTES: tl.constexpr = PAGE_SIZE * 656
+    offs_e = tl.arange(0, G)
+    offs_r = tl.arange(0, ROPE)
+    q0 = tl.load(q_row_ptrs + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    q1 = tl.load(q_row_ptrs + G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    q2 = tl.load(q_row_ptrs + 2 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    q3 = tl.load(q_row_ptrs + 3 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    q_rope = tl.load(q_row_ptrs + D + offs_r[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+
+    tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_T), n_splits)
+    t_start = pid_s * tiles_per_split * BLOCK_T
+    t_end = tl.minimum(t_start + tiles_per_split * BLOCK_T, topk)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, G], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, G], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, G], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, G], tl.float32)
+    for t0 in range(t_start, t_end, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        idx = tl.load(idx_ptr + pid_b.to(tl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
+        valid = idx >= 0
+        tok = tl.where(valid, idx, 0).to(tl.int64)
+        row_base = tl.multiple_of((tok // PAGE_SIZE) * PAGE_BYTES + (tok % PAGE_SIZE) * 656, 16)
+        rows = kv_u8_ptr + row_base[:, None] + offs_e[None, :]
+        k0 = tl.load(rows, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
+        k1 = tl.load(rows + G, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
+        k2 = tl.load(rows + 2 * G, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
+        k3 = tl.load(rows + 3 * G, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
+        k_rope = tl.load(
+            kv_bf16_ptr + (row_base[:, None] + 528) // 2 + offs_r[None, :], mask=valid[:, None], other=0.0
+        ).to(DOT_DTYPE)
+        sc_ptr = kv_f32_ptr + (row_base + 512) // 4
+        sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
+        sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
+        sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
+        sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
+
+        qk = tl.dot(q_rope, tl.trans(k_rope))
+        qk += tl.dot(q0, tl.trans(k0)) * sc0[None, :]
+        qk += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
+        qk += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
+        qk += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
+        s = tl.where(valid[None, :], qk * sm_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc0 = tl.dot((p * sc0[None, :]).to(DOT_DTYPE), k0, acc0 * alpha[:, None])
+        acc1 = tl.dot((p * sc1[None, :]).to(DOT_DTYPE), k1, acc1 * alpha[:, None])
+        acc2 = tl.dot((p * sc2[None, :]).to(DOT_DTYPE), k2, acc2 * alpha[:, None])
+        acc3 = tl.dot((p * sc3[None, :]).to(DOT_DTYPE), k3, acc3 * alpha[:, None])
+        m_i = m_new
+
+    has = l_i > 0.0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    bh = pid_b.to(tl.int64) * H + offs_h
+    part = bh * max_splits + pid_s
+    _store_rows(out_ptr, part_out_ptr, bh, part, 0, acc0 * inv_l[:, None], mask_h, n_splits, D, G)
+    _store_rows(out_ptr, part_out_ptr, bh, part, G, acc1 * inv_l[:, None], mask_h, n_splits, D, G)
+    _store_rows(out_ptr, part_out_ptr, bh, part, 2 * G, acc2 * inv_l[:, None], mask_h, n_splits, D, G)
+    _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G, acc3 * inv_l[:, None], mask_h, n_splits, D, G)
+    if n_splits == 1:
+        tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_h)
+    else:
+        tl.store(part_lse_ptr + part, lse2, mask=mask_h)
+
+
 # Sizes are not specialized (B == 1, max_splits == 1 would each compile another binary): one binary per
 # config and layout keeps warm-up short and the compile inspector's binary the one that runs.
 @triton.jit(do_not_specialize=["B", "H", "topk", "max_splits"])
@@ -234,42 +336,33 @@ def _sparse_mla_split_kernel(
     offs_d = tl.arange(0, D)
     offs_r = tl.arange(0, ROPE)
     q_row_ptrs = q_ptr + pid_b.to(tl.int64) * stride_qb + offs_h[:, None] * stride_qh
-    q_main = tl.load(q_row_ptrs + offs_d[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
     if LAYOUT == 0:
-        q_rope = tl.load(q_row_ptrs + D + offs_r[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+        _sparse_mla_v32_loop(
+            q_row_ptrs, mask_h, offs_h, kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr,
+            part_out_ptr, part_lse_ptr, pid_b, pid_s, n_splits, H, topk, max_splits, sm_scale_log2, stride_ib,
+            PAGE_SIZE, DOT_DTYPE, BLOCK_T, BLOCK_H,
+        )
+    else:
+        q_main = tl.load(q_row_ptrs + offs_d[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
 
-    tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_T), n_splits)
-    t_start = pid_s * tiles_per_split * BLOCK_T
-    t_end = tl.minimum(t_start + tiles_per_split * BLOCK_T, topk)
+        tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_T), n_splits)
+        t_start = pid_s * tiles_per_split * BLOCK_T
+        t_end = tl.minimum(t_start + tiles_per_split * BLOCK_T, topk)
 
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, D], tl.float32)
-    for t0 in range(t_start, t_end, BLOCK_T):
-        offs_t = t0 + tl.arange(0, BLOCK_T)
-        idx = tl.load(idx_ptr + pid_b.to(tl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
-        valid = idx >= 0
-        tok = tl.where(valid, idx, 0).to(tl.int64)
-        page_base = (tok // PAGE_SIZE) * PAGE_BYTES
-        row = tok % PAGE_SIZE
-        row_base = tl.multiple_of(page_base + row * TOKEN_ROW, 16)
-        # The fp8 values are loaded as [BLOCK_T, groups, group size] so that each row's few scales are
-        # loaded once and broadcast (a per-value scale gather cost registers and spills: 255 regs, up to
-        # 432 B stack for V3.2 on sm90 before this), then merged into the [BLOCK_T, 512] main tile.
-        if LAYOUT == 0:
-            offs_g = tl.arange(0, 4)
-            offs_e = tl.arange(0, 128)
-            col3 = offs_g[None, :, None] * 128 + offs_e[None, None, :]
-            fp8 = tl.load(kv_u8_ptr + row_base[:, None, None] + col3, mask=valid[:, None, None], other=0)
-            scale = tl.load(
-                kv_f32_ptr + (row_base[:, None] + 512) // 4 + offs_g[None, :], mask=valid[:, None], other=0.0
-            )
-            k3 = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, :, None]
-            k_main = tl.reshape(k3, (BLOCK_T, D)).to(DOT_DTYPE)
-            k_rope = tl.load(
-                kv_bf16_ptr + (row_base[:, None] + 528) // 2 + offs_r[None, :], mask=valid[:, None], other=0.0
-            ).to(DOT_DTYPE)
-        else:
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, D], tl.float32)
+        for t0 in range(t_start, t_end, BLOCK_T):
+            offs_t = t0 + tl.arange(0, BLOCK_T)
+            idx = tl.load(idx_ptr + pid_b.to(tl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
+            valid = idx >= 0
+            tok = tl.where(valid, idx, 0).to(tl.int64)
+            page_base = (tok // PAGE_SIZE) * PAGE_BYTES
+            row = tok % PAGE_SIZE
+            row_base = tl.multiple_of(page_base + row * TOKEN_ROW, 16)
+            # V4: the fp8 values are loaded as [BLOCK_T, groups, group size] so that each row's few
+            # scales are loaded once and broadcast, then merged with the rope values into the
+            # [BLOCK_T, 512] main tile (K = V).
             offs_g = tl.arange(0, 8)  # 7 fp8 groups of 64, then the 64 rope values as group 7
             offs_e = tl.arange(0, 64)
             is_fp8 = offs_g < 7
@@ -293,29 +386,27 @@ def _sparse_mla_split_kernel(
             )
             k_main = tl.reshape(k3, (BLOCK_T, D)).to(DOT_DTYPE)
 
-        qk = tl.dot(q_main, tl.trans(k_main))
-        if LAYOUT == 0:
-            qk = tl.dot(q_rope, tl.trans(k_rope), qk)
-        s = tl.where(valid[None, :], qk * sm_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(DOT_DTYPE), k_main, acc * alpha[:, None])
-        m_i = m_new
+            qk = tl.dot(q_main, tl.trans(k_main))
+            s = tl.where(valid[None, :], qk * sm_scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(DOT_DTYPE), k_main, acc * alpha[:, None])
+            m_i = m_new
 
-    has = l_i > 0.0
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    bh = pid_b.to(tl.int64) * H + offs_h
-    if n_splits == 1:
-        tl.store(out_ptr + bh[:, None] * D + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=mask_h[:, None])
-        tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_h)
-    else:
-        part = bh * max_splits + pid_s
-        tl.store(part_out_ptr + part[:, None] * D + offs_d[None, :], o, mask=mask_h[:, None])
-        tl.store(part_lse_ptr + part, lse2, mask=mask_h)
+        has = l_i > 0.0
+        o = acc / tl.where(has, l_i, 1.0)[:, None]
+        lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        bh = pid_b.to(tl.int64) * H + offs_h
+        if n_splits == 1:
+            tl.store(out_ptr + bh[:, None] * D + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=mask_h[:, None])
+            tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_h)
+        else:
+            part = bh * max_splits + pid_s
+            tl.store(part_out_ptr + part[:, None] * D + offs_d[None, :], o, mask=mask_h[:, None])
+            tl.store(part_lse_ptr + part, lse2, mask=mask_h)
 
 
 @triton.jit

@@ -1,0 +1,100 @@
+"""Compile-time figures of the split-K kernel for sm90 (cross-compiled, no GPU): registers, spills,
+shared bytes and SASS instruction counts (whole kernel and the main loop body).
+
+    env -u TRITON_INTERPRET python benchmarks/compile_figures.py [--arch 90] [--dump DIR]
+
+The "loop" count is the number of SASS instructions between the first and last instruction of the
+largest backward branch (the top-k tile loop); a proxy only, not a timing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from kernelcamp.inspect import read_cubin, tool_path  # noqa: E402
+from kernelcamp.variant import LaunchConfig  # noqa: E402
+from kernels.sparse_mla_decode import compile_specs  # noqa: E402
+
+CONFIGS = ["T32_H64_w8_s1", "T16_H64_w8_s1", "T32_H16_w8_s2", "T16_H16_w4_s2"]
+SHAPES = [("v32", "deepseek_v32", 128, 2048), ("v4", "deepseek_v4", 64, 512), ("v32_tp8", "deepseek_v32", 16, 2048)]
+
+
+def parse(label: str) -> LaunchConfig:
+    m = re.fullmatch(r"T(\d+)_H(\d+)_w(\d+)_s(\d+)", label)
+    t, h, w, s = map(int, m.groups())
+    return LaunchConfig(BLOCK_T=t, BLOCK_H=h, num_warps=w, num_stages=s, num_splits="auto")
+
+
+def sass_counts(cubin: bytes) -> tuple[int, int, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "k.cubin"
+        p.write_bytes(cubin)
+        text = subprocess.run([str(tool_path("cuobjdump")), "--dump-sass", str(p)], capture_output=True, text=True).stdout
+    ins = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)
+    addr = [int(a, 16) for a, _ in ins]
+    total = len(ins)
+    best = 0
+    for a, body in ins:
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", body)
+        tgt = None
+        lab = re.search(r"\.L_x_(\d+)", body)
+        if m and m.group(1):
+            tgt = int(m.group(1), 16)
+        elif lab:
+            lm = re.search(r"\.L_x_%s:\s*\n\s*/\*([0-9a-f]+)\*/" % lab.group(1), text)
+            if lm:
+                tgt = int(lm.group(1), 16)
+        src = int(a, 16)
+        if tgt is not None and tgt < src:
+            n = sum(1 for x in addr if tgt <= x <= src)
+            best = max(best, n)
+    return total, best, text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--dump", default=None)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--shapes", default="v32,v4,v32_tp8")
+    a = ap.parse_args()
+    print(f"| shape | config | regs | spill B | shared B | SASS total | SASS loop |")
+    print("|---|---|---|---|---|---|---|")
+    for fam, layout, H, topk in SHAPES:
+        if fam not in a.shapes.split(","):
+            continue
+        for label in a.configs.split(","):
+            cfg = parse(label)
+            spec = compile_specs(layout, H, topk, cfg, batch=128)[0]
+            src = ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs)
+            try:
+                k = triton.compile(src, target=GPUTarget("cuda", a.arch, 32),
+                                   options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+            except Exception as e:  # noqa: BLE001
+                print(f"| {fam} | {label} | error: {str(e).strip().splitlines()[-1][:100]} |")
+                continue
+            cubin = k.asm["cubin"]
+            fig, _ = read_cubin(cubin, k.metadata.name)
+            total, loop, text = sass_counts(cubin)
+            if a.dump:
+                Path(a.dump).mkdir(parents=True, exist_ok=True)
+                (Path(a.dump) / f"{fam}_{label}.sass").write_text(text)
+                (Path(a.dump) / f"{fam}_{label}.ttgir").write_text(k.asm["ttgir"])
+            print(f"| {fam} | {label} | {fig['registers']} | {fig['spill_bytes']} | {k.metadata.shared} | {total} | {loop} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
