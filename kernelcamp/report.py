@@ -56,6 +56,47 @@ def level_valid(level: Mapping[str, Any]) -> bool:
     return not (level.get("requests_failed") or level.get("requests_incomplete") or level.get("incomplete"))
 
 
+SERVING_IMPLS = ("baseline", "candidate")
+
+
+def serving_levels(sv: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per concurrency level (ascending): ``{concurrency, valid, baseline, candidate, ratio, ci_lo,
+    ci_hi, n_pairs, note}`` with each impl's figures (mean over repeats, counts summed) or None.
+
+    From the A/B summary (``serving.ab.per_level``) when the record has one; an older record with
+    only the candidate's ``levels`` gives candidate-only entries."""
+    ab = sv.get("ab") or {}
+    if ab.get("per_level"):
+        out = [dict(e) for e in ab["per_level"]]
+    else:
+        out = []
+        for lv in sv.get("levels") or []:
+            if lv.get("impl", "candidate") != "candidate":
+                continue
+            out.append(
+                {
+                    "concurrency": lv.get("concurrency"),
+                    "valid": level_valid(lv),
+                    "baseline": None,
+                    "candidate": dict(lv),
+                    "ratio": None,
+                    "ci_lo": None,
+                    "ci_hi": None,
+                    "n_pairs": 0,
+                    "note": "baseline not measured (record has the candidate only)",
+                }
+            )
+    return sorted(out, key=lambda e: e.get("concurrency") or 0)
+
+
+def serving_step_models(sv: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{impl: step model}``; an older record's single ``step_model`` is the candidate's."""
+    sms = dict(sv.get("step_models") or {})
+    if "candidate" not in sms and sv.get("step_model"):
+        sms["candidate"] = sv["step_model"]
+    return {i: sms[i] for i in SERVING_IMPLS if isinstance(sms.get(i), Mapping)}
+
+
 # ------------------------------------------------------------------------------------------- plots
 
 
@@ -92,23 +133,29 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
     plt.close(fig)
     made["kernel_latency"] = "kernel_latency.png"
 
-    levels = sorted((bench.get("serving") or {}).get("levels") or [], key=lambda lv: lv.get("concurrency", 0))
+    sv = bench.get("serving") or {}
+    levels = serving_levels(sv)
     if levels:
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        xs = [lv["concurrency"] for lv in levels]
-        ys = [lv.get("output_tok_s") for lv in levels]
-        ax.plot(xs, ys, marker="o", label=f"candidate: {names['candidate']}")
-        bad = [(x, y) for lv, x, y in zip(levels, xs, ys, strict=True) if not level_valid(lv)]
-        if bad:
-            ax.scatter(
-                *zip(*bad, strict=True),
-                marker="x",
-                s=120,
-                color="red",
-                label="INVALID level (failed/incomplete requests)",
-            )
+        marked = False
+        for impl, color in (("baseline", "tab:gray"), ("candidate", "tab:blue")):
+            pts = [(e["concurrency"], e[impl].get("output_tok_s"), e) for e in levels if e.get(impl)]
+            pts = [p for p in pts if p[1] is not None]
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color, label=f"{impl}: {names[impl]}")
+            bad = [(x, y) for x, y, e in pts if not e.get("valid")]
+            if bad:
+                ax.scatter(
+                    *zip(*bad, strict=True),
+                    marker="x",
+                    s=120,
+                    color="red",
+                    label=None if marked else "INVALID level (failed/incomplete requests)",
+                )
+                marked = True
         ax.set_xlabel("concurrency (requests in flight)")
-        ax.set_ylabel("output tok/s (ok requests)")
+        ax.set_ylabel("output tok/s (ok requests; mean over repeats)")
         ax.set_title("Serving throughput per concurrency" + (" (CPU)" if cpu else ""), fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -117,26 +164,32 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
         plt.close(fig)
         made["serving_throughput"] = "serving_throughput.png"
 
-    sm = (bench.get("serving") or {}).get("step_model") or {}
-    pts = sm.get("points") or [
-        {"batch": int(b), "step_ms": v.get("step_ms_median")} for b, v in (sm.get("by_batch") or {}).items()
-    ]
-    if sm.get("a_ms") is not None and pts:
+    sms = {i: m for i, m in serving_step_models(sv).items() if m.get("a_ms") is not None}
+    if sms:
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        xs = [p["batch"] for p in pts]
-        ax.scatter(xs, [p["step_ms"] for p in pts], label="measured decode steps")
-        grid = [0, max(xs)]
-        ax.plot(
-            grid,
-            [sm["a_ms"] + sm["b_ms_per_req"] * x for x in grid],
-            color="tab:orange",
-            label=f"fit {sm['a_ms']:.2f} + {sm['b_ms_per_req']:.3f}*batch ms (R2 {sm.get('r2', float('nan')):.3f})",
-        )
+        for impl, color in (("baseline", "tab:gray"), ("candidate", "tab:blue")):
+            sm = sms.get(impl)
+            if not sm:
+                continue
+            pts = sm.get("points") or [
+                {"batch": int(b), "step_ms": v.get("step_ms_median")} for b, v in (sm.get("by_batch") or {}).items()
+            ]
+            xs = [p["batch"] for p in pts] or [1]
+            ax.scatter(xs, [p["step_ms"] for p in pts], color=color, label=f"{impl}: decode steps (median per batch)")
+            grid = [0, max(xs)]
+            ax.plot(
+                grid,
+                [sm["a_ms"] + sm["b_ms_per_req"] * x for x in grid],
+                color=color,
+                linestyle="--",
+                label=f"{impl} fit {sm['a_ms']:.2f} + {sm['b_ms_per_req']:.3f}*batch ms "
+                f"(R2 {sm.get('r2', float('nan')):.3f})",
+            )
         ax.set_xlabel("batch (running requests)")
         ax.set_ylabel("decode step (ms)")
         ax.set_title("Step-time model" + (" (CPU)" if cpu else ""), fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out_dir / "step_model.png", dpi=110)
         plt.close(fig)
@@ -192,6 +245,109 @@ def build_table(build: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _impl_cells(a: Mapping[str, Any] | None, valid: bool) -> str:
+    if not a:
+        return "n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a"
+    tput = _f(a.get("output_tok_s")) if valid else f"~~{_f(a.get('output_tok_s'))}~~ INVALID"
+    counts = (
+        f"{a.get('requests_ok')} / {a.get('requests_failed')} / {a.get('requests_incomplete', a.get('incomplete', 0))}"
+    )
+    return (
+        f"{counts} | {tput} | {_f(a.get('per_request_tok_s'))} | {_f(a.get('ttft_ms_p50'))} | "
+        f"{_f(a.get('tpot_ms_p50'))} | {_f(a.get('itl_ms_p50'))} | {_f(a.get('e2e_ms_p50'))} | {a.get('n_repeats', 1)}"
+    )
+
+
+def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel: str, threshold: float) -> list[str]:
+    """The serving section (per level: baseline and candidate, ratio with CI) and the step models."""
+    out = ["## Serving", ""]
+    levels = serving_levels(sv)
+    ab = sv.get("ab") or {}
+    if not levels:
+        out += [f"Not measured: {sv.get('skipped') or 'no levels'}.", ""]
+    else:
+        if "serving_throughput" in plots:
+            out += [f"![serving throughput]({plots_rel}/{plots['serving_throughput']})", ""]
+        o = ab.get("overall") or {}
+        if o.get("ratio") is not None:
+            out += [
+                f"**Serving A/B: {o.get('decision')}**: output tok/s candidate/baseline {o['ratio']:.4f}, "
+                f"{int(round(100 * (o.get('confidence') or 0.95)))}% CI [{o['ci_lo']:.4f}, {o['ci_hi']:.4f}] over "
+                f"{o.get('n_pairs')} paired interleaved runs (valid levels x repeats pooled; higher is faster; "
+                f"threshold {o.get('threshold', threshold):.1%}).",
+                "",
+            ]
+        elif sv.get("baseline_measured") is False or not ab:
+            why = sv.get("baseline_not_measured_reason") or "the record has the candidate only"
+            out += [f"**Baseline not measured** ({why}): candidate figures only, no serving A/B.", ""]
+        else:
+            out += [f"Serving A/B: no ratio ({o.get('note')}).", ""]
+        out += [
+            "| concurrency | impl | valid | ok / failed / incomplete | output tok/s | per-request tok/s | "
+            "TTFT p50 ms | TPOT p50 ms | ITL p50 ms | e2e p50 ms | repeats | ratio cand./base. | 95% CI |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for e in levels:
+            ok = bool(e.get("valid"))
+            if e.get("ratio") is not None:
+                ratio = _f(e["ratio"], ".4f")
+                ci = (
+                    f"[{_f(e['ci_lo'], '.4f')}, {_f(e['ci_hi'], '.4f')}]"
+                    if e.get("ci_lo") is not None
+                    else f"n/a: {e.get('note')}"
+                )
+            else:
+                ratio, ci = "n/a", (e.get("note") or "n/a")
+            for i, impl in enumerate(SERVING_IMPLS):
+                out.append(
+                    f"| {e.get('concurrency')} | {impl} | {'yes' if ok else '**NO**'} | "
+                    f"{_impl_cells(e.get(impl), ok)} | {ratio if i else ''} | {ci if i else ''} |"
+                )
+        out += [
+            "",
+            "Figures per impl are means over the repeats (counts summed); a level with any failed or incomplete "
+            "run is INVALID and kept out of every ratio.",
+            "",
+        ]
+        b = sv.get("baseline") or {}
+        if b:
+            out += [
+                f"Baseline `{b.get('variant_name')}` (hash {b.get('variant_hash')}) ran on a temporary server at "
+                f"{b.get('url')} (pid {b.get('pid')}, ready in {_f(b.get('seconds_to_ready'))} s, stopped after the "
+                "run) beside the deployed candidate.",
+                "",
+            ]
+        share = sv.get("attention_share")
+        if isinstance(share, Mapping):
+            share, how = share.get("live"), share.get("method")
+        else:
+            how = None
+        if share is not None:
+            out += [f"Attention's measured share of a decode step: {share:.1%}" + (f" ({how})." if how else "."), ""]
+        if sv.get("scaled_for_cpu"):
+            out += ["Serving ran on the CPU with the model scaled down (`scaled_for_cpu`): not GPU figures.", ""]
+    out += ["## Step-time model", ""]
+    sms = serving_step_models(sv)
+    fitted = {i: m for i, m in sms.items() if m.get("a_ms") is not None}
+    if fitted:
+        if "step_model" in plots:
+            out += [f"![step model]({plots_rel}/{plots['step_model']})", ""]
+        for impl in SERVING_IMPLS:
+            sm = sms.get(impl)
+            if sm and sm.get("a_ms") is not None:
+                out.append(
+                    f"- {impl}: `step_ms = {sm['a_ms']:.3f} + {sm['b_ms_per_req']:.4f} * batch` "
+                    f"(R^2 {_f(sm.get('r2'), '.4f')}, {sm.get('n_points')} decode steps)"
+                )
+            else:
+                why = (sm or {}).get("skipped") or "not measured"
+                out.append(f"- {impl}: not fitted ({why})")
+        out.append("")
+    else:
+        out += ["Not fitted (no serving measurements).", ""]
+    return out
+
+
 def render_markdown(
     data: Mapping[str, Any], plots: Mapping[str, str], threshold: float, plots_rel: str = "plots"
 ) -> str:
@@ -245,44 +401,7 @@ def render_markdown(
         out.append(f"- run as target **{bench['run_as_target']}** would (configs it prunes dropped)")
     out += ["", "## Serving", ""]
     sv = bench.get("serving") or {}
-    levels = sorted(sv.get("levels") or [], key=lambda lv: lv.get("concurrency", 0))
-    if not levels:
-        out += [f"Not measured: {sv.get('skipped') or 'no levels'}.", ""]
-    else:
-        if "serving_throughput" in plots:
-            out += [f"![serving throughput]({plots_rel}/{plots['serving_throughput']})", ""]
-        out += [
-            "| concurrency | valid | ok / failed / incomplete | output tok/s | per-request tok/s | TTFT p50 ms | "
-            "TPOT p50 ms | e2e p50 ms |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for lv in levels:
-            ok = level_valid(lv)
-            tput = _f(lv.get("output_tok_s")) if ok else f"~~{_f(lv.get('output_tok_s'))}~~ INVALID"
-            out.append(
-                f"| {lv.get('concurrency')} | {'yes' if ok else '**NO**'} | {lv.get('requests_ok')} / "
-                f"{lv.get('requests_failed')} / {lv.get('requests_incomplete', lv.get('incomplete', 0))} | {tput} | "
-                f"{_f(lv.get('per_request_tok_s'))} | {_f(lv.get('ttft_ms_p50'))} | "
-                f"{_f(lv.get('tpot_ms_p50'))} | {_f(lv.get('e2e_ms_p50'))} |"
-            )
-        out.append("")
-        share = sv.get("attention_share")
-        if isinstance(share, Mapping):
-            share, how = share.get("live"), share.get("method")
-        else:
-            how = None
-        if share is not None:
-            out += [f"Attention's measured share of a decode step: {share:.1%}" + (f" ({how})." if how else "."), ""]
-        if sv.get("scaled_for_cpu"):
-            out += ["Serving ran on the CPU with the model scaled down (`scaled_for_cpu`): not GPU figures.", ""]
-    sm = sv.get("step_model") or {}
-    out += ["## Step-time model", ""]
-    if sm.get("a_ms") is not None:
-        if "step_model" in plots:
-            out += [f"![step model]({plots_rel}/{plots['step_model']})", ""]
-        out += [f"`step_ms = {sm['a_ms']:.3f} + {sm['b_ms_per_req']:.4f} * batch` (R^2 {_f(sm.get('r2'), '.4f')})", ""]
-    else:
-        out += ["Not fitted (no serving measurements).", ""]
+    out += serving_markdown(sv, plots, plots_rel, threshold)
     out += [
         "## Build: resources per target",
         "",
@@ -356,15 +475,30 @@ def mlflow_points(data: Mapping[str, Any], threshold: float) -> list[tuple[str, 
         for f in ("ratio", "ci_lo", "ci_hi"):
             pts.append((f"{kp}.ab_{f}", (r.get("ab") or {}).get(f), step))
     sv = bench.get("serving") or {}
-    for lv in sv.get("levels") or []:
-        if not level_valid(lv):
-            pts.append(("serving.invalid_level", 1, int(lv["concurrency"])))
+    for e in serving_levels(sv):
+        c = int(e["concurrency"])
+        if not e.get("valid"):
+            pts.append(("serving.invalid_level", 1, c))
             continue
-        for f, val in lv.items():
-            if f != "concurrency" and isinstance(val, (int, float)) and not isinstance(val, bool):
-                pts.append((f"serving.{f}", val, int(lv["concurrency"])))
+        for impl in SERVING_IMPLS:
+            prefix = "serving." if impl == "candidate" else "serving.baseline."
+            for f, val in (e.get(impl) or {}).items():
+                if f != "concurrency" and isinstance(val, (int, float)) and not isinstance(val, bool):
+                    pts.append((f"{prefix}{f}", val, c))
+        for f in ("ratio", "ci_lo", "ci_hi"):
+            if e.get(f) is not None:
+                pts.append((f"serving.ab_{f}", e[f], c))
+    o = (sv.get("ab") or {}).get("overall") or {}
+    for f in ("ratio", "ci_lo", "ci_hi"):
+        if o.get(f) is not None:
+            pts.append((f"serving.ab_overall_{f}", o[f], 0))
+    if o.get("decision"):
+        pts.append(("serving.decision_code", {"faster": -1, "inconclusive": 0, "slower": 1}[o["decision"]], 0))
+    sms = serving_step_models(sv)
     for f in ("a_ms", "b_ms_per_req", "r2"):
-        pts.append((f"step_model.{f}", (sv.get("step_model") or {}).get(f), 0))
+        pts.append((f"step_model.{f}", (sms.get("candidate") or {}).get(f), 0))
+        if (sms.get("baseline") or {}).get(f) is not None:
+            pts.append((f"step_model.baseline.{f}", sms["baseline"][f], 0))
     pts.append(("verify.passed", int(bool(verify["passed"])), 0))
     for role, s in build["roles"].items():
         for t, ts in s.get("targets", {}).items():

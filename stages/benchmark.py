@@ -165,8 +165,48 @@ def serving_level(params: dict, deploy: dict) -> dict:
         return {"skipped": "kernelcamp.serving.bench is not in this tree yet", "levels": []}
     from kernelcamp.serving.bench import serving_benchmark
 
-    log("serving benchmark against the deployed server")
-    return serving_benchmark(params, deploy, progress=True)
+    log(
+        "serving benchmark: baseline and candidate interleaved per level (the baseline on a temporary server "
+        "beside the deployed candidate; embedded deploys only)"
+    )
+    res = serving_benchmark(params, deploy, progress=True)
+    o = (res.get("ab") or {}).get("overall") or {}
+    if res.get("baseline_measured") and o.get("ratio") is not None:
+        log(
+            f"serving output tok/s candidate/baseline {o['ratio']:.3f} [{o['ci_lo']:.3f}, {o['ci_hi']:.3f}] "
+            f"over {o['n_pairs']} paired runs: {o.get('decision')}"
+        )
+    elif not res.get("baseline_measured"):
+        log(f"serving: candidate only ({res.get('baseline_not_measured_reason')})")
+    return res
+
+
+def serving_metrics(serving: dict) -> dict:
+    """Flat, numeric serving figures for benchmark_metrics.json (units in the names); None left out."""
+    m: dict[str, Any] = {}
+    ab = serving.get("ab") or {}
+    if "baseline_measured" in serving:
+        m["serving_baseline_measured"] = int(bool(serving["baseline_measured"]))
+    for e in ab.get("per_level") or []:
+        c = e["concurrency"]
+        m[f"serving_c{c}_valid"] = int(bool(e.get("valid")))
+        for impl in ("baseline", "candidate"):
+            a = e.get(impl) or {}
+            for f in ("output_tok_s", "per_request_tok_s", "ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p50"):
+                m[f"serving_c{c}_{f}_{impl}"] = a.get(f)
+        m[f"serving_c{c}_ratio_output_tok_s"] = e.get("ratio")
+        m[f"serving_c{c}_ratio_output_tok_s_ci_lo"] = e.get("ci_lo")
+        m[f"serving_c{c}_ratio_output_tok_s_ci_hi"] = e.get("ci_hi")
+    o = ab.get("overall") or {}
+    m["serving_ratio_output_tok_s"] = o.get("ratio")
+    m["serving_ratio_output_tok_s_ci_lo"] = o.get("ci_lo")
+    m["serving_ratio_output_tok_s_ci_hi"] = o.get("ci_hi")
+    if o.get("decision"):
+        m["serving_decision_code"] = {"faster": -1, "inconclusive": 0, "slower": 1}[o["decision"]]  # as kernel_*
+    for impl, sm in (serving.get("step_models") or {}).items():
+        for f in ("a_ms", "b_ms_per_req", "r2"):
+            m[f"serving_step_{f}_{impl}"] = (sm or {}).get(f)
+    return {k_: v for k_, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def profile(variants: dict, params: dict, device: str, trace: Path) -> list[dict]:
@@ -351,6 +391,7 @@ def main() -> int:
     }
     if serving.get("step_model"):
         metrics["step_model"] = {k_: serving["step_model"].get(k_) for k_ in ("a_ms", "b_ms_per_req", "r2")}
+    metrics.update(serving_metrics(serving))
     write_csv_atomic(args.latency_csv, rows)
     write_csv_atomic(args.summary_csv, summary)
     write_csv_atomic(

@@ -1,10 +1,31 @@
-"""Serving benchmark against the deployed server (used by stages/benchmark.py).
+"""Serving benchmark: baseline and candidate served and loaded in the same run, interleaved
+(used by stages/benchmark.py).
 
 ``serving_benchmark(params, deploy_record)`` refuses (``KernelcampError``) to measure a server whose
 reported variant hash differs from the deploy record (or whose answering pid changed since the
-deploy, for the embedded server), runs the concurrency levels of ``benchmark.serving`` with
-:mod:`kernelcamp.serving.loadgen`, re-checks the hash afterwards, and fits the step model
-``step_ms = a_ms + b_ms_per_req * batch`` from the decode steps the server recorded during the run.
+deploy, for the embedded server), checked before and after every run.
+
+Baseline beside the candidate (DESIGN.md: "every benchmark measures baseline and candidate in the
+same run, interleaved"): for ``deploy.kind: embedded`` a second, temporary embedded server runs the
+baseline (``params`` with ``variant`` := ``baseline``; same server flags, workload, kernel) on the
+candidate's port + ``benchmark.serving.baseline_port_offset`` (default 1, inside the sweep worker's
+port range) with its own state file ``<state dir>/baseline-server.json`` (never the deploy state
+file). It must be ready (health 200, one completion, its variant hash equal to the baseline's, the
+pid we started) and is always stopped at the end (process group, port freed), also on an error,
+KeyboardInterrupt or SIGTERM. ``command``/``ssh`` deploys serve a foreign server: the candidate alone
+is measured, with ``baseline_measured: false`` and the reason.
+
+Order: for each level (configured order) and each of ``benchmark.serving.repeats`` repeats (default
+2) one round runs the level against both servers, the first alternating round by round (baseline
+first in even rounds). One row per (impl, level, repeat): ``impl``, ``variant``, ``variant_hash``,
+``repeat``, ``round``, ``position`` and every loadgen metric with ``valid``. A/B (``ab``): per level,
+ratio candidate/baseline of ``output_tok_s`` with a paired 95% CI over the repeats
+(:func:`kernelcamp.stats.paired_ratio_ci`; one repeat: the ratio, CI null, and why); overall, the
+same over all (level, repeat) pairs of the valid levels, with the decision (throughput: higher is
+faster). A level with any failed or incomplete run of either impl is excluded and marked.
+
+Step model ``step_ms = a_ms + b_ms_per_req * batch`` per impl, fitted from that server's decode
+steps during its own runs only (the info endpoint's ``since=<step index before the run>`` window).
 
 CPU scaling: when the server runs on a CPU (its info says ``device: cpu``; or, for a server without
 the info endpoint, when this machine has no GPU) the levels come from ``benchmark.serving.cpu``
@@ -14,15 +35,23 @@ the info endpoint, when this machine has no GPU) the levels come from ``benchmar
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.provenance import device_info, git_info, now_utc
-from kernelcamp.serving import INFO_PATH
-from kernelcamp.serving.loadgen import default_prompts, run_load
-from kernelcamp.stats import fit_step_model
+from kernelcamp.serving import INFO_PATH, params_variant_hash
+from kernelcamp.serving.loadgen import default_prompts, progress_line, run_load
+from kernelcamp.stats import decision, fit_step_model, paired_ratio_ci
 
 CPU_DEFAULT = {"concurrency": [4, 1], "max_tokens": 16}
 
@@ -119,11 +148,248 @@ def attention_share(info: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def serving_benchmark(params: dict[str, Any], deploy_record: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Load the deployed server at each level; returns ``{levels, step_model, attention_share, ...}``.
+# ---- baseline beside the candidate ---------------------------------------------------------------------
+IMPLS = ("baseline", "candidate")
+AB_METRIC = "output_tok_s"
+BASELINE_STEM = "baseline-server"
+_SUM_KEYS = ("num_requests", "requests_ok", "requests_failed", "incomplete", "output_tokens")
 
-    Raises ``KernelcampError`` when the server's variant hash differs from ``deploy_record`` (before
-    or after the run) or the server does not answer.
+
+def baseline_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with ``variant`` := ``params["baseline"]`` (same server flags, workload, kernel)."""
+    return {**params, "variant": params["baseline"]}
+
+
+def baseline_port(candidate_port: int, params: dict[str, Any]) -> int:
+    """The temporary baseline server's port: the candidate's + ``benchmark.serving.baseline_port_offset``
+    (default 1; 1..PORT_STRIDE-1 so it stays inside this sweep worker's port range)."""
+    from kernelcamp.sweep import PORT_STRIDE
+
+    sv = (params.get("benchmark") or {}).get("serving") or {}
+    off = int(sv.get("baseline_port_offset", 1))
+    if not 1 <= off < PORT_STRIDE:
+        raise KernelcampError(
+            f"benchmark.serving.baseline_port_offset={off}: expected 1..{PORT_STRIDE - 1} "
+            "(a sweep worker owns the candidate port + 0..9)"
+        )
+    return int(candidate_port) + off
+
+
+@contextlib.contextmanager
+def _signals_raise_if_default() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in this block when nobody handles it yet (main thread only), so
+    the ``finally`` that stops the baseline server runs; a handler already installed (the stage's
+    tracked run raises on SIGTERM) is left alone."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
+        signal.SIG_DFL,
+        None,
+    ):
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Block SIGTERM/SIGINT for the block (cleanup must not be cut short); delivered afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = {signal.SIGTERM, signal.SIGINT}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def baseline_server(
+    params: dict[str, Any], candidate_url: str, root: str | Path | None = None
+) -> Iterator[dict[str, Any]]:
+    """A temporary embedded server running the baseline variant beside the deployed candidate.
+
+    Port :func:`baseline_port`, state ``<state dir>/baseline-server.json`` (never the deploy state
+    file: the deployed candidate is untouched). A leftover baseline server from a killed run is
+    stopped first. Ready means health 200, one completion, the reported variant hash equal to
+    :func:`~kernelcamp.serving.params_variant_hash` of :func:`baseline_params`, and the pid we
+    started. Always stopped on exit (process group, port freed), also on KeyboardInterrupt/SIGTERM.
+    Yields ``{url, port, pid, variant_name, variant_hash, seconds_to_ready, state_file, log}``.
+    """
+    from kernelcamp.serving.deploy import _wait_port_free, kill_group, start_embedded, state_dir, stop_state
+
+    u = urlsplit(candidate_url)
+    host, port = u.hostname or "127.0.0.1", baseline_port(u.port or 80, params)
+    bparams = baseline_params(params)
+    bhash = params_variant_hash(bparams)
+    sdir = state_dir(root)
+    sdir.mkdir(parents=True, exist_ok=True)
+    spath = sdir / f"{BASELINE_STEM}.json"
+    cfg = dict(params.get("deploy") or {})
+    proc = None
+    with _signals_raise_if_default():
+        try:
+            stop_state(spath)  # a baseline server left by a SIGKILLed benchmark
+            if not _wait_port_free(port, host, float(cfg.get("port_free_timeout_s", 10.0))):
+                raise KernelcampError(
+                    f"baseline server port {port} on {host} (candidate port + "
+                    f"benchmark.serving.baseline_port_offset) is held by another process: free it or set "
+                    "benchmark.serving.baseline_port_offset"
+                )
+            proc, seconds, facts = start_embedded(bparams, host, port, bhash, sdir, BASELINE_STEM, cfg)
+            yield {
+                "url": f"http://{host}:{port}",
+                "port": port,
+                "pid": proc.pid,
+                "variant_name": str((params.get("baseline") or {}).get("name")),
+                "variant_hash": bhash,
+                "seconds_to_ready": round(seconds, 3),
+                "server_info": facts.get("info"),
+                "state_file": str(spath),
+                "log": str(sdir / f"{BASELINE_STEM}.log"),
+            }
+        finally:
+            with _signals_deferred():
+                stop_state(spath, grace_s=10.0)
+                if proc is not None:
+                    if proc.poll() is None:
+                        kill_group(proc.pid, proc.pid, grace_s=5.0)
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    _wait_port_free(port, host, 10.0)
+
+
+def _check_baseline(b: dict[str, Any], info: dict[str, Any] | None) -> None:
+    if info is None or info.get("variant_hash") != b["variant_hash"] or info.get("pid") != b["pid"]:
+        got = None if info is None else (info.get("variant_hash"), info.get("pid"))
+        raise KernelcampError(
+            f"baseline server at {b['url']} reports (hash, pid) {got}, expected "
+            f"({b['variant_hash']}, {b['pid']}): refusing to measure it"
+        )
+
+
+# ---- A/B summary ---------------------------------------------------------------------------------------
+def _agg(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One impl at one level over its repeats: counts summed, other numbers averaged, valid = all."""
+    if not rows:
+        return None
+    out: dict[str, Any] = {"n_repeats": len(rows), "valid": all(r["valid"] for r in rows)}
+    for k, v in rows[0].items():
+        if k in ("concurrency", "repeat", "round", "position", "level_index", "valid") or isinstance(v, bool):
+            continue
+        if k in _SUM_KEYS:
+            out[k] = sum(r.get(k) or 0 for r in rows)
+        elif isinstance(v, (int, float)) or v is None:
+            vals = [r.get(k) for r in rows if isinstance(r.get(k), (int, float))]
+            out[k] = sum(vals) / len(vals) if vals else None
+    fails: dict[str, int] = {}
+    for r in rows:
+        for why, n in (r.get("failure_reasons") or {}).items():
+            fails[why] = fails.get(why, 0) + n
+    out["failure_reasons"] = fails
+    return out
+
+
+def throughput_decision(ratio: float, lo: float, hi: float, threshold: float) -> str:
+    """:func:`kernelcamp.stats.decision` for a throughput ratio (higher is better): the words swapped."""
+    d = decision(ratio, lo, hi, threshold)
+    return {"faster": "slower", "slower": "faster"}.get(d, d)
+
+
+def ab_summary(
+    rows: list[dict[str, Any]],
+    levels: list[int],
+    baseline_measured: bool,
+    confidence: float = 0.95,
+    threshold: float = 0.02,
+    why_not: str | None = None,
+) -> dict[str, Any]:
+    """Per level and overall ratio candidate/baseline of ``output_tok_s`` with a paired CI.
+
+    Pairs are (level, repeat): the baseline and candidate runs of one repeat of one level. A level
+    with any invalid run (either impl, any repeat) is excluded from every ratio and marked.
+    """
+    per_level, pooled_b, pooled_c = [], [], []
+    for c in levels:
+        lr = [r for r in rows if r["concurrency"] == c]
+        by = {impl: [r for r in lr if r.get("impl") == impl] for impl in IMPLS}
+        valid = bool(lr) and all(r["valid"] for r in lr)
+        e: dict[str, Any] = {
+            "concurrency": c,
+            "valid": valid,
+            **{impl: _agg(by[impl]) for impl in IMPLS},
+            "ratio": None,
+            "ci_lo": None,
+            "ci_hi": None,
+            "n_pairs": 0,
+            "note": None,
+        }
+        pairs = []
+        for r in by["candidate"]:
+            b = [x for x in by["baseline"] if x["repeat"] == r["repeat"]]
+            if b and (b[0].get(AB_METRIC) or 0) > 0 and (r.get(AB_METRIC) or 0) > 0:
+                pairs.append((b[0][AB_METRIC], r[AB_METRIC]))
+        if not baseline_measured:
+            e["note"] = f"baseline not measured: {why_not}"
+        elif not valid:
+            e["note"] = "excluded from ratios: invalid level (failed or incomplete requests)"
+        elif len(pairs) >= 2:
+            e.update(paired_ratio_ci([p[0] for p in pairs], [p[1] for p in pairs], confidence), n_pairs=len(pairs))
+            e.pop("n_rounds", None)
+        elif pairs:
+            e.update(ratio=pairs[0][1] / pairs[0][0], n_pairs=1)
+            e["note"] = "1 paired repeat: no confidence interval (set benchmark.serving.repeats >= 2)"
+        else:
+            e["note"] = "no paired runs with throughput"
+        if baseline_measured and valid:
+            pooled_b += [p[0] for p in pairs]
+            pooled_c += [p[1] for p in pairs]
+        per_level.append(e)
+    overall: dict[str, Any] = {"ratio": None, "ci_lo": None, "ci_hi": None, "n_pairs": len(pooled_b)}
+    if not baseline_measured:
+        overall.update(decision=None, note=f"baseline not measured: {why_not}")
+    elif len(pooled_b) >= 2:
+        ci = paired_ratio_ci(pooled_b, pooled_c, confidence)
+        overall.update(
+            ratio=ci["ratio"],
+            ci_lo=ci["ci_lo"],
+            ci_hi=ci["ci_hi"],
+            confidence=confidence,
+            decision=throughput_decision(ci["ratio"], ci["ci_lo"], ci["ci_hi"], threshold),
+            threshold=threshold,
+            note="pooled over (level, repeat) pairs of the valid levels",
+        )
+    else:
+        overall.update(decision=None, note=f"{len(pooled_b)} valid paired runs: a confidence interval needs 2")
+    return {
+        "metric": AB_METRIC,
+        "ratio_is": "candidate / baseline output_tok_s (higher is faster)",
+        "baseline_measured": baseline_measured,
+        "per_level": per_level,
+        "overall": overall,
+    }
+
+
+# ---- the benchmark -------------------------------------------------------------------------------------
+def serving_benchmark(
+    params: dict[str, Any], deploy_record: dict[str, Any], progress: bool = True, root: str | Path | None = None
+) -> dict[str, Any]:
+    """Baseline and candidate served and loaded in the same run, interleaved; see the module docstring.
+
+    Returns ``{levels (one row per impl x level x repeat), ab, step_model (candidate), step_models,
+    baseline_measured, baseline, ...}``. Raises ``KernelcampError`` when the candidate's variant hash
+    differs from ``deploy_record`` (before, during or after), the baseline server does not come up
+    or reports another hash, or a server stops answering. The baseline server is stopped in every case.
     """
     url = str(deploy_record.get("url") or "").rstrip("/")
     if not url:
@@ -131,28 +397,113 @@ def serving_benchmark(params: dict[str, Any], deploy_record: dict[str, Any], pro
     info = fetch_info(url)
     hash_checked = check_server(deploy_record, info)
     plan = serving_plan(params, server_on_cpu(info))
-    start_index = ((info or {}).get("counts") or {}).get("step_index", 0)
+    sv = (params.get("benchmark") or {}).get("serving") or {}
+    repeats = int(sv.get("repeats", 2))
+    if repeats < 1:
+        raise KernelcampError(f"benchmark.serving.repeats={repeats}: expected >= 1")
+    plan["repeats"] = repeats
+    rep = params.get("report") or {}
+    why_not = None
+    if deploy_record.get("kind") != "embedded":
+        why_not = (
+            f"deploy.kind={deploy_record.get('kind')} serves a foreign server: kernelcamp cannot start the "
+            "baseline beside it, so only the candidate was measured"
+        )
+    elif not sv.get("measure_baseline", True):
+        why_not = "benchmark.serving.measure_baseline is false"
+    elif not params.get("baseline"):
+        why_not = "params.yaml has no baseline section"
     measured_at = now_utc()
-    rows = run_load(
-        url,
-        plan["concurrency"],
-        prompts=default_prompts(),
-        max_tokens=plan["max_tokens"],
-        num_prompts_per_level=plan["num_prompts_per_level"],
-        timeout_s=plan["timeout_s"],
-        progress=progress,
+    with contextlib.ExitStack() as stack:
+        base = None if why_not else stack.enter_context(baseline_server(params, url, root))
+        targets: dict[str, dict[str, Any]] = {
+            "candidate": {
+                "url": url,
+                "variant": deploy_record.get("variant_name") or (params.get("variant") or {}).get("name"),
+                "variant_hash": deploy_record.get("variant_hash"),
+                "check": lambda i: check_server(deploy_record, i),
+            }
+        }
+        if base is not None:
+            targets["baseline"] = {
+                "url": base["url"],
+                "variant": base["variant_name"],
+                "variant_hash": base["variant_hash"],
+                "check": lambda i: _check_baseline(base, i),
+            }
+        impls = [i for i in IMPLS if i in targets]
+        rows: list[dict[str, Any]] = []
+        steps: dict[str, list[dict[str, Any]]] = {i: [] for i in impls}
+        last_info: dict[str, Any] | None = None
+        rnd = 0
+        for li, c in enumerate(plan["concurrency"]):
+            for r in range(repeats):
+                order = impls if rnd % 2 == 0 else impls[::-1]
+                for pos, impl in enumerate(order):
+                    t = targets[impl]
+                    before = fetch_info(t["url"])
+                    t["check"](before)
+                    start = ((before or {}).get("counts") or {}).get("step_index", 0)
+                    (row,) = run_load(
+                        t["url"],
+                        [c],
+                        prompts=default_prompts(),
+                        max_tokens=plan["max_tokens"],
+                        num_prompts_per_level=plan["num_prompts_per_level"],
+                        timeout_s=plan["timeout_s"],
+                        progress=False,
+                    )
+                    after = fetch_info(t["url"], since=start)
+                    t["check"](after)
+                    if after:  # only this run's steps: the window since the step counter before it
+                        steps[impl] += [s for s in after.get("steps") or [] if s.get("index", 0) > start]
+                    if impl == "candidate":
+                        last_info = after
+                    row = {
+                        "impl": impl,
+                        "variant": t["variant"],
+                        "variant_hash": t["variant_hash"],
+                        "concurrency": row.pop("concurrency"),
+                        "repeat": r,
+                        "round": rnd,
+                        "position": pos,
+                        "level_index": li,
+                        **row,
+                    }
+                    rows.append(row)
+                    if progress:
+                        print(f"[{impl} {t['variant']} r{r}] {progress_line(row)}", file=sys.stderr, flush=True)
+                rnd += 1
+        step_models = {
+            i: (step_model_from_steps(steps[i]) if steps[i] or i == "baseline" else {"skipped": "no info endpoint"})
+            for i in impls
+        }
+        if "baseline" not in step_models:
+            step_models["baseline"] = {"skipped": why_not}
+        baseline_rec = None if base is None else {k: v for k, v in base.items() if k != "server_info"}
+    if baseline_rec is not None:
+        baseline_rec["stopped"] = True
+    ab = ab_summary(
+        rows,
+        [int(c) for c in plan["concurrency"]],
+        base is not None,
+        float(rep.get("confidence", 0.95)),
+        float(rep.get("threshold", 0.02)),
+        why_not,
     )
-    after = fetch_info(url, since=start_index)
-    check_server(deploy_record, after)
-    step_model = step_model_from_steps((after or {}).get("steps") or []) if after else {"skipped": "no info endpoint"}
     return {
         "levels": rows,
         "all_levels_valid": all(r["valid"] for r in rows),
-        "step_model": step_model,
-        "attention_share": attention_share(after),
-        "attention_impl": (after or {}).get("attention_impl"),
-        "config_running": (after or {}).get("config_running"),
-        "server_device": (after or {}).get("device"),
+        "baseline_measured": base is not None,
+        "baseline_not_measured_reason": why_not,
+        "baseline": baseline_rec,
+        "ab": ab,
+        "step_model": step_models["candidate"],
+        "step_models": step_models,
+        "attention_share": attention_share(last_info),
+        "attention_impl": (last_info or {}).get("attention_impl"),
+        "config_running": (last_info or {}).get("config_running"),
+        "server_device": (last_info or {}).get("device"),
         "scaled_for_cpu": plan["scaled_for_cpu"],
         "plan": plan,
         "url": url,

@@ -353,7 +353,36 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
             f"port {port} on {host} is held by a process this deploy did not start: stop it or "
             f"set server.port (e.g. -S server.port={port + 1})"
         )
-    params_file = sdir / "server-params.yaml"
+    proc, seconds, facts = start_embedded(params, host, port, vhash, sdir, "server", cfg)
+    files = [
+        {
+            "path": str(kpath),
+            "sha256_local": local,
+            "sha256_remote": (facts.get("info") or {}).get("kernel_source_hash"),
+        }
+    ]
+    return _record(
+        "embedded", url, variant, vhash, khash, flags, files, round(seconds, 3), proc.pid, False, facts, log=str(log)
+    )
+
+
+def start_embedded(
+    params: dict[str, Any], host: str, port: int, vhash: str, sdir: Path, stem: str, cfg: dict[str, Any] | None = None
+) -> tuple[subprocess.Popen, float, dict[str, Any]]:
+    """Start ``kernelcamp serve`` detached (own session) with ``params`` on host:port and wait until it
+    is ready for ``vhash`` (:func:`wait_ready`, pid checked). State ``sdir/<stem>.json``, params
+    ``sdir/<stem>-params.yaml``, log ``sdir/<stem>.log``. The port must already be free. On any
+    failure or interrupt the process group is killed, the state file removed and the port waited
+    free before the error propagates. Returns (process, seconds to ready, ready facts).
+
+    Used by :func:`deploy_embedded` (stem ``server``) and by the serving benchmark for its temporary
+    baseline server (stem ``baseline-server``; stopped with :func:`stop_state`)."""
+    cfg = cfg or {}
+    server = params.get("server") or {}
+    flags = server_flags(server)
+    spath, log = sdir / f"{stem}.json", sdir / f"{stem}.log"
+    url = f"http://{host}:{port}"
+    params_file = sdir / f"{stem}-params.yaml"
     write_text_atomic(params_file, yaml.safe_dump(params, sort_keys=False))
     cmd = [
         sys.executable,
@@ -385,22 +414,22 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    write_json_atomic(
-        spath,
-        {
-            "pid": proc.pid,
-            "pgid": proc.pid,
-            "host": host,
-            "port": port,
-            "url": url,
-            "variant_hash": vhash,
-            "flags": flags,
-            "log": str(log),
-            "started_at": now_utc(),
-            "cmd": cmd,
-        },
-    )
     try:
+        write_json_atomic(
+            spath,
+            {
+                "pid": proc.pid,
+                "pgid": proc.pid,
+                "host": host,
+                "port": port,
+                "url": url,
+                "variant_hash": vhash,
+                "flags": flags,
+                "log": str(log),
+                "started_at": now_utc(),
+                "cmd": cmd,
+            },
+        )
         seconds, facts = wait_ready(
             url,
             vhash,
@@ -416,16 +445,21 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
         spath.unlink(missing_ok=True)
         _wait_port_free(port, host, 10.0)
         raise
-    files = [
-        {
-            "path": str(kpath),
-            "sha256_local": local,
-            "sha256_remote": (facts.get("info") or {}).get("kernel_source_hash"),
-        }
-    ]
-    return _record(
-        "embedded", url, variant, vhash, khash, flags, files, round(seconds, 3), proc.pid, False, facts, log=str(log)
-    )
+    return proc, seconds, facts
+
+
+def stop_state(path: Path, grace_s: float = 15.0) -> bool:
+    """Stop the kernelcamp server recorded in state file ``path`` (if it is still ours: alive and a
+    kernelcamp command line), wait for its port to be free, remove the file; True if one was stopped."""
+    st = _read_state(path)
+    stopped = False
+    if st and _alive(st.get("pid")) and "kernelcamp" in _cmdline(st["pid"]):
+        kill_group(st["pid"], st.get("pgid"), grace_s)
+        stopped = True
+    if st and st.get("port"):
+        _wait_port_free(int(st["port"]), st.get("host") or "127.0.0.1", 10.0)
+    path.unlink(missing_ok=True)
+    return stopped
 
 
 # ---- command -----------------------------------------------------------------------------------------

@@ -1,0 +1,196 @@
+"""Serving A/B: the candidate (the small CPU model on loopback, as if deployed) and a temporary
+baseline server started by the benchmark, interleaved per level; ratios with CIs; both step
+models; the baseline server always stopped (also when the candidate dies mid-run or on an
+interrupt); a foreign (command) deploy measures the candidate only."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.io import load_params
+from kernelcamp.serving import bench, params_variant_hash
+from kernelcamp.serving.bench import baseline_params, serving_benchmark
+from kernelcamp.serving.deploy import _alive
+from kernelcamp.serving.server import FakeSpec, build_state, make_app, make_fake_app
+from kernelcamp.serving.testing import ServerThread, free_port, port_is_free
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _port_pair() -> int:
+    """A free port whose successor (the baseline's) is free too."""
+    for _ in range(50):
+        p = free_port()
+        if p < 65535 and port_is_free(p + 1):
+            return p
+    raise RuntimeError("no free port pair")
+
+
+@pytest.fixture(scope="module")
+def params():
+    p = load_params(ROOT / "params.yaml")
+    p["server"] = {**p["server"], "max_running_requests": 8}
+    p["benchmark"] = copy.deepcopy(p["benchmark"])
+    p["benchmark"]["serving"].update(cpu_concurrency=[4, 1], cpu_max_tokens=6, num_prompts_per_level=8, repeats=2)
+    p["deploy"] = {"kind": "embedded", "health_timeout_s": 90, "poll_interval_s": 0.2, "port_free_timeout_s": 2}
+    assert params_variant_hash(baseline_params(p)) != params_variant_hash(p)
+    return p
+
+
+@pytest.fixture(scope="module")
+def candidate_app(params):
+    return make_app(build_state(params, "cpu"))
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return tmp_path
+
+
+def _record(params, url):
+    return {"kind": "embedded", "url": url, "variant_hash": params_variant_hash(params), "deploy_id": "t"}
+
+
+def _spy_baseline(monkeypatch):
+    from kernelcamp.serving import deploy as dep
+
+    seen = {}
+
+    real = dep.start_embedded
+
+    def spy(*a, **kw):
+        proc, s, f = real(*a, **kw)
+        seen["pid"], seen["port"] = proc.pid, a[2]
+        return proc, s, f
+
+    monkeypatch.setattr(dep, "start_embedded", spy)
+    return seen
+
+
+def _assert_stopped(seen, tmp_path):
+    assert seen.get("pid") and not _alive(seen["pid"]), "baseline server still running"
+    assert port_is_free(seen["port"]), "baseline port still held"
+    assert not (tmp_path / ".kernelcamp" / "baseline-server.json").exists()
+
+
+def test_ab_interleaved_both_impls_ratios_step_models(params, candidate_app, env, monkeypatch):
+    seen = _spy_baseline(monkeypatch)
+    port = _port_pair()
+    with ServerThread(candidate_app, port=port) as url:
+        res = serving_benchmark(params, _record(params, url), progress=False, root=env)
+    _assert_stopped(seen, env)
+    assert seen["port"] == port + 1
+    assert res["baseline_measured"] and res["baseline"]["stopped"]
+    rows = res["levels"]
+    assert len(rows) == 2 * 2 * 2  # impls x levels x repeats
+    for c in (4, 1):
+        for impl in ("baseline", "candidate"):
+            mine = [r for r in rows if r["concurrency"] == c and r["impl"] == impl]
+            assert [r["repeat"] for r in mine] == [0, 1]
+            assert all(r["valid"] and r["output_tok_s"] > 0 and r["variant_hash"] for r in mine)
+    assert {r["variant"] for r in rows if r["impl"] == "baseline"} == {params["baseline"]["name"]}
+    bhash = params_variant_hash(baseline_params(params))
+    assert {r["variant_hash"] for r in rows if r["impl"] == "baseline"} == {bhash}
+    # interleaved: the first impl alternates round by round; levels in the configured order
+    firsts = [r["impl"] for r in rows if r["position"] == 0]
+    assert firsts == ["baseline", "candidate", "baseline", "candidate"]
+    assert [r["concurrency"] for r in rows if r["position"] == 0] == [4, 4, 1, 1]
+    ab = res["ab"]
+    assert [e["concurrency"] for e in ab["per_level"]] == [4, 1]
+    for e in ab["per_level"]:
+        assert e["valid"] and e["n_pairs"] == 2 and e["ci_lo"] <= e["ratio"] <= e["ci_hi"]
+        assert e["baseline"]["output_tok_s"] > 0 and e["candidate"]["requests_ok"] == 16
+    o = ab["overall"]
+    assert o["n_pairs"] == 4 and o["ci_lo"] <= o["ratio"] <= o["ci_hi"]
+    assert o["decision"] in ("faster", "slower", "inconclusive")
+    for impl in ("baseline", "candidate"):
+        sm = res["step_models"][impl]
+        assert set(sm) >= {"a_ms", "b_ms_per_req", "r2", "n_points"}, (impl, sm)
+    assert res["step_model"] == res["step_models"]["candidate"]
+    _check_report(res, env)
+
+
+def _check_report(serving, tmp_path):
+    """The report renders both impls per level, the ratio with its CI, both step models and a plot."""
+    import json
+
+    from kernelcamp import report as kr
+
+    fix = ROOT / "tests" / "fixtures" / "report"
+    data = kr.load_inputs({n: fix / f"{n}.json" for n in ("build", "deploy", "benchmark", "verify")})
+    data["benchmark"]["serving"] = json.loads(json.dumps(serving))
+    plots = kr.make_plots(data, tmp_path / "plots")
+    assert {"serving_throughput", "step_model"} <= set(plots)
+    md = kr.render_markdown(data, plots, 0.02)
+    assert "**Serving A/B: " in md and "| 4 | baseline | yes |" in md and "| 4 | candidate | yes |" in md
+    assert "- baseline: `step_ms = " in md and "- candidate: `step_ms = " in md
+    keys = {k for k, _, _ in kr.mlflow_points(data, 0.02)}
+    assert {
+        "serving.output_tok_s",
+        "serving.baseline.output_tok_s",
+        "serving.ab_ratio",
+        "step_model.baseline.a_ms",
+    } <= keys
+
+
+def test_candidate_dies_mid_run_baseline_still_stopped(params, candidate_app, env, monkeypatch):
+    seen = _spy_baseline(monkeypatch)
+    port = _port_pair()
+    server = ServerThread(candidate_app, port=port)
+    real_load = bench.run_load
+    calls = {"n": 0}
+
+    def dying_load(url, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the candidate's first run: its server goes away
+            server.stop()
+        return real_load(url, *a, **kw)
+
+    monkeypatch.setattr(bench, "run_load", dying_load)
+    p = copy.deepcopy(params)
+    p["benchmark"]["serving"].update(cpu_concurrency=[1], repeats=1)
+    url = server.__enter__()
+    try:
+        with pytest.raises(KernelcampError, match="does not answer"):
+            serving_benchmark(p, _record(p, url), progress=False, root=env)
+    finally:
+        server.stop()
+    _assert_stopped(seen, env)
+
+
+@pytest.mark.parametrize("how", ["keyboard_interrupt", "sigterm"])
+def test_interrupt_stops_baseline(params, env, monkeypatch, how):
+    seen = _spy_baseline(monkeypatch)
+    port = _port_pair()
+
+    def interrupted(*a, **kw):
+        if how == "sigterm":  # the default SIGTERM action would kill pytest: the benchmark must turn it into
+            os.kill(os.getpid(), signal.SIGTERM)  # an exception and still stop the baseline
+            time.sleep(5)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_load", interrupted)
+    fake = make_fake_app(FakeSpec(variant_hash=params_variant_hash(params)))
+    with ServerThread(fake, port=port) as url, pytest.raises(KeyboardInterrupt):
+        serving_benchmark(params, _record(params, url), progress=False, root=env)
+    _assert_stopped(seen, env)
+
+
+def test_command_deploy_measures_candidate_only(params, env):
+    fake = make_fake_app(FakeSpec(itl_ms=1, variant_hash=params_variant_hash(params)))
+    with ServerThread(fake) as url:
+        res = serving_benchmark(params, {**_record(params, url), "kind": "command"}, progress=False, root=env)
+    assert res["baseline_measured"] is False and "command" in res["baseline_not_measured_reason"]
+    assert res["ab"]["baseline_measured"] is False and res["ab"]["overall"]["ratio"] is None
+    assert {r["impl"] for r in res["levels"]} == {"candidate"} and len(res["levels"]) == 4
+    assert all(e["ratio"] is None and "baseline not measured" in e["note"] for e in res["ab"]["per_level"])
+    assert not (env / ".kernelcamp" / "baseline-server.json").exists()
