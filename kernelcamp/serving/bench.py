@@ -122,19 +122,44 @@ def server_on_cpu(info: dict[str, Any] | None) -> bool:
     return not torch.cuda.is_available()
 
 
-def step_model_from_steps(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Fit a + b*batch over decode steps; per-batch medians beside it. ``{"skipped": why}`` when unfit."""
-    dec = [s for s in steps if s.get("kind") == "decode"]
-    if len({s["batch"] for s in dec}) < 2:
-        return {"skipped": f"{len(dec)} decode steps with fewer than 2 distinct batch sizes", "n_points": len(dec)}
-    fit = fit_step_model([s["batch"] for s in dec], [s["step_ms"] for s in dec])
+def step_model_from_steps(steps: list[dict[str, Any]], min_steps: int = 5) -> dict[str, Any]:
+    """Fit ``step_ms = a + b*batch`` to the per-batch-size medians of the decode steps.
+
+    Single steps scatter (host scheduling, Python); the model describes the typical step at each
+    batch size, so the fit runs over the medians of the batch sizes seen at least ``min_steps``
+    times (transitional sizes while a level drains are left out, and listed). ``r2`` is that fit's;
+    ``r2_all_steps`` is the same line judged against every single step. ``{"skipped": why}`` when
+    fewer than 2 batch sizes qualify.
+    """
     import numpy as np
 
-    by = {}
+    dec = [s for s in steps if s.get("kind") == "decode"]
+    by: dict[str, dict[str, Any]] = {}
     for b in sorted({s["batch"] for s in dec}):
         v = [s["step_ms"] for s in dec if s["batch"] == b]
         by[str(b)] = {"n": len(v), "step_ms_median": float(np.median(v))}
-    return {**fit, "by_batch": by, "source": "server per-step statistics (decode steps during the benchmark)"}
+    used = [int(b) for b, d in by.items() if d["n"] >= min_steps]
+    if len(used) < 2:
+        return {
+            "skipped": f"{len(dec)} decode steps with fewer than 2 batch sizes seen >= {min_steps} times",
+            "n_points": len(dec),
+            "by_batch": by,
+        }
+    fit = fit_step_model(used, [by[str(b)]["step_ms_median"] for b in used])
+    x = np.asarray([s["batch"] for s in dec], dtype=np.float64)
+    y = np.asarray([s["step_ms"] for s in dec], dtype=np.float64)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    ss_res = float(((y - (fit["a_ms"] + fit["b_ms_per_req"] * x)) ** 2).sum())
+    return {
+        **fit,
+        "n_points": len(dec),
+        "n_batch_sizes": len(used),
+        "batch_sizes_fitted": used,
+        "batch_sizes_left_out": [int(b) for b in by if int(b) not in used],
+        "r2_all_steps": 1.0 - ss_res / ss_tot if ss_tot > 0 else None,
+        "by_batch": by,
+        "source": "medians of the server's per-step statistics per batch size (decode steps during the benchmark)",
+    }
 
 
 def attention_share(info: dict[str, Any] | None) -> dict[str, Any] | None:
