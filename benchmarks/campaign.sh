@@ -1,20 +1,43 @@
 #!/usr/bin/env bash
 # The warp-occupancy campaign (issue 6) on a GPU machine, from the repo root:
-#   bash benchmarks/campaign.sh                       # every experiment below, in order
-#   bash benchmarks/campaign.sh warp_occupancy aa     # some of them
-# Each runs as `dvc exp run -S experiment=<name>`; its report, plots, metrics, params and lock are
-# copied to reports/campaigns/warp_occupancy/<name>/. The embedded server is stopped at the end.
-set -euo pipefail
+#   bash benchmarks/campaign.sh                         # every experiment below, one after another
+#   bash benchmarks/campaign.sh warp_occupancy aa       # some of them
+#   bash benchmarks/campaign.sh --gpus 0,1              # queued, one worker per GPU (kernelcamp sweep)
+# Each experiment is `dvc exp run -S experiment=<name>`; its report, plots, metrics, params and lock
+# are copied to reports/campaigns/warp_occupancy/<name>/. Embedded servers are stopped at the end.
+set -uo pipefail
+gpus=""
+if [ "${1:-}" = "--gpus" ]; then gpus=$2; shift 2; fi
 exps=("$@")
-[ ${#exps[@]} -gt 0 ] || exps=(warp_occupancy warp_occupancy_sm120 aa planted_slow warp_occupancy_v32)
+[ ${#exps[@]} -gt 0 ] || exps=(warp_occupancy warp_occupancy_sm120 warp_occupancy_v32 aa planted_slow)
 dest=reports/campaigns/warp_occupancy
-trap 'python stages/deploy.py --stop >/dev/null 2>&1 || true' EXIT
-for e in "${exps[@]}"; do
-  echo "== campaign: $e ($(date -u +%H:%M:%S))"
-  start=$(date +%s)
-  dvc exp run -S "experiment=$e"
-  d="$dest/$e"
+stamp=$(date -u +%Y%m%dT%H%M%S)
+failed=0
+
+collect() {  # copy the workspace's results of experiment $1 into the campaign folder
+  local d="$dest/$1"
   rm -rf "$d" && mkdir -p "$d"
   cp -r reports/report.md reports/plots reports/*.json reports/*.csv params.yaml dvc.lock "$d"/
-  echo "== campaign: $e done in $(( $(date +%s) - start )) s"
-done
+}
+stop_servers() {
+  local n=1
+  [ -n "$gpus" ] && n=$(awk -F, '{print NF}' <<<"$gpus")
+  for ((s = 0; s < n; s++)); do KERNELCAMP_WORKER_SLOT=$s python stages/deploy.py --stop >/dev/null 2>&1; done
+}
+trap stop_servers EXIT
+
+if [ -n "$gpus" ]; then
+  for e in "${exps[@]}"; do dvc exp run --queue -n "$e-$stamp" -S "experiment=$e" || exit 1; done
+  python -m kernelcamp.cli sweep --gpus "$gpus" --poll 30 || failed=1
+  for e in "${exps[@]}"; do
+    if dvc exp apply "$e-$stamp" >/dev/null; then collect "$e"; else echo "campaign: $e failed" >&2; failed=1; fi
+  done
+else
+  for e in "${exps[@]}"; do
+    echo "== campaign: $e ($(date -u +%H:%M:%S))"
+    start=$(date +%s)
+    if dvc exp run -S "experiment=$e"; then collect "$e"; else echo "campaign: $e failed" >&2; failed=1; fi
+    echo "== campaign: $e done in $(($(date +%s) - start)) s"
+  done
+fi
+exit $failed

@@ -6,6 +6,7 @@ shared bytes and SASS instruction counts (whole kernel and the main loop body).
 The "loop" count is the number of SASS instructions between the first and last instruction of the
 largest backward branch (the top-k tile loop); a proxy only, not a timing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,8 @@ def sass_counts(cubin: bytes) -> tuple[int, int, str]:
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "k.cubin"
         p.write_bytes(cubin)
-        text = subprocess.run([str(tool_path("cuobjdump")), "--dump-sass", str(p)], capture_output=True, text=True).stdout
+        cmd = [str(tool_path("cuobjdump")), "--dump-sass", str(p)]
+        text = subprocess.run(cmd, capture_output=True, text=True).stdout
     ins = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)
     addr = [int(a, 16) for a, _ in ins]
     total = len(ins)
@@ -53,7 +55,7 @@ def sass_counts(cubin: bytes) -> tuple[int, int, str]:
         if m and m.group(1):
             tgt = int(m.group(1), 16)
         elif lab:
-            lm = re.search(r"\.L_x_%s:\s*\n\s*/\*([0-9a-f]+)\*/" % lab.group(1), text)
+            lm = re.search(rf"\.L_x_{lab.group(1)}:\s*\n\s*/\*([0-9a-f]+)\*/", text)
             if lm:
                 tgt = int(lm.group(1), 16)
         src = int(a, 16)
@@ -70,7 +72,7 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--shapes", default="v32,v4,v32_tp8")
     a = ap.parse_args()
-    print(f"| shape | config | regs | spill B | shared B | SASS total | SASS loop |")
+    print("| shape | config | regs | spill B | shared B | SASS total | SASS loop |")
     print("|---|---|---|---|---|---|---|")
     for fam, layout, H, topk in SHAPES:
         if fam not in a.shapes.split(","):
@@ -80,8 +82,11 @@ def main() -> None:
             spec = compile_specs(layout, H, topk, cfg, batch=128)[0]
             src = ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs)
             try:
-                k = triton.compile(src, target=GPUTarget("cuda", a.arch, 32),
-                                   options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+                k = triton.compile(
+                    src,
+                    target=GPUTarget("cuda", a.arch, 32),
+                    options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
+                )
             except Exception as e:  # noqa: BLE001
                 print(f"| {fam} | {label} | error: {str(e).strip().splitlines()[-1][:100]} |")
                 continue
@@ -92,8 +97,8 @@ def main() -> None:
                 Path(a.dump).mkdir(parents=True, exist_ok=True)
                 (Path(a.dump) / f"{fam}_{label}.sass").write_text(text)
                 (Path(a.dump) / f"{fam}_{label}.ttgir").write_text(k.asm["ttgir"])
-            print(f"| {fam} | {label} | {fig['registers']} | {fig['spill_bytes']} | {k.metadata.shared} | {total} | {loop} |",
-                  flush=True)
+            row = [fam, label, fig["registers"], fig["spill_bytes"], k.metadata.shared, total, loop]
+            print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
 
 
 if __name__ == "__main__":
