@@ -317,13 +317,7 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
                 "run) beside the deployed candidate.",
                 "",
             ]
-        share = sv.get("attention_share")
-        if isinstance(share, Mapping):
-            share, how = share.get("live"), share.get("method")
-        else:
-            how = None
-        if share is not None:
-            out += [f"Attention's measured share of a decode step: {share:.1%}" + (f" ({how})." if how else "."), ""]
+        out += attention_share_markdown(sv.get("attention_share"))
         if sv.get("scaled_for_cpu"):
             out += ["Serving ran on the CPU with the model scaled down (`scaled_for_cpu`): not GPU figures.", ""]
     out += ["## Step-time model", ""]
@@ -335,9 +329,15 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
         for impl in SERVING_IMPLS:
             sm = sms.get(impl)
             if sm and sm.get("a_ms") is not None:
+                fitted_b = sm.get("batch_sizes_fitted") or sorted(int(b) for b in (sm.get("by_batch") or {}))
+                left = sm.get("batch_sizes_left_out") or []
                 out.append(
                     f"- {impl}: `step_ms = {sm['a_ms']:.3f} + {sm['b_ms_per_req']:.4f} * batch` "
-                    f"(R^2 {_f(sm.get('r2'), '.4f')}, {sm.get('n_points')} decode steps)"
+                    f"(R^2 {_f(sm.get('r2'), '.4f')} over the per-batch medians"
+                    + (f", {_f(sm.get('r2_all_steps'), '.4f')} against every step" if "r2_all_steps" in sm else "")
+                    + f"; {sm.get('n_points')} decode steps; batch sizes fitted {fitted_b or 'n/a'}"
+                    + (f", left out (seen < 5 times) {left}" if left else "")
+                    + ")"
                 )
             else:
                 why = (sm or {}).get("skipped") or "not measured"
@@ -345,6 +345,81 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
         out.append("")
     else:
         out += ["Not fitted (no serving measurements).", ""]
+    return out
+
+
+def attention_share_markdown(share: Any) -> list[str]:
+    """Attention's measured share of a decode step: the live figure and the calibration, with the method."""
+    if not isinstance(share, Mapping):
+        return (
+            [f"Attention's measured share of a decode step: {share:.1%}.", ""]
+            if isinstance(share, (int, float))
+            else []
+        )
+    out = []
+    live, cal = share.get("live"), share.get("calibration") or {}
+    how = share.get("method") or "eager steps, attention timed against the whole step"
+    if live is not None:
+        out.append(
+            f"Attention's measured share of a decode step (live, served steps): **{live:.1%}**: the server's "
+            "per-step attention time over its step time, summed over its recent eager decode steps (CPU timer; "
+            "graph-replayed GPU steps carry no per-step attention time, so on a GPU with CUDA graphs this "
+            "figure is absent)."
+        )
+    if cal:
+        parts = ", ".join(
+            f"batch {b}: {_f(c.get('attention_share'), '.1%')} ({_f(c.get('attn_ms'))} of {_f(c.get('step_ms'))} ms)"
+            for b, c in sorted(cal.items(), key=lambda kv: int(kv[0]))
+            if isinstance(c, Mapping)
+        )
+        out.append(
+            f"Attention's measured share at server start (calibration; method: {how}; CUDA events on a GPU, "
+            f"perf_counter on a CPU): {parts}."
+        )
+    return out + [""] if out else []
+
+
+def profile_markdown(prof: Mapping[str, Any], top: int = 12) -> list[str]:
+    """The per-kernel time table per impl (top ``top`` by device time) with each row's share of step time."""
+    out = [
+        f"Source: **{prof.get('source') or 'not profiled'}**: {prof.get('what') or ''}".rstrip(": ") + ".",
+        "",
+    ]
+    if prof.get("fallback_reason"):
+        out += [f"Decode steps of the servers were not profiled: {prof['fallback_reason']}.", ""]
+    for impl in SERVING_IMPLS:
+        m = (prof.get("impls") or {}).get(impl)
+        if not isinstance(m, Mapping):
+            continue
+        if not m.get("kernels"):
+            out += [f"**{impl}**: no table ({m.get('skipped') or 'no rows'}).", ""]
+            continue
+        bs = m.get("batch_sizes") or []
+        cpu = m.get("time_kind") == "cpu_op_self_time"
+        unit = "CPU op self time" if cpu else "device time"
+        out += [
+            f"**{impl}**: {m.get('steps')} {'decode steps' if m.get('source') == 'server_decode_steps' else 'launches'}"
+            f" at batch sizes {bs}, mode `{m.get('mode')}`, device {m.get('device')}"
+            + (f", {_f(m.get('step_ms_total'))} ms of step time" if m.get("step_ms_total") is not None else "")
+            + (" (CPU: rows are CPU ops, not GPU kernels)" if cpu else "")
+            + f"; top {min(top, len(m['kernels']))} of {m.get('kernel_rows', len(m['kernels']))} by {unit}; "
+            f"share = of {m.get('share_pct_of') or 'the profiled time'}.",
+            "",
+            f"| kernel | calls | {unit} total us | mean us | share of step time |",
+            "|---|---|---|---|---|",
+        ]
+        for r in m["kernels"][:top]:
+            name = str(r.get("name")).replace("|", "\\|")
+            if len(name) > 90:
+                name = name[:87] + "..."
+            out.append(
+                f"| `{name}` | {r.get('calls')} | {_f(r.get('device_time_us_total'), '.1f')} | "
+                f"{_f(r.get('device_time_us_mean'), '.2f')} | "
+                f"{_f(r.get('share_pct'), '.1f')}{'' if r.get('share_pct') is None else '%'} |"
+            )
+        if m.get("note"):
+            out.append(f"\n{m['note']}")
+        out.append("")
     return out
 
 
@@ -418,15 +493,17 @@ def render_markdown(
     ]
     for k, why in (verify.get("skipped") or {}).items():
         out.append(f"- {k} skipped: {why}")
+    prof = bench.get("profile") or {}
     out += [
         "",
         "## Profile",
         "",
-        f"Kineto trace `{(bench.get('profile') or {}).get('trace')}` (open in "
-        "chrome://tracing or Perfetto); per-kernel table `"
-        f"{(bench.get('profile') or {}).get('kernel_table')}`.",
+        f"Kineto trace `{prof.get('trace')}`"
+        + (f" (baseline: `{prof['trace_baseline']}`)" if prof.get("trace_baseline") else "")
+        + f" (open in chrome://tracing or Perfetto); full per-kernel table `{prof.get('kernel_table')}`.",
         "",
     ]
+    out += profile_markdown(prof)
     out += ["## Provenance", "", "| what | value |", "|---|---|"]
     prov = [
         ("benchmark measured_at", bench.get("measured_at")),

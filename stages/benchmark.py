@@ -209,12 +209,48 @@ def serving_metrics(serving: dict) -> dict:
     return {k_: v for k_, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def profile(variants: dict, params: dict, device: str, trace: Path) -> list[dict]:
-    """torch.profiler (Kineto) trace of a few launches of each impl; rows of the per-kernel table."""
+TABLE_COLS = (
+    "impl",
+    "source",
+    "name",
+    "calls",
+    "device_time_us_total",
+    "device_time_us_mean",
+    "share_pct",
+    "steps",
+    "batch",
+    "device",
+    "time_kind",
+    "mode",
+)
+
+
+def baseline_trace_path(trace: str | Path) -> Path:
+    """``reports/trace.json.gz`` -> ``reports/trace.baseline.json.gz`` (the baseline's trace)."""
+    trace = Path(trace)
+    name = trace.name
+    stem = name[: -len(".json.gz")] if name.endswith(".json.gz") else trace.stem
+    return trace.with_name(f"{stem}.baseline.json.gz")
+
+
+def placeholder_trace(path: Path, why: str) -> None:
+    """An empty chrome trace saying why there is no profile (the declared output always exists)."""
+    import json
+
+    with atomic_path(path) as out, gzip.open(out, "wt") as f:
+        json.dump({"traceEvents": [], "kernelcamp_note": why}, f)
+
+
+def profile(variants: dict, params: dict, device: str, traces: dict[str, Path]) -> tuple[list[dict], dict]:
+    """Fallback: torch.profiler (Kineto) of a few kernel launches per impl (one trace each); rows of
+    the per-kernel table with ``source: kernel_launches``."""
+    import time
+
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprof
 
+    from kernelcamp.serving.server import kernel_rows
     from kernels import sparse_mla_decode as k
 
     wl = params["workload"]
@@ -230,59 +266,136 @@ def profile(variants: dict, params: dict, device: str, trace: Path) -> list[dict
         device,
         seed=0,
     )
+    args = (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
     dot = params["kernel"].get("dot_dtype", "bf16") if device == "cuda" else "fp16"
-    fns = {n: k.SparseMLADecode(v, dot_dtype=dot) for n, v in variants.items()}
-    for fn in fns.values():  # compile / autotune outside the trace
-        fn(
-            inp["q"],
-            inp["kv_cache"],
-            inp["indices"],
-            inp["layout"],
-            inp["page_size"],
-            inp["sm_scale"],
-            check_indices=False,
-        )
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     steps = params["benchmark"]["profile"]["decode_steps"] if device == "cuda" else 1
-    with tprof(activities=acts) as prof:
-        for _ in range(steps):
-            for name, fn in fns.items():
-                with torch.profiler.record_function(f"impl:{name}"):
-                    fn(
-                        inp["q"],
-                        inp["kv_cache"],
-                        inp["indices"],
-                        inp["layout"],
-                        inp["page_size"],
-                        inp["sm_scale"],
-                        check_indices=False,
-                    )
+    rows, meta = [], {}
+    for name, v in variants.items():
+        fn = k.SparseMLADecode(v, dot_dtype=dot)
+        fn(*args, check_indices=False)  # compile / autotune outside the trace
         if device == "cuda":
             torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        with atomic_path(trace) as out, open(raw, "rb") as src, gzip.open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    table = []
-    for e in prof.key_averages():
-        dev_us = getattr(e, "self_device_time_total", 0.0) or 0.0
-        if device == "cuda" and dev_us <= 0:
-            continue
-        table.append(
+        with tprof(activities=acts) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                with torch.profiler.record_function(f"impl:{name}"):
+                    fn(*args, check_indices=False)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            wall_us = (time.perf_counter() - t0) * 1e6
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(raw))
+            with atomic_path(traces[name]) as out, open(raw, "rb") as src, gzip.open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        kr = kernel_rows(prof, device == "cuda", wall_us)
+        kind = "device_kernel_time" if device == "cuda" else "cpu_op_self_time"
+        meta[name] = {
+            "source": "kernel_launches",
+            "steps": steps,
+            "batch_sizes": [B] * steps,
+            "device": device,
+            "time_kind": kind,
+            "mode": "kernel launches (no server)",
+            "kernel_rows": len(kr),
+            "kernels": kr[:TOP_KERNELS],
+            "trace_path": str(traces[name]),
+            "share_pct_of": "the launches' wall time",
+        }
+        rows += [
             {
-                "name": e.key,
-                "calls": e.count,
-                "device_time_us_total": dev_us,
-                "device_time_us_mean": dev_us / max(e.count, 1),
-                "cpu_time_us_total": e.cpu_time_total,
-                "device": device,
-                "batch": B,
+                "impl": name,
+                "source": "kernel_launches",
+                **r,
                 "steps": steps,
+                "batch": B,
+                "device": device,
+                "time_kind": kind,
+                "mode": "kernel launches (no server)",
+            }
+            for r in kr[:40]
+        ]
+    return rows, meta
+
+
+TOP_KERNELS = 12
+
+
+def server_profile(params: dict, deploy: dict, serving: dict, traces: dict[str, Path]) -> tuple[list[dict], dict, str]:
+    """The decode-step profiles of the serving benchmark's servers -> (table rows, per impl meta,
+    why not); rows empty (with why) when the servers cannot be profiled."""
+    if not serving.get("levels"):
+        return [], {}, f"serving not measured ({serving.get('skipped') or 'no levels'})"
+    from kernelcamp.serving.bench import profile_decode_steps
+
+    steps = int(params["benchmark"]["profile"].get("decode_steps") or 5)
+    try:
+        got = profile_decode_steps(params, deploy, {k_: str(v) for k_, v in traces.items()}, steps)
+    except Exception as e:  # noqa: BLE001 - the kernel-launch profile stands in, with the reason
+        return [], {}, f"profiling the servers failed: {type(e).__name__}: {e}"
+    if got.get("skipped"):
+        return [], {}, got["skipped"]
+    rows, meta = [], {}
+    for impl, r in got["impls"].items():
+        if r.get("skipped") or not r.get("kernels"):
+            meta[impl] = {"source": "server_decode_steps", "skipped": r.get("skipped") or "no rows"}
+            continue
+        batch = max(set(r["batch_sizes"]), key=r["batch_sizes"].count)
+        meta[impl] = {
+            "source": "server_decode_steps",
+            **{k_: v for k_, v in r.items() if k_ not in ("kernels", "load_rows")},
+            "kernels": r["kernels"][:TOP_KERNELS],
+            "concurrency": got["concurrency"],
+        }
+        rows += [
+            {
+                "impl": impl,
+                "source": "server_decode_steps",
+                **{k_: row[k_] for k_ in ("name", "calls", "device_time_us_total", "device_time_us_mean")},
+                "share_pct": row["share_pct"],
+                "steps": r["steps"],
+                "batch": batch,
+                "device": r.get("device"),
+                "time_kind": r.get("time_kind"),
+                "mode": r.get("mode"),
+            }
+            for row in r["kernels"]
+        ]
+    if not any(m.get("kernels") for m in meta.values()):
+        return [], meta, "; ".join(f"{i}: {m.get('skipped')}" for i, m in meta.items()) or "no profile rows"
+    return rows, meta, ""
+
+
+def serving_summary(serving: dict, device: str) -> list[dict]:
+    """Wide rows per concurrency (ascending): both impls' output tok/s, the ratio and its CI."""
+    out = []
+    for e in sorted((serving.get("ab") or {}).get("per_level") or [], key=lambda e: e["concurrency"]):
+        out.append(
+            {
+                "concurrency": e["concurrency"],
+                "baseline_output_tok_s": (e.get("baseline") or {}).get("output_tok_s"),
+                "candidate_output_tok_s": (e.get("candidate") or {}).get("output_tok_s"),
+                "ratio": e.get("ratio"),
+                "ci_lo": e.get("ci_lo"),
+                "ci_hi": e.get("ci_hi"),
+                "valid": e.get("valid"),
+                "device": device,
             }
         )
-    key = "device_time_us_total" if device == "cuda" else "cpu_time_us_total"
-    return sorted(table, key=lambda r: -r[key])[:40]
+    return out or [
+        {
+            "concurrency": None,
+            "baseline_output_tok_s": None,
+            "candidate_output_tok_s": None,
+            "ratio": None,
+            "ci_lo": None,
+            "ci_hi": None,
+            "valid": None,
+            "device": device,
+            "skipped": serving.get("skipped") or "no A/B levels",
+        }
+    ]
 
 
 def main() -> int:
@@ -296,6 +409,7 @@ def main() -> int:
         "latency-csv",
         "summary-csv",
         "serving-csv",
+        "serving-summary-csv",
         "trace",
         "kernel-table",
     ):
@@ -344,7 +458,27 @@ def main() -> int:
         log(f"{name} {notes[name]['name']}: runs {notes[name]['configs_ran']} ({notes[name]['config_list']})")
     rows, kernel = kernel_level(params, variants, device)
     serving = serving_level(params, deploy)
-    table = profile(variants, params, device, Path(args.trace)) if params["benchmark"]["profile"]["enabled"] else []
+    traces = {"candidate": Path(args.trace), "baseline": baseline_trace_path(args.trace)}
+    table: list[dict] = []
+    prof_meta: dict = {}
+    prof_source, prof_why = None, "benchmark.profile.enabled is false"
+    if params["benchmark"]["profile"]["enabled"]:
+        table, prof_meta, prof_why = server_profile(params, deploy, serving, traces)
+        prof_source = "server_decode_steps"
+        if not table:
+            log(f"decode-step profile not taken ({prof_why}): profiling kernel launches instead")
+            table, prof_meta = profile(variants, params, device, traces)
+            prof_source = "kernel_launches"
+        else:
+            log(
+                "decode-step profile: "
+                + ", ".join(
+                    f"{i} {m.get('steps')} steps ({m.get('mode')})" for i, m in prof_meta.items() if m.get("kernels")
+                )
+            )
+    for impl, path in traces.items():
+        if not path.exists() or not (prof_meta.get(impl) or {}).get("kernels"):
+            placeholder_trace(path, f"no {impl} profile: {(prof_meta.get(impl) or {}).get('skipped') or prof_why}")
     info = device_info()
     prov = {
         "measured_at": now_utc(),
@@ -364,8 +498,17 @@ def main() -> int:
         "serving": serving,
         "profile": {
             "trace": args.trace,
+            "trace_baseline": str(traces["baseline"]),
             "kernel_table": args.kernel_table,
-            "what": "kernel launches, baseline and candidate (record_function impl:<name>)",
+            "source": prof_source,
+            "what": {
+                "server_decode_steps": "decode steps of the serving servers under load at the highest level "
+                "(POST /v1/kernelcamp/profile, torch.profiler/Kineto)",
+                "kernel_launches": "kernel launches of each impl outside any server (fallback)",
+                None: "not profiled",
+            }[prof_source],
+            "fallback_reason": prof_why if prof_source == "kernel_launches" else None,
+            "impls": prof_meta,
         },
         "timing": "cuda_graph_l2_flushed" if device == "cuda" else "cpu_interpreter_perf_counter",
     }
@@ -399,7 +542,14 @@ def main() -> int:
         [{**lv, "device": device} for lv in serving.get("levels", [])]
         or [{"concurrency": None, "device": device, "skipped": serving.get("skipped")}],
     )
-    write_csv_atomic(args.kernel_table, table or [{"name": None, "skipped": "benchmark.profile.enabled is false"}])
+    write_csv_atomic(
+        args.serving_summary_csv,
+        serving_summary(serving, device),
+    )
+    write_csv_atomic(
+        args.kernel_table,
+        [{c: r.get(c) for c in TABLE_COLS} for r in table] or [{**dict.fromkeys(TABLE_COLS), "skipped": prof_why}],
+    )
     write_json_atomic(args.metrics, metrics)
     write_json_atomic(args.out, record)
     log(

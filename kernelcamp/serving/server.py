@@ -4,7 +4,9 @@ Endpoints: ``/v1/completions``, ``/v1/chat/completions`` (streamed as SSE or not
 ``usage`` counts, ``stream_options.include_usage``), ``/v1/models``, ``/health`` (200 once the model
 is loaded and warmed up, 503 before), ``/v1/kernelcamp/info`` (variant name and hash, the config
 the launcher actually ran, server flags, attention implementation, per-step statistics, attention
-share, pid; ``?steps=N`` returns the last N step records, ``?since=I`` those with index > I).
+share, pid; ``?steps=N`` returns the last N step records, ``?since=I`` those with index > I),
+``POST /v1/kernelcamp/profile`` (see :data:`PROFILE_PATH`: a torch.profiler / Kineto profile of the
+next N decode steps the scheduler runs, with a per-kernel time table and an optional gzipped trace).
 
 Token accounting for clients: every streamed chunk carries ``"kernelcamp_tokens": k``, the number
 of tokens whose text it holds (the engine sends one token per chunk). Decoding is greedy;
@@ -43,6 +45,9 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.serving import INFO_PATH, kernel_source_hash, server_flags, variant_hash
 
 MODEL_NAME = "kernelcamp-decoder"
+PROFILE_PATH = "/v1/kernelcamp/profile"
+PROFILE_MAX_STEPS = 200
+PROFILE_TABLE_ROWS = 60
 
 
 # ---- request parsing and OpenAI shapes ---------------------------------------------------------------
@@ -191,6 +196,7 @@ class Engine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.error: str | None = None
+        self.profile: _Profile | None = None  # armed by the profile endpoint, run by _loop
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -219,19 +225,22 @@ class Engine:
         self._wake.set()
         return r
 
-    def _record(self, kind: str, batch: int, ms: float, attn_ms: float, bucket: int | None = None) -> None:
+    def _record(
+        self, kind: str, batch: int, ms: float, attn_ms: float, bucket: int | None = None, profiled: bool = False
+    ) -> None:
         self.step_index += 1
-        self.steps.append(
-            {
-                "index": self.step_index,
-                "kind": kind,
-                "batch": batch,
-                "bucket": bucket,
-                "step_ms": round(ms, 4),
-                "attn_ms": None if attn_ms != attn_ms else round(attn_ms, 4),
-                "t": round(time.time(), 4),
-            }
-        )
+        rec = {
+            "index": self.step_index,
+            "kind": kind,
+            "batch": batch,
+            "bucket": bucket,
+            "step_ms": round(ms, 4),
+            "attn_ms": None if attn_ms != attn_ms else round(attn_ms, 4),
+            "t": round(time.time(), 4),
+        }
+        if profiled:  # ran under the profiler (slower than a plain step)
+            rec["profiled"] = True
+        self.steps.append(rec)
 
     def _emit(self, r: _Req, tok: int) -> None:
         r.generated.append(tok)
@@ -279,11 +288,19 @@ class Engine:
                 batch = list(self.running)
                 toks = [r.generated[-1] for r in batch]
                 pos = [len(r.prompt) + len(r.generated) - 1 for r in batch]
+                prof = self.profile if self.profile is not None and not self.profile.done else None
                 t0 = time.perf_counter()
-                nxt = await self._run(self.model.decode, toks, pos, [r.pages for r in batch])
+                if prof is None:
+                    nxt = await self._run(self.model.decode, toks, pos, [r.pages for r in batch])
+                else:
+                    nxt = await self._run(prof.decode_step, self.model, toks, pos, [r.pages for r in batch])
                 ms = (time.perf_counter() - t0) * 1e3
                 bucket = self.model.bucket_for(len(batch)) if self.model.cuda_graphs else len(batch)
-                self._record("decode", len(batch), ms, self.model.attn_ms_last, bucket)
+                self._record("decode", len(batch), ms, self.model.attn_ms_last, bucket, profiled=prof is not None)
+                if prof is not None and prof.done:
+                    prof.resolve()
+                    if self.profile is prof:
+                        self.profile = None
                 self.counts["decode_steps"] += 1
                 for r, t in zip(batch, nxt, strict=True):
                     self._emit(r, t)
@@ -340,6 +357,210 @@ class Engine:
             "steps": recent,
             "engine_error": self.error,
         }
+
+
+# ---- decode-step profiling ---------------------------------------------------------------------------
+class _Profile:
+    """A torch.profiler (Kineto) session around the next ``steps`` decode steps the scheduler runs.
+
+    Armed on the event loop (the profile endpoint), run on the model's worker thread: the profiler
+    starts before the first wrapped step and stops after the last, so only decode steps (and the
+    scheduler's host work between them) are in it. CPU + CUDA activities on a GPU, CPU only
+    otherwise. ``eager``: the wrapped steps run without CUDA-graph replay (the graphs stay captured
+    and serve every other step). With replay, CUPTI reports each kernel of a graph launch as its own
+    kernel record (correlated with the ``cudaGraphLaunch``), so the table lists the graph's kernels;
+    if a CUDA/driver/torch combination ever reports none, the table says so (``kernel_rows: 0``)
+    and ``eager`` gives a table that is always per kernel.
+    """
+
+    def __init__(self, steps: int, eager: bool, trace_path: str | None, future: asyncio.Future):
+        self.steps, self.eager, self.trace_path, self.future = steps, eager, trace_path, future
+        self.loop = future.get_loop()
+        self.prof: Any = None
+        self.batch_sizes: list[int] = []
+        self.step_ms: list[float] = []
+        self.mode: str | None = None
+        self.done = False
+        self.cancelled = False
+        self.result: dict[str, Any] | None = None
+        self.error: str | None = None
+
+    # -- worker thread ----------------------------------------------------------------------------
+    def _start(self, model: Any) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity
+
+        acts = [ProfilerActivity.CPU]
+        if getattr(model, "on_gpu", False):
+            acts.append(ProfilerActivity.CUDA)
+            torch.cuda.synchronize()
+        self.prof = torch.profiler.profile(activities=acts, record_shapes=False)
+        self.prof.start()
+
+    def decode_step(self, model: Any, toks: list[int], pos: list[int], pages: list[list[int]]) -> list[int]:
+        """One decode step under the profiler (runs on the model thread instead of ``model.decode``)."""
+        if self.done:
+            return model.decode(toks, pos, pages)
+        import torch
+
+        try:
+            if self.prof is None:
+                self._start(model)
+            graphs = bool(getattr(model, "cuda_graphs", False))
+            if self.mode is None:
+                why = getattr(model, "graphs_disabled_reason", None)
+                if graphs:
+                    self.mode = "eager (cuda graphs off for the profiled steps)" if self.eager else "cuda_graph_replay"
+                else:
+                    self.mode = f"eager (no cuda graphs: {why})" if why else "eager"
+            off = graphs and self.eager
+            t0 = time.perf_counter()
+            try:
+                if off:
+                    model.cuda_graphs = False
+                with torch.profiler.record_function(f"kernelcamp.decode_step batch={len(toks)}"):
+                    out = model.decode(toks, pos, pages)
+                if getattr(model, "on_gpu", False):
+                    torch.cuda.synchronize()
+            finally:
+                if off:
+                    model.cuda_graphs = True
+            self.step_ms.append((time.perf_counter() - t0) * 1e3)
+            self.batch_sizes.append(len(toks))
+            if len(self.batch_sizes) >= self.steps:
+                self._finish(model)
+            return out
+        except Exception as e:  # noqa: BLE001 - the profile fails, serving goes on
+            self.error = f"{type(e).__name__}: {e}"[:500]
+            self._stop_quietly()
+            self.done = True
+            if not self.batch_sizes:  # the step itself has not run yet
+                return model.decode(toks, pos, pages)
+            raise
+
+    def _stop_quietly(self) -> None:
+        if self.prof is not None:
+            try:
+                self.prof.stop()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def finish_partial(self, model: Any) -> None:
+        """Timeout with some steps done (model thread): stop and tabulate what ran."""
+        if not self.done and self.prof is not None and self.batch_sizes:
+            try:
+                self._finish(model)
+            except Exception as e:  # noqa: BLE001
+                self.error = f"{type(e).__name__}: {e}"[:500]
+                self.done = True
+
+    def _finish(self, model: Any) -> None:
+        if getattr(model, "on_gpu", False):
+            import torch
+
+            torch.cuda.synchronize()
+        self.prof.stop()
+        on_gpu = bool(getattr(model, "on_gpu", False))
+        rows = kernel_rows(self.prof, on_gpu, sum(self.step_ms) * 1e3)
+        written = None
+        if self.trace_path:
+            written = export_trace_gz(self.prof, self.trace_path)
+        self.result = {
+            "steps": len(self.batch_sizes),
+            "steps_requested": self.steps,
+            "partial": len(self.batch_sizes) < self.steps,
+            "batch_sizes": list(self.batch_sizes),
+            "step_ms": [round(x, 4) for x in self.step_ms],
+            "step_ms_total": round(sum(self.step_ms), 4),
+            "mode": self.mode,
+            "eager_requested": self.eager,
+            "device": str(getattr(model, "device", "cpu")),
+            "time_kind": "device_kernel_time" if on_gpu else "cpu_op_self_time",
+            "rows_are": (
+                "GPU activities (kernels, memcpy, memset) from CUPTI via Kineto; device time"
+                if on_gpu
+                else "CPU ops (no GPU here): Kineto CPU op self time, in the device_time columns"
+            ),
+            "share_pct_of": "the profiled steps' wall time (host timer around each step, synchronized)",
+            "kernel_rows": len(rows),
+            "kernels": rows[:PROFILE_TABLE_ROWS],
+            "trace_path": written,
+        }
+        self.done = True
+
+    # -- event loop -------------------------------------------------------------------------------
+    def resolve(self) -> None:
+        if self.future.done():
+            return
+        if self.result is not None:
+            self.future.set_result(self.result)
+        else:
+            self.future.set_exception(RuntimeError(self.error or "profile ended without a result"))
+
+
+def kernel_rows(prof: Any, on_gpu: bool, step_us_total: float) -> list[dict[str, Any]]:
+    """Per-kernel rows from a finished profiler, largest time first.
+
+    GPU: the device activities (``device_type`` not CPU: kernels, memcpy, memset), each with its
+    device time. CPU: the CPU ops with their self CPU time (self, so nested ops are not counted
+    twice). ``share_pct``: of ``step_us_total`` (the profiled steps' wall time)."""
+    from torch.autograd import DeviceType
+
+    rows = []
+    for e in prof.key_averages():
+        if on_gpu:
+            if getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU:
+                continue
+            t = float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "device_time_total", 0.0) or 0.0)
+        else:
+            t = float(e.self_cpu_time_total or 0.0)
+        if t <= 0:
+            continue
+        rows.append(
+            {
+                "name": e.key,
+                "calls": int(e.count),
+                "device_time_us_total": round(t, 3),
+                "device_time_us_mean": round(t / max(int(e.count), 1), 3),
+                "share_pct": round(100.0 * t / step_us_total, 3) if step_us_total > 0 else None,
+            }
+        )
+    return sorted(rows, key=lambda r: -r["device_time_us_total"])
+
+
+def export_trace_gz(prof: Any, path: str) -> str:
+    """The profiler's chrome trace, gzipped, written atomically to ``path``; returns ``path``."""
+    import gzip
+    import shutil
+    import tempfile
+
+    from kernelcamp.io import atomic_path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(raw)
+        with atomic_path(path) as out, open(raw, "rb") as src, gzip.open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return str(path)
+
+
+def _profile_request(body: Any) -> tuple[int, bool, str | None, float]:
+    """Validate a profile request body -> (steps, eager, trace_path, timeout_s); ValueError if bad."""
+    if not isinstance(body, dict):
+        raise ValueError("expected a JSON object")
+    steps = body.get("steps", 5)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= PROFILE_MAX_STEPS:
+        raise ValueError(f"steps={steps!r}: expected an integer 1..{PROFILE_MAX_STEPS}")
+    eager = body.get("eager", False)
+    if not isinstance(eager, bool):
+        raise ValueError(f"eager={eager!r}: expected true or false")
+    tp = body.get("trace_path")
+    if tp is not None and (not isinstance(tp, str) or not os.path.isabs(tp)):
+        raise ValueError(f"trace_path={tp!r}: expected an absolute path on the server's machine")
+    timeout = body.get("timeout_s", 60)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+        raise ValueError(f"timeout_s={timeout!r}: expected a number of seconds in (0, 3600]")
+    return steps, eager, tp, float(timeout)
 
 
 # ---- the real app ------------------------------------------------------------------------------------
@@ -404,6 +625,49 @@ def make_app(state: ServeState) -> FastAPI:
             },
             **eng.stats(steps, since),
         }
+
+    @app.post(PROFILE_PATH)
+    async def profile(request: Request):
+        """Profile the next N decode steps (torch.profiler / Kineto); see :class:`_Profile`.
+
+        Body ``{"steps": 5, "eager": false, "trace_path": "/abs/trace.json.gz", "timeout_s": 60}``.
+        409 while another profile runs; 504 when no decode step ran within ``timeout_s`` (no load);
+        a timeout after some steps returns what ran with ``partial: true``."""
+        try:
+            raw = await request.body()
+            steps, eager, trace_path, timeout = _profile_request(json.loads(raw) if raw.strip() else {})
+        except (ValueError, json.JSONDecodeError) as e:
+            return _bad(str(e))
+        if eng.error:
+            return _bad(f"engine error: {eng.error}", 500)
+        if eng.profile is not None and not eng.profile.done:
+            return _bad("a profile is already in progress on this server: wait for it and retry", 409)
+        fut = asyncio.get_running_loop().create_future()
+        prof = _Profile(steps, eager, trace_path, fut)
+        eng.profile = prof
+        try:
+            res = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            if prof.prof is None:  # not one step ran: disarm
+                prof.done = True
+                if eng.profile is prof:
+                    eng.profile = None
+                return _bad(
+                    f"no decode step ran within {timeout:g} s: the profile wraps the next {steps} decode "
+                    "steps the scheduler runs, so put load on the server (requests in flight) while it waits",
+                    504,
+                )
+            await eng._run(prof.finish_partial, eng.model)  # model thread: after any step in flight
+            prof.resolve()
+            if eng.profile is prof:
+                eng.profile = None
+            try:
+                res = await fut
+            except Exception as e:  # noqa: BLE001
+                return _bad(f"profile failed: {e}", 500)
+        except Exception as e:  # noqa: BLE001
+            return _bad(f"profile failed: {e}", 500)
+        return res
 
     async def _complete(request: Request, chat: bool):
         try:

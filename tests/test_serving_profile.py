@@ -1,0 +1,135 @@
+"""The decode-step profile endpoint on the CPU model server (Kineto CPU ops), its no-load timeout,
+and the report's per-kernel table and attention share from a fixture."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kernelcamp import report as kr
+from kernelcamp.io import load_params
+from kernelcamp.serving.server import PROFILE_PATH, build_state, make_app
+from kernelcamp.serving.testing import ServerThread
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "fixtures" / "report"
+
+
+@pytest.fixture(scope="module")
+def server():
+    p = load_params(ROOT / "params.yaml")
+    p["server"] = {**p["server"], "max_running_requests": 8}
+    with ServerThread(make_app(build_state(p, "cpu"))) as url:
+        yield url
+
+
+def _load(url: str, n: int = 4, max_tokens: int = 40) -> None:
+    with httpx.Client(timeout=120) as c:
+        ths = [
+            threading.Thread(
+                target=c.post,
+                args=(url + "/v1/completions",),
+                kwargs={"json": {"prompt": f"p {i}", "max_tokens": max_tokens}},
+            )
+            for i in range(n)
+        ]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+
+
+def test_profile_under_load_returns_table_and_trace(server, tmp_path):
+    trace = tmp_path / "t.json.gz"
+    got: dict = {}
+
+    def ask():
+        got["r"] = httpx.post(server + PROFILE_PATH, json={"steps": 3, "trace_path": str(trace)}, timeout=120)
+
+    th = threading.Thread(target=ask)
+    th.start()
+    time.sleep(0.3)  # armed before the load arrives
+    _load(server)
+    th.join()
+    r = got["r"]
+    assert r.status_code == 200, r.text
+    j = r.json()
+    assert j["steps"] == 3 and len(j["batch_sizes"]) == 3 and all(b >= 1 for b in j["batch_sizes"])
+    assert j["device"] == "cpu" and j["time_kind"] == "cpu_op_self_time" and "CPU ops" in j["rows_are"]
+    assert j["mode"].startswith("eager") and j["trace_path"] == str(trace)
+    rows = j["kernels"]
+    assert rows and {"name", "calls", "device_time_us_total", "device_time_us_mean", "share_pct"} <= set(rows[0])
+    assert rows == sorted(rows, key=lambda x: -x["device_time_us_total"])
+    assert any(x["name"].startswith("aten::") for x in rows)
+    assert 0 < sum(x["share_pct"] for x in rows) <= 130  # of the steps' wall time
+    events = json.load(gzip.open(trace))["traceEvents"]
+    assert any("kernelcamp.decode_step" in str(e.get("name")) for e in events)
+    steps = httpx.get(server + "/v1/kernelcamp/info", params={"steps": 2000}).json()["steps"]
+    assert sum(1 for s in steps if s.get("profiled")) == 3
+
+
+def test_profile_without_load_times_out_clearly(server):
+    t0 = time.monotonic()
+    r = httpx.post(server + PROFILE_PATH, json={"steps": 2, "timeout_s": 0.5}, timeout=30)
+    assert r.status_code == 504 and "no decode step ran within 0.5 s" in r.json()["error"]["message"]
+    assert time.monotonic() - t0 < 10
+    assert httpx.post(server + PROFILE_PATH, json={"steps": 0}, timeout=30).status_code == 400
+    assert httpx.post(server + PROFILE_PATH, json={"trace_path": "rel.json.gz"}, timeout=30).status_code == 400
+    # disarmed: the server still serves, and a later profile is not refused as "in progress"
+    assert httpx.post(server + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60).status_code == 200
+    r = httpx.post(server + PROFILE_PATH, json={"steps": 1, "timeout_s": 0.2}, timeout=30)
+    assert r.status_code == 504
+
+
+def test_report_renders_kernel_table_and_attention_share():
+    data = kr.load_inputs({n: FIX / f"{n}.json" for n in ("build", "deploy", "benchmark", "verify")})
+    d = copy.deepcopy(data)
+    rows = [
+        {
+            "name": f"kern_{i}",
+            "calls": 5,
+            "device_time_us_total": 100.0 - i,
+            "device_time_us_mean": (100.0 - i) / 5,
+            "share_pct": 5.0 - i / 10,
+        }
+        for i in range(15)
+    ]
+    meta = {
+        "source": "server_decode_steps",
+        "steps": 5,
+        "batch_sizes": [96] * 5,
+        "mode": "cuda_graph_replay",
+        "device": "cuda:0",
+        "time_kind": "device_kernel_time",
+        "kernel_rows": 15,
+        "kernels": rows,
+        "step_ms_total": 2.0,
+        "share_pct_of": "the profiled steps' wall time",
+    }
+    d["benchmark"]["profile"].update(
+        source="server_decode_steps",
+        what="decode steps",
+        trace_baseline="reports/trace.baseline.json.gz",
+        impls={"candidate": meta, "baseline": {**meta, "mode": "eager (cuda graphs off for the profiled steps)"}},
+    )
+    d["benchmark"]["serving"]["step_models"] = {
+        "candidate": {**d["benchmark"]["serving"]["step_model"], "batch_sizes_fitted": [1, 4], "r2_all_steps": 0.5},
+        "baseline": {"skipped": "not measured"},
+    }
+    md = kr.render_markdown(d, {}, 0.02)
+    prof = md[md.index("## Profile") :]
+    assert "| `kern_0` | 5 | 100.0 | 20.00 | 5.0% |" in prof and "`kern_11`" in prof and "`kern_12`" not in prof
+    assert "**candidate**" in prof and "**baseline**" in prof and "cuda_graph_replay" in prof
+    assert "trace.baseline.json.gz" in prof
+    assert "Attention's measured share of a decode step (live" in md and "calibration; method:" in md
+    assert "batch 1: 40.4%" in md
+    assert "batch sizes fitted [1, 4]" in md and "- baseline: not fitted (not measured)" in md
+    # the older fixture (no impls) still renders, naming the source
+    assert "## Profile" in kr.render_markdown(data, {}, 0.02)
