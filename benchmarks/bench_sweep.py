@@ -35,8 +35,8 @@ LIGHT = [
     "verify.serving.enabled=false",
     "benchmark.profile.enabled=false",
     "server.cuda_graphs=false",
-    "benchmark.kernel.rounds=10",
-    "workload.batch_sizes=[1,32,96]",
+    "benchmark.kernel.rounds=5",
+    "workload.batch_sizes=[1,96]",
 ]
 
 
