@@ -474,7 +474,7 @@ def render_markdown(
         )
     if bench.get("run_as_target"):
         out.append(f"- run as target **{bench['run_as_target']}** would (configs it prunes dropped)")
-    out += ["", "## Serving", ""]
+    out += [""]
     sv = bench.get("serving") or {}
     out += serving_markdown(sv, plots, plots_rel, threshold)
     out += [

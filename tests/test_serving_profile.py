@@ -133,3 +133,39 @@ def test_report_renders_kernel_table_and_attention_share():
     assert "batch sizes fitted [1, 4]" in md and "- baseline: not fitted (not measured)" in md
     # the older fixture (no impls) still renders, naming the source
     assert "## Profile" in kr.render_markdown(data, {}, 0.02)
+
+
+def test_kernel_rows_leave_out_the_step_annotation() -> None:
+    """On the H200 the `kernelcamp.decode_step` range came out as a 'kernel' with 69% of step time."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from kernelcamp.serving.server import kernel_rows
+
+    def ev(key, dev_us, dtype=DeviceType.CUDA):
+        return SimpleNamespace(
+            key=key,
+            count=5,
+            device_type=dtype,
+            self_device_time_total=dev_us,
+            device_time_total=dev_us,
+            self_cpu_time_total=0.0,
+        )
+
+    prof = SimpleNamespace(
+        key_averages=lambda: [
+            ev("kernelcamp.decode_step batch=96", 11000.0),
+            ev("_sparse_mla_split_kernel", 5000.0),
+            ev("aten::mm", 9.0, DeviceType.CPU),
+        ]
+    )
+    rows = kernel_rows(prof, on_gpu=True, step_us_total=16000.0)
+    assert [r["name"] for r in rows] == ["_sparse_mla_split_kernel"]
+    assert rows[0]["share_pct"] == 31.25
+
+
+def test_report_has_one_serving_heading() -> None:
+    data = kr.load_inputs({n: FIX / f"{n}.json" for n in ("build", "deploy", "benchmark", "verify")})
+    md = kr.render_markdown(data, {}, 0.02)
+    assert md.count("## Serving") == 1, "the serving section heading was written twice"

@@ -418,7 +418,7 @@ class _Profile:
             try:
                 if off:
                     model.cuda_graphs = False
-                with torch.profiler.record_function(f"kernelcamp.decode_step batch={len(toks)}"):
+                with torch.profiler.record_function(f"{ANNOTATION_PREFIX}decode_step batch={len(toks)}"):
                     out = model.decode(toks, pos, pages)
                 if getattr(model, "on_gpu", False):
                     torch.cuda.synchronize()
@@ -498,16 +498,24 @@ class _Profile:
             self.future.set_exception(RuntimeError(self.error or "profile ended without a result"))
 
 
+#: Prefix of the profiler ranges the server records around each profiled step.
+ANNOTATION_PREFIX = "kernelcamp."
+
+
 def kernel_rows(prof: Any, on_gpu: bool, step_us_total: float) -> list[dict[str, Any]]:
     """Per-kernel rows from a finished profiler, largest time first.
 
     GPU: the device activities (``device_type`` not CPU: kernels, memcpy, memset), each with its
     device time. CPU: the CPU ops with their self CPU time (self, so nested ops are not counted
-    twice). ``share_pct``: of ``step_us_total`` (the profiled steps' wall time)."""
+    twice). ``share_pct``: of ``step_us_total`` (the profiled steps' wall time). Our own
+    ``record_function`` ranges (``kernelcamp.*``) are annotations spanning the whole step, not
+    kernels: Kineto reports them as GPU user annotations with a device time, so they are left out."""
     from torch.autograd import DeviceType
 
     rows = []
     for e in prof.key_averages():
+        if str(e.key).startswith(ANNOTATION_PREFIX):
+            continue
         if on_gpu:
             if getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU:
                 continue
