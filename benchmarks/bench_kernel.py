@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls-per-graph", type=int, default=8)
     p.add_argument("--no-ref", action="store_true", help="skip timing the torch reference")
     p.add_argument("--check", action="store_true", help="check each config's output against the reference once")
-    p.add_argument("--target", default=str(ROOT / "conf/target/sm90.yaml"), help="target yaml with the peaks")
+    p.add_argument("--target", default="conf/target/sm90.yaml", help="target yaml with peaks, relative to the repo")
     p.add_argument("--time-budget-s", type=float, default=0.0, help="stop starting new configs after this (0: none)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown families {bad}; choose from {list(FAMILIES)}")
     batches = [int(b) for b in args.batches.split(",") if b]
     configs = grid_configs(args) if args.grid else [parse_config_label(c) for c in args.configs.split(",") if c]
-    target = load_target(args.target)
+    target = load_target(args.target if Path(args.target).is_absolute() else str(ROOT / args.target))
     out = Path(args.out)
     prov = {**device_info(), **git_info(ROOT), "measured_at": now_utc()}
     src_hash = smd.kernel_source_hash()[:16]
