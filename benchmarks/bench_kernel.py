@@ -30,37 +30,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+import yaml  # noqa: E402 - pyyaml is on the lent GPU machine (../shared/tools/device-packages.txt)
 
-try:  # the lent GPU machine may lack pyyaml (and kernelcamp.io needs it): fall back to local helpers
-    import yaml
-
-    from kernelcamp.io import write_csv_atomic, write_text_atomic
-except ImportError:  # pragma: no cover - exercised on the device only
-    yaml = None
-    import csv
-    import io
-    import os
-    import tempfile
-
-    def write_text_atomic(path: Any, text: str) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-
-    def write_csv_atomic(path: Any, rows: list[dict[str, Any]]) -> None:
-        header: list[str] = []
-        for r in rows:
-            header.extend(k for k in r if k not in header)
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-        write_text_atomic(path, buf.getvalue())
-
-
+from kernelcamp.io import write_csv_atomic, write_text_atomic  # noqa: E402
 from kernelcamp.provenance import device_info, git_info, now_utc  # noqa: E402
 from kernelcamp.timing import bench_graph, summarize  # noqa: E402
 from kernelcamp.variant import LaunchConfig, Variant  # noqa: E402
@@ -334,20 +306,8 @@ def run_families(args, fams, batches, configs, target, prov, emit, log, base) ->
 
 
 def load_target(path: str) -> dict[str, Any]:
-    """The target yaml (peaks); without pyyaml, its flat ``key: value`` lines are read directly."""
-    text = Path(path).read_text()
-    if yaml is not None:
-        return yaml.safe_load(text)
-    out: dict[str, Any] = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if ":" in line:
-            k, v = (x.strip() for x in line.split(":", 1))
-            try:
-                out[k] = float(v) if "." in v else int(v)
-            except ValueError:
-                out[k] = v
-    return out
+    """The target yaml (conf/target/*.yaml: peaks and limits)."""
+    return yaml.safe_load(Path(path).read_text())
 
 
 def _ref_call(x: dict[str, Any], layout: str, page_size: int) -> Any:
