@@ -8,6 +8,7 @@ cost is in B, H and topk.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -226,16 +227,35 @@ def test_list_variant_wraps_autotuner_and_single_does_not():
     assert [c.kwargs["BLOCK_T"] for c in lst._tuner.configs] == [16, 32]
 
 
-@pytest.mark.skipif(bool(os.environ.get("TRITON_INTERPRET")), reason="interpreter functions cannot be compiled")
+_SPECS = """
+import json
+from kernelcamp.variant import LaunchConfig
+from kernels.sparse_mla_decode import compile_specs
+specs = compile_specs("deepseek_v4", 64, 512, LaunchConfig(32, 16, 8, 2, "auto"))
+print(json.dumps([{"name": s.name, "num_warps": s.num_warps, "num_stages": s.num_stages,
+                   "constexprs": {k: v for k, v in s.constexprs.items() if isinstance(v, (int, str))},
+                   "signature": s.signature} for s in specs]))
+"""
+
+
+def _without_interpreter(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a Python without TRITON_INTERPRET (under it nothing can be compiled)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+
+
 def test_compile_specs_cover_every_argument():
-    cfg = LaunchConfig(32, 16, 8, 2, "auto")
-    specs = smd.compile_specs("deepseek_v4", 64, 512, cfg)
-    assert [s.name for s in specs] == ["sparse_mla_split", "sparse_mla_combine"]
+    r = _without_interpreter(_SPECS)
+    assert r.returncode == 0, r.stderr[-2000:]
+    specs = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [s["name"] for s in specs] == ["sparse_mla_split", "sparse_mla_combine"]
     split = specs[0]
-    assert (split.num_warps, split.num_stages) == (8, 2)
-    assert split.constexprs["BLOCK_T"] == 32 and split.constexprs["LAYOUT"] == 1
-    assert all(split.signature[k] == "constexpr" for k in split.constexprs)
-    assert split.signature["q_ptr"] == "*bf16" and split.signature["kv_u8_ptr"] == "*u8"
+    assert (split["num_warps"], split["num_stages"]) == (8, 2)
+    assert split["constexprs"]["BLOCK_T"] == 32 and split["constexprs"]["LAYOUT"] == 1
+    assert all(split["signature"][k] == "constexpr" for k in split["constexprs"])
+    assert split["signature"]["q_ptr"] == "*bf16" and split["signature"]["kv_u8_ptr"] == "*u8"
 
 
 @pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="checks the interpreter-mode error")
@@ -265,11 +285,7 @@ for arch in (90, 120):
 
 
 def test_cross_compiles_for_sm90_and_sm120():
-    # in a subprocess: under TRITON_INTERPRET=1 nothing can be compiled (see compile_specs)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", _CROSS], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    r = _without_interpreter(_CROSS)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.split("\n")
     assert any(line.startswith("120 sparse_mla_split") for line in lines)
