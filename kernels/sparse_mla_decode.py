@@ -187,9 +187,7 @@ def _triton_config(c: LaunchConfig) -> triton.Config:
 
 
 @triton.jit
-def _store_rows(
-    out_ptr, part_out_ptr, bh, part, col0, o, mask_h, n_splits, D: tl.constexpr, W: tl.constexpr
-):
+def _store_rows(out_ptr, part_out_ptr, bh, part, col0, o, mask_h, n_splits, D: tl.constexpr, W: tl.constexpr):
     # one W-wide column slice [col0, col0 + W) of the final (bf16) or partial (fp32) output rows
     offs = col0 + tl.arange(0, W)
     if n_splits == 1:
@@ -200,9 +198,29 @@ def _store_rows(
 
 @triton.jit
 def _sparse_mla_v32_loop(
-    q_row_ptrs, mask_h, offs_h, kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr,
-    part_out_ptr, part_lse_ptr, pid_b, pid_s, n_splits, H, topk, max_splits, sm_scale_log2, stride_ib,
-    PAGE_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    q_row_ptrs,
+    mask_h,
+    offs_h,
+    kv_u8_ptr,
+    kv_bf16_ptr,
+    kv_f32_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    pid_b,
+    pid_s,
+    n_splits,
+    H,
+    topk,
+    max_splits,
+    sm_scale_log2,
+    stride_ib,
+    PAGE_SIZE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     # DeepSeek-V3.2 body of _sparse_mla_split_kernel. The 4 fp32 scales (one per 128 values) are
     # applied to the scores and to P, not to K (FlashMLA style):
@@ -241,9 +259,21 @@ def _sparse_mla_v32_loop(
         row_base = tl.multiple_of((tok // PAGE_SIZE) * PAGE_BYTES + (tok % PAGE_SIZE) * 656, 16)
         rows = kv_u8_ptr + row_base[:, None] + offs_e[None, :]
         k0 = tl.load(rows, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
-        k1 = tl.load(rows + G, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
-        k2 = tl.load(rows + 2 * G, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
-        k3 = tl.load(rows + 3 * G, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
+        k1 = (
+            tl.load(rows + G, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
+        )
+        k2 = (
+            tl.load(rows + 2 * G, mask=valid[:, None], other=0)
+            .to(tl.float8e4nv, bitcast=True)
+            .to(tl.float32)
+            .to(DOT_DTYPE)
+        )
+        k3 = (
+            tl.load(rows + 3 * G, mask=valid[:, None], other=0)
+            .to(tl.float8e4nv, bitcast=True)
+            .to(tl.float32)
+            .to(DOT_DTYPE)
+        )
         k_rope = tl.load(
             kv_bf16_ptr + (row_base[:, None] + 528) // 2 + offs_r[None, :], mask=valid[:, None], other=0.0
         ).to(DOT_DTYPE)
@@ -319,7 +349,6 @@ def _sparse_mla_split_kernel(
 ):
     # SPLITS is the requested split count (0 = auto); the launched count is the grid's third axis.
     D: tl.constexpr = 512
-    ROPE: tl.constexpr = 64
     if LAYOUT == 0:
         TOKEN_ROW: tl.constexpr = 656  # V3.2: token row stride; fp8 0-511, fp32 scales 512-527, rope 528-655
         PAGE_BYTES: tl.constexpr = PAGE_SIZE * 656
@@ -334,13 +363,32 @@ def _sparse_mla_split_kernel(
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
     offs_d = tl.arange(0, D)
-    offs_r = tl.arange(0, ROPE)
     q_row_ptrs = q_ptr + pid_b.to(tl.int64) * stride_qb + offs_h[:, None] * stride_qh
     if LAYOUT == 0:
         _sparse_mla_v32_loop(
-            q_row_ptrs, mask_h, offs_h, kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr,
-            part_out_ptr, part_lse_ptr, pid_b, pid_s, n_splits, H, topk, max_splits, sm_scale_log2, stride_ib,
-            PAGE_SIZE, DOT_DTYPE, BLOCK_T, BLOCK_H,
+            q_row_ptrs,
+            mask_h,
+            offs_h,
+            kv_u8_ptr,
+            kv_bf16_ptr,
+            kv_f32_ptr,
+            idx_ptr,
+            out_ptr,
+            lse_ptr,
+            part_out_ptr,
+            part_lse_ptr,
+            pid_b,
+            pid_s,
+            n_splits,
+            H,
+            topk,
+            max_splits,
+            sm_scale_log2,
+            stride_ib,
+            PAGE_SIZE,
+            DOT_DTYPE,
+            BLOCK_T,
+            BLOCK_H,
         )
     else:
         q_main = tl.load(q_row_ptrs + offs_d[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
