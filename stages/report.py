@@ -92,7 +92,7 @@ def main() -> int:
             run_id = run.run_id
     print(
         f"[report] {head['decision']}: ratio {head['ratio']:.4f} [{head['ci_lo']:.4f}, {head['ci_hi']:.4f}]"
-        f"{' (CPU interpreter timings)' if head['cpu'] else ''}; wrote {out}; MLflow run {run_id}",
+        f"{' (CPU interpreter timings decide nothing)' if head['cpu'] else ''}; wrote {out}; MLflow run {run_id}",
         flush=True,
     )
     return 0

@@ -44,7 +44,7 @@ def test_cpu_report_is_labelled_and_complete(tmp_path):
     assert set(plots) == {"kernel_latency", "serving_throughput", "step_model"}
     assert all((tmp_path / "plots" / f).stat().st_size > 1000 for f in plots.values())
     md = kr.render_markdown(data, plots, 0.02)
-    assert "**CPU run.**" in md and "(CPU interpreter timings)" in md
+    assert "**CPU run.**" in md and "(CPU interpreter timings decide nothing" in md
     assert "**inconclusive**" in md and "95% CI [" in md and "threshold 2.0%" in md
     assert "PRUNED on sm120" in md  # the story's BLOCK_T=32 configs, named loudly
     for needle in ("deploy id (benchmark)", "measured_at", "kernel source hash", "step_ms = ", "Attention's measured"):
@@ -127,3 +127,21 @@ def test_report_stage_unreachable_server_leaves_nothing(tmp_path):
     assert len(lines) == 1 and "unreachable" in lines[0], r.stderr
     assert not (tmp_path / "reports" / "report.md").exists()
     assert not (tmp_path / "reports" / "plots").exists()
+
+
+def test_cpu_timings_decide_nothing_even_with_an_interval_clear_of_one():
+    """A new user's CPU run said `slower` for num_warps, which the interpreter ignores."""
+    d = copy.deepcopy(_data())
+    assert kr.is_cpu(d["benchmark"])
+    d["benchmark"]["kernel"]["overall"].update(ratio=1.03, ci_lo=1.01, ci_hi=1.05)
+    h = kr.headline(d, 0.02)
+    assert h["decision"] == "inconclusive" and h["cpu"]
+    md = kr.render_markdown(d, {}, 0.02)
+    assert "**inconclusive** (CPU interpreter timings decide nothing" in md
+    gpu = copy.deepcopy(d)
+    gpu["benchmark"]["device"] = "cuda"
+    assert kr.headline(gpu, 0.02)["decision"] == "slower"
+
+
+def test_booleans_read_as_words():
+    assert kr._f(True) == "yes" and kr._f(False) == "no" and kr._f(None) == "n/a" and kr._f(0.5) == "0.5"
