@@ -23,6 +23,20 @@ import yaml
 from kernelcamp.errors import KernelcampError
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask sets it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
@@ -36,6 +50,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        # mkstemp creates 0600; give the file the mode an ordinary open() would (0666 less umask).
+        os.chmod(tmp_path, 0o666 & ~_umask())
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
@@ -108,8 +124,35 @@ def section(params: Mapping[str, Any], name: str) -> Any:
     return params[name]
 
 
+def die_with_parent() -> None:
+    """Have Linux send this process SIGTERM when its parent exits (``prctl(PR_SET_PDEATHSIG)``).
+
+    DVC runs a stage as its child; when ``dvc exp run`` itself is terminated (``kill``, ``timeout``, a
+    cancelled job), the stage would otherwise run on, orphaned, and write outputs nobody records.
+    With this the stage gets SIGTERM, which ``kernelcamp.tracking.tracked_stage`` turns into a KILLED
+    run and a clean exit (servers it started are stopped by its ``finally`` blocks). The setting is
+    not inherited by children, so servers started on purpose to outlive the stage are unaffected.
+    No-op where prctl is unavailable (not Linux).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent was already gone before the call
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def stage_main(fn: Callable[[], int | None]) -> None:
-    """Run a stage's ``main``: a ``KernelcampError`` becomes one ``error:`` line and exit status 2."""
+    """Run a stage's ``main``: a ``KernelcampError`` becomes one ``error:`` line and exit status 2.
+
+    The stage dies with its parent (:func:`die_with_parent`)."""
+    die_with_parent()
     try:
         rc = fn()
     except KernelcampError as e:

@@ -1,0 +1,81 @@
+"""Atomic outputs and stage process hygiene (kernelcamp.io)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelcamp.io import write_json_atomic, write_text_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from kernelcamp.io import stage_main
+def main():
+    open({pidfile!r}, "w").write(str(os.getpid()))
+    time.sleep(60)
+stage_main(main)
+"""
+
+PARENT = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", {child!r}])
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux-only")
+def test_stage_dies_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """`kill` of `dvc exp run` left the benchmark stage running, orphaned (found by a new user)."""
+    pidfile = tmp_path / "stage.pid"
+    child = CHILD.format(root=str(ROOT), pidfile=str(pidfile))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(child=child)])
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline, "the stage did not start"
+        time.sleep(0.1)
+    stage_pid = int(pidfile.read_text())
+    assert _alive(stage_pid)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(stage_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = _alive(stage_pid)
+    if alive:
+        os.kill(stage_pid, signal.SIGKILL)
+    assert not alive, "the stage outlived the process that ran it"
+
+
+def test_outputs_are_readable_by_others(tmp_path: Path) -> None:
+    """mkstemp files are 0600; reports must be readable in a shared workspace (found by a new user)."""
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "a.json", {"x": 1})
+        write_text_atomic(tmp_path / "b.md", "x")
+    finally:
+        os.umask(old)
+    for name in ("a.json", "b.md"):
+        mode = stat.S_IMODE((tmp_path / name).stat().st_mode)
+        assert mode == 0o644, oct(mode)
