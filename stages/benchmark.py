@@ -420,6 +420,10 @@ def main() -> int:
         section(params, s)
     build = read_json(args.build, "build record")
     deploy = read_json(args.deploy, "deploy record")
+    if params["benchmark"]["serving"].get("enabled") and importlib.util.find_spec("kernelcamp.serving.bench"):
+        from kernelcamp.serving.bench import require_deployed_server
+
+        require_deployed_server(deploy)  # before the kernel rounds: a stopped server is found now
 
     import torch
 

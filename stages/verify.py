@@ -143,6 +143,10 @@ def main() -> int:
     for s in ("variant", "baseline", "workload", "kernel", "verify"):
         section(params, s)
     deploy = read_json(args.deploy, "deploy record")
+    if params["verify"]["serving"].get("enabled") and importlib.util.find_spec("kernelcamp.serving.bench"):
+        from kernelcamp.serving.bench import require_deployed_server
+
+        require_deployed_server(deploy)  # before any work: a stopped server is found now, not at the end
 
     import torch
 

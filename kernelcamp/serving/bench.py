@@ -56,12 +56,17 @@ from kernelcamp.stats import decision, fit_step_model, paired_ratio_ci
 CPU_DEFAULT = {"concurrency": [4, 1], "max_tokens": 16}
 
 
+#: How to recover when the deployed server is gone or replaced: DVC cannot see a server that stopped,
+#: so it considers the deploy stage up to date; force it.
+REDEPLOY = "redeploy with `dvc repro -f -s deploy` (DVC cannot see that a server stopped), then run again"
+
+
 def fetch_info(url: str, **query: Any) -> dict[str, Any] | None:
     """The server's info endpoint, or None when it has none (a foreign server)."""
     try:
         r = httpx.get(url.rstrip("/") + INFO_PATH, params=query or None, timeout=30)
     except httpx.HTTPError as e:
-        raise KernelcampError(f"server at {url} does not answer ({type(e).__name__}): run the deploy stage") from e
+        raise KernelcampError(f"server at {url} does not answer ({type(e).__name__}): {REDEPLOY}") from e
     if r.status_code == 404:
         return None
     if r.status_code != 200:
@@ -81,14 +86,24 @@ def check_server(deploy_record: dict[str, Any], info: dict[str, Any] | None) -> 
     if got != want:
         raise KernelcampError(
             f"server at {url} runs variant hash {got}, but the deploy record says {want}: "
-            "refusing to measure it; rerun the deploy stage"
+            f"refusing to measure it; {REDEPLOY}"
         )
     if deploy_record.get("kind") == "embedded" and deploy_record.get("pid") and info.get("pid") != deploy_record["pid"]:
         raise KernelcampError(
-            f"server at {url} is pid {info.get('pid')}, not the deployed pid {deploy_record['pid']}: "
-            "rerun the deploy stage"
+            f"server at {url} is pid {info.get('pid')}, not the deployed pid {deploy_record['pid']}: {REDEPLOY}"
         )
     return True
+
+
+def require_deployed_server(deploy_record: dict[str, Any]) -> None:
+    """Fail fast, before any measuring, when the server of the deploy record is gone or replaced.
+
+    Raises ``KernelcampError`` saying how to redeploy (``REDEPLOY``).
+    """
+    url = deploy_record.get("url")
+    if not url:
+        raise KernelcampError(f"deploy record has no url: {REDEPLOY}")
+    check_server(deploy_record, fetch_info(url))
 
 
 def serving_plan(params: dict[str, Any], on_cpu: bool) -> dict[str, Any]:
@@ -418,7 +433,7 @@ def serving_benchmark(
     """
     url = str(deploy_record.get("url") or "").rstrip("/")
     if not url:
-        raise KernelcampError("deploy record has no url: rerun the deploy stage")
+        raise KernelcampError(f"deploy record has no url: {REDEPLOY}")
     info = fetch_info(url)
     hash_checked = check_server(deploy_record, info)
     plan = serving_plan(params, server_on_cpu(info))

@@ -21,7 +21,7 @@ from typing import Any
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.provenance import now_utc
-from kernelcamp.serving.bench import check_server, fetch_info, server_on_cpu, serving_plan
+from kernelcamp.serving.bench import REDEPLOY, check_server, fetch_info, server_on_cpu, serving_plan
 from kernelcamp.serving.loadgen import default_prompts, run_level
 
 
@@ -57,7 +57,7 @@ def serving_verify(params: dict[str, Any], deploy_record: dict[str, Any]) -> dic
     """
     url = str(deploy_record.get("url") or "").rstrip("/")
     if not url:
-        raise KernelcampError("deploy record has no url: rerun the deploy stage")
+        raise KernelcampError(f"deploy record has no url: {REDEPLOY}")
     info = fetch_info(url)
     check_server(deploy_record, info)
     vs = (params.get("verify") or {}).get("serving") or {}

@@ -1,0 +1,54 @@
+"""A deployed server that stopped is found before any measuring, with the command that recovers.
+
+Found by a new user: after `make clean-server`, DVC still thinks `deploy` is up to date, and the
+benchmark ran all its kernel rounds before failing on the missing server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kernelcamp.serving.testing import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("stage", ["benchmark", "verify"])
+def test_stopped_server_fails_fast_with_the_redeploy_command(tmp_path: Path, stage: str) -> None:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    pfile = tmp_path / "params.yaml"
+    pfile.write_text(yaml.safe_dump(params))
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the server has stopped
+    deploy = tmp_path / "deploy.json"
+    deploy.write_text(json.dumps({"kind": "embedded", "url": url, "variant_hash": "x", "pid": 123}))
+    (tmp_path / "build.json").write_text("{}")
+    r_out = tmp_path / "reports"
+    if stage == "benchmark":
+        args = ["--build", str(tmp_path / "build.json"), "--out", str(r_out / "benchmark.json")]
+        args += ["--metrics", str(r_out / "m.json"), "--latency-csv", str(r_out / "l.csv")]
+        args += ["--summary-csv", str(r_out / "s.csv"), "--serving-csv", str(r_out / "sv.csv")]
+        args += ["--serving-summary-csv", str(r_out / "ss.csv"), "--trace", str(r_out / "t.json.gz")]
+        args += ["--kernel-table", str(r_out / "k.csv")]
+    else:
+        args = ["--out", str(r_out / "verify.json"), "--details", str(r_out / "d.json")]
+    env = {**os.environ, "DVC_ROOT": str(tmp_path)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / f"{stage}.py"), "--params", str(pfile), "--deploy", str(deploy), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stdout[-1000:] + r.stderr[-1000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "does not answer" in errors[0] and "dvc repro -f -s deploy" in errors[0]
+    assert "batch" not in r.stdout, "it measured before finding the server gone"
+    assert not r_out.exists() or not any(r_out.iterdir()), "nothing is written"
