@@ -10,8 +10,9 @@ DVC 3.67) itself, one per GPU, each with only its GPU visible::
     kernelcamp sweep --gpus 0,1      # choose the GPUs
 
 Each worker's environment carries ``CUDA_VISIBLE_DEVICES=<its GPU>`` and
-``KERNELCAMP_WORKER_SLOT=<0..N-1>``; the embedded server's port and its state file are offset by
-the slot (:func:`worker_port`, :func:`worker_slot`), so parallel workers never collide. Runs go to
+``KERNELCAMP_WORKER_SLOT=<0..N-1>``; the embedded server's port and its state folder are the
+slot's own (:func:`worker_port`, ``.kernelcamp/slotN``), so parallel workers never collide with each
+other or with the workspace's own deployed server. Runs go to
 the one tracking store at ``$DVC_ROOT`` (created once, before any worker: kernelcamp.tracking).
 """
 
@@ -45,9 +46,18 @@ def worker_slot() -> int:
     return int(raw)
 
 
+def in_sweep() -> bool:
+    """Whether this process runs under a ``kernelcamp sweep`` worker (``KERNELCAMP_WORKER_SLOT`` set)."""
+    return SLOT_ENV in os.environ
+
+
 def worker_port(base_port: int) -> int:
-    """The port this worker's embedded server uses: ``base_port + PORT_STRIDE * worker_slot()``."""
-    return int(base_port) + PORT_STRIDE * worker_slot()
+    """The port this process's embedded server uses.
+
+    Outside a sweep, ``base_port``; in sweep slot N, ``base_port + PORT_STRIDE * (N + 1)``, so that no
+    worker, slot 0 included, collides with the workspace's own deployed server on ``base_port``.
+    """
+    return int(base_port) + (PORT_STRIDE * (worker_slot() + 1) if in_sweep() else 0)
 
 
 def detect_gpus() -> list[str]:
@@ -175,6 +185,10 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
     # Create the tracking store once, before any worker (DESIGN.md: concurrent creation can break it).
     prepare_tracking_store(repo_root)
     n = queued_count(repo_root)
+    if n == 0:
+        raise KernelcampError(
+            "nothing is queued: queue experiments first, e.g. dvc exp run --queue -S 'variant.num_warps=4,8'"
+        )
     log(f"sweep: {n} queued experiment(s), {len(gpus)} worker(s) on GPU(s) {', '.join(gpus)}")
     log_dir = repo_root / ".dvc" / "tmp" / "kernelcamp-sweep"
     workers = start_workers(repo_root, gpus, log_dir)

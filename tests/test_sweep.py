@@ -91,7 +91,8 @@ def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
     ]
     assert sorted(r["x"] for r in results) == [2, 3]
     assert sorted(r["cvd"] for r in results) == ["7", "9"], "each worker sees only its own GPU"
-    assert sorted(r["port"] for r in results) == [8765, 8775], "each worker's server port differs"
+    # each worker's server port differs, and none is the workspace's own (8765)
+    assert sorted(r["port"] for r in results) == [8775, 8785]
     runs = mlflow.search_runs(experiment_names=["sweep-test"], output_format="list")
     assert {r.info.run_id for r in runs} == {r["run_id"] for r in results}
     by_run = {r.info.run_id: r for r in runs}
@@ -109,8 +110,10 @@ def test_worker_env_pins_one_gpu() -> None:
 def test_worker_port_offsets_by_slot(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(sweep.SLOT_ENV, raising=False)
     assert sweep.worker_port(8765) == 8765
+    monkeypatch.setenv(sweep.SLOT_ENV, "0")
+    assert sweep.worker_port(8765) == 8765 + sweep.PORT_STRIDE, "slot 0 must not take the workspace's port"
     monkeypatch.setenv(sweep.SLOT_ENV, "3")
-    assert sweep.worker_port(8765) == 8765 + 3 * sweep.PORT_STRIDE
+    assert sweep.worker_port(8765) == 8765 + 4 * sweep.PORT_STRIDE
     monkeypatch.setenv(sweep.SLOT_ENV, "x")
     with pytest.raises(KernelcampError, match="KERNELCAMP_WORKER_SLOT"):
         sweep.worker_slot()
@@ -128,5 +131,14 @@ def test_embedded_deploy_state_is_per_worker_slot(tmp_path: Path, monkeypatch: p
 
     monkeypatch.delenv(sweep.SLOT_ENV, raising=False)
     assert state_dir(tmp_path) == tmp_path / ".kernelcamp"
+    monkeypatch.setenv(sweep.SLOT_ENV, "0")
+    assert state_dir(tmp_path) == tmp_path / ".kernelcamp" / "slot0", "a worker must not stop the workspace's server"
     monkeypatch.setenv(sweep.SLOT_ENV, "1")
     assert state_dir(tmp_path) == tmp_path / ".kernelcamp" / "slot1", "workers must not stop each other's servers"
+
+
+def test_sweep_refuses_an_empty_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sweep, "prepare_tracking_store", lambda root: None)
+    monkeypatch.setattr(sweep, "queued_count", lambda root: 0)
+    with pytest.raises(KernelcampError, match="nothing is queued"):
+        sweep.run_sweep(tmp_path, ["0", "1"])

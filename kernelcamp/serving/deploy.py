@@ -45,7 +45,7 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.io import write_json_atomic, write_text_atomic
 from kernelcamp.provenance import dvc_root, now_utc, sha256_file
 from kernelcamp.serving import INFO_PATH, kernel_module_path, kernel_source_hash, server_flags, variant_hash
-from kernelcamp.sweep import worker_port, worker_slot
+from kernelcamp.sweep import in_sweep, worker_port, worker_slot
 from kernelcamp.variant import parse_variant
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -53,12 +53,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # ---- common ------------------------------------------------------------------------------------------
 def state_dir(root: str | Path | None = None) -> Path:
-    """``$DVC_ROOT/.kernelcamp`` (the real workspace, also for queued experiments); a sweep worker in
-    slot N > 0 (``kernelcamp sweep``) keeps its own state in ``.kernelcamp/slotN`` so that parallel
-    workers never stop each other's servers."""
+    """``$DVC_ROOT/.kernelcamp`` (the real workspace, also for queued experiments); a ``kernelcamp
+    sweep`` worker in slot N keeps its own state in ``.kernelcamp/slotN`` so that workers never stop
+    each other's servers, nor the workspace's own."""
     d = (Path(root) if root is not None else dvc_root()) / ".kernelcamp"
-    slot = worker_slot()
-    return d / f"slot{slot}" if slot else d
+    return d / f"slot{worker_slot()}" if in_sweep() else d
 
 
 def flag_env(flags: dict[str, Any], vhash: str) -> dict[str, str]:
