@@ -102,7 +102,7 @@ def _check_int(where: str, field: str, value: Any, lo: int, pow2: bool = False) 
             + (" (tensor-core dot dimensions need at least 16)" if field.startswith("BLOCK") else "")
         )
     if pow2 and value & (value - 1):
-        raise KernelcampError(f"{where}.{field} = {value}: must be a power of two (Triton block sizes)")
+        raise KernelcampError(f"{where}.{field} = {value}: must be a power of two (e.g. {lo}, {2 * lo}, {4 * lo})")
     return value
 
 
@@ -144,9 +144,9 @@ def parse_variant(raw: Mapping[str, Any], section: str = "variant") -> Variant:
         if top:
             f = top[0]
             raise KernelcampError(
-                f"{section} {name!r} is an autotune list, so a top-level {f} does not apply: write "
-                f"-S '{section}.configs.0.{f}=...' for one entry, or pick a single-config variant "
-                f"(-S {section}=bt16_w8) and override {section}.{f}"
+                f"{section} {name!r} mixes top-level launch fields ({', '.join(top)}) with an autotune list "
+                f"(configs): a single-config variant takes -S {section}.{f}=..., a list variant "
+                f"(e.g. -S {section}=story_autotune) takes -S '{section}.configs.0.{f}=...'"
             )
         unknown = sorted(set(raw) - {"name", "configs", "autotune_key"})
         if unknown:
