@@ -812,7 +812,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         out = {
             "variant": variant.name,
-            "variant_hash": variant.config_hash(),
+            "config_hash": variant.config_hash(),
             "workload": workload.get("name"),
             "kernel_source_hash": module_source_hash(module),
             "triton": triton_version(),

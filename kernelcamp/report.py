@@ -323,9 +323,9 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
         b = sv.get("baseline") or {}
         if b:
             out += [
-                f"Baseline `{b.get('variant_name')}` (hash {b.get('variant_hash')}) ran on a temporary server at "
-                f"{b.get('url')} (pid {b.get('pid')}, ready in {_f(b.get('seconds_to_ready'))} s, stopped after the "
-                "run) beside the deployed candidate.",
+                f"Baseline `{b.get('variant_name')}` (variant hash {b.get('variant_hash')}) ran on a temporary "
+                f"server at {b.get('url')} (pid {b.get('pid')}, ready in {_f(b.get('seconds_to_ready'))} s, "
+                "stopped after the run) beside the deployed candidate.",
                 "",
             ]
         out += attention_share_markdown(sv.get("attention_share"))
@@ -480,7 +480,8 @@ def render_markdown(
     out += ["", "Config lists that ran:", ""]
     for n in ("baseline", "candidate"):
         out.append(
-            f"- {n} `{v[n]['name']}` (hash {v[n].get('hash')}): ran {v[n]['configs_ran']} of "
+            f"- {n} `{v[n]['name']}` (config hash {v[n].get('config_hash') or v[n].get('hash')}): "
+            f"ran {v[n]['configs_ran']} of "
             f"{v[n]['configs']}: {v[n].get('config_list')}"
         )
     if bench.get("run_as_target"):

@@ -442,6 +442,16 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
 # ---------------------------------------------------------------------------------------------- tags
 
 
+def _deployed_hash(params: Mapping[str, Any]) -> str | None:
+    """``kernelcamp.serving.params_variant_hash`` of ``params`` (None where it cannot be computed)."""
+    try:
+        from kernelcamp.serving import params_variant_hash
+
+        return params_variant_hash(params)
+    except (KernelcampError, ImportError, OSError):
+        return None
+
+
 def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Tags every run carries: git commit/dirty, DVC experiment, variant/baseline names and hashes,
     GPU/driver/torch/triton (from ``extra`` when a stage measured them, else this process)."""
@@ -458,7 +468,10 @@ def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) 
         if isinstance(raw, Mapping):
             tags[f"{sec}"] = raw.get("name")
             with contextlib.suppress(KernelcampError):
-                tags[f"{sec}_hash"] = parse_variant(raw, sec).config_hash()
+                tags[f"{sec}_config_hash"] = parse_variant(raw, sec).config_hash()
+                # the hash a server reports for it (configs, kernel source, server flags): one name,
+                # one meaning, as in deploy.json and /v1/kernelcamp/info
+                tags[f"{sec}_hash"] = _deployed_hash({**params, "variant": raw})
     for k in ("target", "workload"):
         if isinstance(params.get(k), Mapping):
             tags[k] = params[k].get("name")

@@ -452,7 +452,7 @@ def main() -> int:
             v = v.restricted([0])  # Triton's autotuner needs a GPU driver
         notes[name] = {
             "name": params[sec]["name"],
-            "hash": parse_variant(params[sec], sec).config_hash(),
+            "config_hash": parse_variant(params[sec], sec).config_hash(),
             "configs": full,
             "configs_ran": [c.label() for c in v.configs],
             "config_list": (f"as {run_as} would run it (configs it prunes dropped)" if run_as else "every config")

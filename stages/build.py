@@ -40,7 +40,7 @@ def build_report(variants: dict[str, Variant], target: Any, also: list[Any], spe
         rows += [{"role": role, "variant": variant.name, **r} for r in role_rows]
         summaries[role] = {
             "name": variant.name,
-            "variant_hash": variant.config_hash(),
+            "config_hash": variant.config_hash(),
             "targets": {t.name: ki.summarize(variant, role_rows, t.name) for t in targets},
         }
         summaries[role].update({k: summaries[role]["targets"][target.name][k] for k in ("n_configs", "n_fit")})
@@ -86,7 +86,7 @@ def main() -> int:
     report.update(
         kernel=kernel.get("name"),
         kernel_source_hash=ki.module_source_hash(module),
-        variant_hash=variants["variant"].config_hash(),
+        variant_config_hash=variants["variant"].config_hash(),
         triton=ki.triton_version(),
         workload=section(params, "workload").get("name"),
     )

@@ -45,7 +45,7 @@ def test_build_writes_report_and_names_pruned_configs(tmp_path, cache_root):
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(out.read_text())
     assert rep["target"] == "sm90" and rep["also_targets"] == ["sm120"]
-    assert rep["kernel_source_hash"] and rep["variant_hash"] and rep["triton"]
+    assert rep["kernel_source_hash"] and rep["variant_config_hash"] and rep["triton"]
     assert {row["role"] for row in rep["rows"]} == {"variant", "baseline"}
     v = rep["roles"]["variant"]
     assert v["n_configs"] == 3 and v["n_fit"] == len(v["will_run"]["configs"])

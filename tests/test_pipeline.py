@@ -112,6 +112,7 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
         "git_dirty",
         "variant",
         "variant_hash",
+        "variant_config_hash",
         "baseline",
         "baseline_hash",
         "kernel_source_hash",
@@ -125,6 +126,9 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
     ):
         assert tags.get(t) not in (None, ""), t
     assert tags["dvc_exp_name"] in names
+    # one name, one meaning: the MLflow tag is the hash the deployed server reports
+    deploy = json.loads((repo / "reports/deploy.json").read_text())
+    assert tags["variant_hash"] == deploy["variant_hash"]
     assert tags["device"] == "cpu" and tags["gpu"] == "none (cpu)"
     bench = json.loads((repo / "reports/benchmark.json").read_text())
     assert bench["device"] == "cpu" and bench["measured_at"] and bench["deploy_id"]

@@ -70,7 +70,10 @@ def test_finished_run_holds_params_metrics_tags(store):
     assert r.data.params["baseline.configs.0.num_warps"] == "4"
     assert r.data.params["workload.batch_sizes"] == "[1, 8]"
     assert r.data.params["workload.sm_scale"] == "null"
-    assert r.data.tags["variant"] == "bt16_w8" and len(r.data.tags["variant_hash"]) == 16
+    assert r.data.tags["variant"] == "bt16_w8" and len(r.data.tags["variant_config_hash"]) == 16
+    from kernelcamp.serving import params_variant_hash
+
+    assert r.data.tags["variant_hash"] == params_variant_hash(PARAMS), "the hash the deployed server reports"
     assert r.data.tags["kernelcamp.pid"] == str(os.getpid())
     assert "git_commit" in r.data.tags and "git_dirty" in r.data.tags
 
