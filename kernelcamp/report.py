@@ -182,8 +182,7 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
                 [sm["a_ms"] + sm["b_ms_per_req"] * x for x in grid],
                 color=color,
                 linestyle="--",
-                label=f"{impl} fit {sm['a_ms']:.2f} + {sm['b_ms_per_req']:.3f}*batch ms "
-                f"(R2 {sm.get('r2', float('nan')):.3f})",
+                label=f"{impl} fit {sm['a_ms']:.2f} + {sm['b_ms_per_req']:.3f}*batch ms (R2 {_f(sm.get('r2'), '.3f')})",
             )
         ax.set_xlabel("batch (running requests)")
         ax.set_ylabel("decode step (ms)")

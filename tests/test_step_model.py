@@ -30,3 +30,11 @@ def test_fit_uses_medians_so_jitter_does_not_hide_the_line() -> None:
 def test_fewer_than_two_steady_batch_sizes_is_skipped_with_reason() -> None:
     fit = step_model_from_steps([{"kind": "decode", "batch": 4, "step_ms": 1.0}] * 10)
     assert "skipped" in fit and "fewer than 2" in fit["skipped"]
+
+
+def test_two_batch_sizes_give_no_r2() -> None:
+    """A CPU run (levels 1 and 4) reported R^2 1.0000 for a line through two points."""
+    steps = [{"kind": "decode", "batch": b, "step_ms": 1.0 + b} for b in (1, 4) for _ in range(10)]
+    fit = step_model_from_steps(steps)
+    assert fit["r2"] is None and "2 batch sizes" in fit["r2_note"]
+    assert abs(fit["a_ms"] - 1.0) < 1e-9 and abs(fit["b_ms_per_req"] - 1.0) < 1e-9

@@ -165,6 +165,8 @@ def step_model_from_steps(steps: list[dict[str, Any]], min_steps: int = 5) -> di
     y = np.asarray([s["step_ms"] for s in dec], dtype=np.float64)
     ss_tot = float(((y - y.mean()) ** 2).sum())
     ss_res = float(((y - (fit["a_ms"] + fit["b_ms_per_req"] * x)) ** 2).sum())
+    if len(used) < 3:  # a line through two points fits exactly: its R^2 says nothing
+        fit = {**fit, "r2": None, "r2_note": "2 batch sizes: a line fits them exactly, so R^2 is not reported"}
     return {
         **fit,
         "n_points": len(dec),
