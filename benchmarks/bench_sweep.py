@@ -96,7 +96,7 @@ def main() -> int:
     rows = []
     for mode, r in runs.items():
         for v, name in r["names"].items():
-            m = metrics.get(name) or {}
+            m = (metrics.get(name) or {}).get("kernel") or {}
             for key, fig in m.items():
                 if key.startswith("b") and key[1:].isdigit() and isinstance(fig, dict):
                     rows.append(

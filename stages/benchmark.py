@@ -529,16 +529,25 @@ def main() -> int:
         }
         for b, r in kernel["batch"].items()
     ]
+    # CPU figures live under their own names (kernel_cpu, serving_cpu_*, as in MLflow), so that
+    # `dvc metrics diff` / `dvc exp show` never put interpreter timings beside GPU ones.
+    ns = "kernel" if device == "cuda" else "kernel_cpu"
     metrics = {
         "device_is_gpu": int(device == "cuda"),
-        "kernel_ratio": kernel["overall"]["ratio"],
-        "kernel_ratio_ci_lo": kernel["overall"]["ci_lo"],
-        "kernel_ratio_ci_hi": kernel["overall"]["ci_hi"],
-        **{f"b{s['batch']}": {k_: v for k_, v in s.items() if k_ not in ("batch", "device")} for s in summary},
+        ns: {
+            "ratio": kernel["overall"]["ratio"],
+            "ratio_ci_lo": kernel["overall"]["ci_lo"],
+            "ratio_ci_hi": kernel["overall"]["ci_hi"],
+            **{f"b{s['batch']}": {k_: v for k_, v in s.items() if k_ not in ("batch", "device")} for s in summary},
+        },
     }
+    sm_ns = "step_model" if device == "cuda" else "step_model_cpu"
     if serving.get("step_model"):
-        metrics["step_model"] = {k_: serving["step_model"].get(k_) for k_ in ("a_ms", "b_ms_per_req", "r2")}
-    metrics.update(serving_metrics(serving))
+        metrics[sm_ns] = {k_: serving["step_model"].get(k_) for k_ in ("a_ms", "b_ms_per_req", "r2")}
+    sv_metrics = serving_metrics(serving)
+    if device != "cuda":
+        sv_metrics = {k_.replace("serving_", "serving_cpu_", 1): v for k_, v in sv_metrics.items()}
+    metrics.update(sv_metrics)
     write_csv_atomic(args.latency_csv, rows)
     write_csv_atomic(args.summary_csv, summary)
     write_csv_atomic(
@@ -557,8 +566,8 @@ def main() -> int:
     write_json_atomic(args.metrics, metrics)
     write_json_atomic(args.out, record)
     log(
-        f"overall ratio candidate/baseline {metrics['kernel_ratio']:.3f} "
-        f"[{metrics['kernel_ratio_ci_lo']:.3f}, {metrics['kernel_ratio_ci_hi']:.3f}] on {device}; wrote {args.out}"
+        f"overall ratio candidate/baseline {metrics[ns]['ratio']:.3f} "
+        f"[{metrics[ns]['ratio_ci_lo']:.3f}, {metrics[ns]['ratio_ci_hi']:.3f}] on {device}; wrote {args.out}"
     )
     return 0
 

@@ -133,6 +133,10 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
     bench = json.loads((repo / "reports/benchmark.json").read_text())
     assert bench["device"] == "cpu" and bench["measured_at"] and bench["deploy_id"]
     assert "CPU run" in (repo / "reports/report.md").read_text()
+    # CPU figures have CPU names in the DVC metrics too (never beside GPU ones in `dvc metrics diff`)
+    m = json.loads((repo / "reports/benchmark_metrics.json").read_text())
+    assert m["device_is_gpu"] == 0 and "kernel_cpu" in m and "kernel" not in m and "step_model" not in m
+    assert not [k for k in m if k.startswith("serving_") and not k.startswith("serving_cpu_")]
 
 
 def test_second_repro_reruns_nothing(repo):
