@@ -676,7 +676,8 @@ def _load_yaml(path: Path) -> dict:
     from omegaconf import OmegaConf
 
     if not path.exists():
-        raise KernelcampError(f"{path} not found")
+        choices = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise KernelcampError(f"no {path.parent.name} named {path.stem!r}: choose one of {choices}")
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
 
 

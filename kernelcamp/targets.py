@@ -148,9 +148,8 @@ def resolve_target(name: str = "auto", device_index: int = 0) -> Target:
     except ImportError as e:  # pragma: no cover - torch is a dependency
         raise KernelcampError("target auto needs torch to read the local GPU") from e
     if not torch.cuda.is_available():
-        raise KernelcampError(
-            f"target auto: no CUDA GPU on this machine; pick a named target instead (one of {named_targets()})"
-        )
+        named = [t for t in named_targets() if t != "auto"]
+        raise KernelcampError(f"target auto: no CUDA GPU on this machine; pick a named target instead (one of {named})")
     p = torch.cuda.get_device_properties(device_index)
     arch = p.major * 10 + p.minor
     base: dict[str, Any] = {}
