@@ -19,18 +19,14 @@ from kernelcamp.serving import bench, params_variant_hash
 from kernelcamp.serving.bench import baseline_params, serving_benchmark
 from kernelcamp.serving.deploy import _alive
 from kernelcamp.serving.server import FakeSpec, build_state, make_app, make_fake_app
-from kernelcamp.serving.testing import ServerThread, free_port, port_is_free
+from kernelcamp.serving.testing import ServerThread, free_port_block, port_is_free
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _port_pair() -> int:
-    """A free port whose successor (the baseline's) is free too."""
-    for _ in range(50):
-        p = free_port()
-        if p < 65535 and port_is_free(p + 1):
-            return p
-    raise RuntimeError("no free port pair")
+    """A free port whose successor (the baseline's) is free too, outside the ephemeral range."""
+    return free_port_block(2)
 
 
 @pytest.fixture(scope="module")

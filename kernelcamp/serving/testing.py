@@ -23,6 +23,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_port_block(n: int = 2, host: str = "127.0.0.1", lo: int = 20000, hi: int = 32000) -> int:
+    """The first of ``n`` consecutive free ports, chosen below Linux's ephemeral range (32768-60999).
+
+    A port from :func:`free_port` lies inside that range, so an outgoing connection (an HTTP client's
+    own socket) can take its neighbour before a second server binds it; a flaky CI run did exactly
+    that to the baseline server on candidate port + 1. Below the range only listeners compete.
+    Raises ``RuntimeError`` when no block is free.
+    """
+    import random
+
+    rng = random.Random()
+    for _ in range(200):
+        p = rng.randrange(lo, hi - n)
+        if all(port_is_free(p + i, host) for i in range(n)):
+            return p
+    raise RuntimeError(f"no {n} consecutive free ports in [{lo}, {hi})")
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """True when nothing accepts connections on host:port and the port can be bound."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
