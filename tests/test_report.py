@@ -115,7 +115,7 @@ def test_report_stage_writes_report_and_one_finished_run(tmp_path):
     (run,) = c.search_runs([c.get_experiment_by_name("kernelcamp").experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.tags["decision"] == "inconclusive" and run.data.tags["device"] == "cpu"
-    assert run.data.params["variant.name"] == "bt16_w8"
+    assert run.data.params["variant.name"] == yaml.safe_load((ROOT / "params.yaml").read_text())["variant"]["name"]
     arts = {a.path for a in c.list_artifacts(run.info.run_id, "reports")}
     assert "reports/report.md" in arts and "reports/benchmark.json" in arts
 
