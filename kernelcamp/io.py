@@ -124,6 +124,26 @@ def section(params: Mapping[str, Any], name: str) -> Any:
     return params[name]
 
 
+def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a zombie is dead for our purposes).
+
+    A process of another user counts as alive (``kill(pid, 0)`` answers EPERM).
+    """
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
 def die_with_parent() -> None:
     """Have Linux send this process SIGTERM when its parent exits (``prctl(PR_SET_PDEATHSIG)``).
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelcamp.errors import KernelcampError
+from kernelcamp.io import pid_alive
 from kernelcamp.provenance import dvc_root
 
 MAX_PARAM_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3.17)
@@ -123,16 +124,6 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def ensure_store(params: Mapping[str, Any] | None = None) -> tuple[str, str]:
     """Create/migrate the store once (under the lock), get or create the experiment, close stale runs.
 
@@ -178,7 +169,7 @@ def close_stale_runs(client, experiment_id: str) -> list[str]:
         if tags.get(TAG_PREFIX + "host") != host or not str(tags.get(TAG_PREFIX + "pid", "")).isdigit():
             continue
         pid = int(tags[TAG_PREFIX + "pid"])
-        if pid == os.getpid() or _pid_alive(pid):
+        if pid == os.getpid() or pid_alive(pid):
             continue
         client.set_tag(run.info.run_id, TAG_PREFIX + "closed_reason", f"owning process {pid} on {host} is gone")
         client.set_terminated(run.info.run_id, status="KILLED")

@@ -42,7 +42,7 @@ import httpx
 import yaml
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import write_json_atomic, write_text_atomic
+from kernelcamp.io import pid_alive, write_json_atomic, write_text_atomic
 from kernelcamp.provenance import dvc_root, now_utc, sha256_file
 from kernelcamp.serving import INFO_PATH, kernel_module_path, kernel_source_hash, server_flags, variant_hash
 from kernelcamp.sweep import in_sweep, worker_port, worker_slot
@@ -75,20 +75,7 @@ def flag_env(flags: dict[str, Any], vhash: str) -> dict[str, str]:
     return env
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+_alive = pid_alive  # kept for the callers and tests that import it from here
 
 
 def _cmdline(pid: int) -> str:
