@@ -708,15 +708,20 @@ def make_app(state: ServeState) -> FastAPI:
             return _bad(f"engine error: {e}", 500)
         return _full(rid, chat, "".join(token_text(t) for t in toks), len(r.prompt), len(toks))
 
+    _add_completion_routes(app, _complete)
+    return app
+
+
+def _add_completion_routes(app: FastAPI, complete: Any) -> None:
+    """The two OpenAI completion routes, both served by ``complete(request, chat=...)``."""
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _complete(request, chat=False)
+        return await complete(request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _complete(request, chat=True)
-
-    return app
+        return await complete(request, chat=True)
 
 
 def build_state(params: dict[str, Any], device: str, never_ready: bool = False) -> ServeState:
@@ -889,14 +894,7 @@ def make_fake_app(spec: FakeSpec) -> FastAPI:
             text, n = text + t, n + k
         return _full(rid, chat, text, len(prompt.split()), n)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await _complete(request, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await _complete(request, chat=True)
-
+    _add_completion_routes(app, _complete)
     return app
 
 
