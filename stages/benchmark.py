@@ -71,30 +71,55 @@ def kept_configs(build: dict, sec: str, target: str, n_configs: int) -> list[int
     ]
 
 
+def run_shape(params: dict, device: str) -> dict:
+    """The workload's shape, with its ``cpu`` block applied when there is no GPU."""
+    wl = params["workload"]
+    return wl if device == "cuda" else {**wl, **wl["cpu"]}
+
+
+def run_batch_sizes(params: dict, device: str) -> list[int]:
+    """benchmark.kernel.batch_sizes on a GPU, workload.cpu.batch_sizes without one."""
+    return (
+        params["benchmark"]["kernel"]["batch_sizes"] if device == "cuda" else params["workload"]["cpu"]["batch_sizes"]
+    )
+
+
+def dot_dtype(params: dict, device: str) -> str:
+    """kernel.dot_dtype on a GPU; fp16 in the interpreter (it cannot do bf16 dots: DESIGN.md)."""
+    return params["kernel"].get("dot_dtype", "bf16") if device == "cuda" else "fp16"
+
+
+def launch_args(params: dict, device: str, B: int, seed: int) -> tuple:
+    """Deterministic inputs for batch size ``B``, as the launcher's positional arguments."""
+    from kernels import sparse_mla_decode as k
+
+    shape = run_shape(params, device)
+    inp = k.make_inputs(
+        params["workload"]["layout"],
+        B,
+        shape["num_heads"],
+        shape["topk"],
+        shape["page_size"],
+        shape["num_cache_tokens"],
+        device,
+        seed=seed,
+    )
+    return (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+
+
 def kernel_level(params: dict, variants: dict, device: str) -> tuple[list[dict], dict]:
     from kernelcamp import timing
     from kernelcamp.stats import paired_ratio_ci
     from kernels import sparse_mla_decode as k
 
     wl, bk, tgt = params["workload"], params["benchmark"]["kernel"], params["target"]
-    shape = wl if device == "cuda" else {**wl, **wl["cpu"]}
-    dot = params["kernel"].get("dot_dtype", "bf16") if device == "cuda" else "fp16"
+    shape, dot = run_shape(params, device), dot_dtype(params, device)
     launchers = {name: k.SparseMLADecode(v, dot_dtype=dot) for name, v in variants.items()}
     rows, per_batch = [], {}
-    batch_sizes = bk["batch_sizes"] if device == "cuda" else wl["cpu"]["batch_sizes"]
+    batch_sizes = run_batch_sizes(params, device)
     for bi, B in enumerate(batch_sizes):
         log(f"batch {B} ({bi + 1}/{len(batch_sizes)}): H={shape['num_heads']} topk={shape['topk']} on {device}")
-        inp = k.make_inputs(
-            wl["layout"],
-            B,
-            shape["num_heads"],
-            shape["topk"],
-            shape["page_size"],
-            shape["num_cache_tokens"],
-            device,
-            seed=bi,
-        )
-        args = (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+        args = launch_args(params, device, B, seed=bi)
         impls = {name: (lambda fn=fn, a=args: fn(*a, check_indices=False)) for name, fn in launchers.items()}
         if device == "cuda":
             got = timing.interleaved_rounds(
@@ -253,21 +278,9 @@ def profile(variants: dict, params: dict, device: str, traces: dict[str, Path]) 
     from kernelcamp.serving.server import kernel_rows
     from kernels import sparse_mla_decode as k
 
-    wl = params["workload"]
-    shape = wl if device == "cuda" else {**wl, **wl["cpu"]}
-    B = (params["benchmark"]["kernel"]["batch_sizes"] if device == "cuda" else wl["cpu"]["batch_sizes"])[-1]
-    inp = k.make_inputs(
-        wl["layout"],
-        B,
-        shape["num_heads"],
-        shape["topk"],
-        shape["page_size"],
-        shape["num_cache_tokens"],
-        device,
-        seed=0,
-    )
-    args = (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
-    dot = params["kernel"].get("dot_dtype", "bf16") if device == "cuda" else "fp16"
+    B = run_batch_sizes(params, device)[-1]
+    args = launch_args(params, device, B, seed=0)
+    dot = dot_dtype(params, device)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     steps = params["benchmark"]["profile"]["decode_steps"] if device == "cuda" else 1
     rows, meta = [], {}
