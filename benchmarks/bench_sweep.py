@@ -2,10 +2,14 @@
 
     python benchmarks/bench_sweep.py --gpus 0,1 --out /tmp/sweep_bench
     python benchmarks/bench_sweep.py --gpus 0,1 --variants bt16_w4,bt16_w8 -S benchmark.kernel.rounds=5 --out DIR
+    python benchmarks/bench_sweep.py --gpus 0 --modes one --out DIR     # the halves one at a time,
+    python benchmarks/bench_sweep.py --gpus 0,1 --modes all --out DIR   # e.g. in two device calls
 
 Queues one experiment per variant (``dvc exp run --queue -S variant=<v>`` plus the light overrides
 below), drains the queue with ``kernelcamp sweep --gpus <first GPU>`` and times it, queues the same
-experiments again and drains them with ``kernelcamp sweep --gpus <all>``. Writes ``<out>/sweep.csv``
+experiments again and drains them with ``kernelcamp sweep --gpus <all>``. Each half writes
+``<out>/mode-<N>gpu.json`` (wall time, exit code, provenance, per-variant rows); once both exist it
+writes ``<out>/sweep.csv``
 (one row per variant, mode and batch size: the candidate's kernel latency p50 and the A/B ratio)
 and ``<out>/summary.md`` (wall times, speed-up, per-variant differences between the two modes
 against the run-to-run noise of the interleaved rounds). Run from a DVC repo on a GPU machine.
@@ -75,66 +79,62 @@ def exp_metrics() -> dict[str, dict]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", required=True, help="comma list of GPU ids; the first alone is the one-GPU run")
-    ap.add_argument("--variants", default="bt16_w4,bt16_w8,tuned_deepseek_v4_flash,planted_slow")
-    ap.add_argument("-S", dest="overrides", action="append", default=[], help="extra -S override (repeatable)")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    gpus = [g for g in args.gpus.split(",") if g]
-    variants = [v for v in args.variants.split(",") if v]
-    overrides = LIGHT + args.overrides
-    stamp = time.strftime("%H%M%S")
-    runs = {}
-    for mode, use in (("1gpu", gpus[:1]), (f"{len(gpus)}gpu", gpus)):
-        names = queue(variants, f"{mode}-{stamp}", overrides)
-        wall, rc = sweep(use)
-        runs[mode] = {"names": names, "wall_s": wall, "rc": rc, "gpus": use}
-        print(f"[bench_sweep] {mode}: {len(variants)} experiments in {wall:.1f} s (rc {rc})", flush=True)
-    metrics = exp_metrics()
+def mode_rows(variants: dict[str, str], mode: str, metrics: dict[str, dict]) -> list[dict]:
+    """One row per (variant, batch size) of one mode's experiments: the candidate's kernel figures."""
     rows = []
-    for mode, r in runs.items():
-        for v, name in r["names"].items():
-            m = (metrics.get(name) or {}).get("kernel") or {}
-            for key, fig in m.items():
-                if key.startswith("b") and key[1:].isdigit() and isinstance(fig, dict):
-                    rows.append(
-                        {
-                            "variant": v,
-                            "mode": mode,
-                            "experiment": name,
-                            "batch": int(key[1:]),
-                            "candidate_latency_us_p50": fig.get("candidate_latency_us_p50"),
-                            "candidate_latency_us_p20": fig.get("candidate_latency_us_p20"),
-                            "candidate_latency_us_p80": fig.get("candidate_latency_us_p80"),
-                            "ab_ratio": fig.get("ab_ratio"),
-                        }
-                    )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    for v, name in variants.items():
+        m = (metrics.get(name) or {}).get("kernel") or {}
+        for key, fig in m.items():
+            if key.startswith("b") and key[1:].isdigit() and isinstance(fig, dict):
+                rows.append(
+                    {
+                        "variant": v,
+                        "mode": mode,
+                        "experiment": name,
+                        "batch": int(key[1:]),
+                        "candidate_latency_us_p50": fig.get("candidate_latency_us_p50"),
+                        "candidate_latency_us_p20": fig.get("candidate_latency_us_p20"),
+                        "candidate_latency_us_p80": fig.get("candidate_latency_us_p80"),
+                        "ab_ratio": fig.get("ab_ratio"),
+                    }
+                )
+    return rows
+
+
+def summarize(out: Path) -> int:
+    """Write ``sweep.csv`` and ``summary.md`` in ``out`` from its ``mode-1gpu.json`` and ``mode-<N>gpu.json``.
+
+    Raises ``SystemExit`` naming the missing file when either mode has not been run into ``out``.
+    """
+    found = sorted(out.glob("mode-*gpu.json"), key=lambda p: int(p.stem[5:-3]))
+    if len(found) < 2 or found[0].stem != "mode-1gpu":
+        raise SystemExit(f"{out}: need mode-1gpu.json and one mode-<N>gpu.json (run --modes one and --modes all)")
+    done = [json.loads(p.read_text()) for p in (found[0], found[-1])]
+    one, many = done
+    variants = list(one["variants"])
+    rows = one["rows"] + many["rows"]
     with open(out / "sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["variant"])
         w.writeheader()
         w.writerows(rows)
-    info = device_info()
-    modes = list(runs)
-    one, many = runs[modes[0]], runs[modes[1]]
+    info = one["provenance"]
+    modes = [one["mode"], many["mode"]]
     lines = [
         "# Sweep scaling: one worker per GPU (kernelcamp sweep)",
         "",
-        f"{len(gpus)} x {info.get('gpu_name')}, driver {info.get('driver')}, torch {info.get('torch')}, "
-        f"Triton {info.get('triton')}; {now_utc()}; git {git_info(ROOT).get('git_commit')}.",
-        f"Variants: {', '.join(variants)}; overrides: {' '.join(overrides)}.",
+        f"{info.get('gpu_count')} x {info.get('gpu_name')}, driver {info.get('driver')}, torch {info.get('torch')}, "
+        f"Triton {info.get('triton')}; git {one.get('git_commit')}.",
+        f"Variants: {', '.join(variants)}; overrides: {' '.join(one['overrides'])}.",
         "",
-        "| mode | GPUs | experiments | wall s | exit |",
-        "|---|---|---|---|---|",
+        "| mode | GPUs | experiments | started (UTC) | wall s | exit |",
+        "|---|---|---|---|---|---|",
         *(
-            f"| {m} | {','.join(r['gpus'])} | {len(r['names'])} | {r['wall_s']:.1f} | {r['rc']} |"
-            for m, r in runs.items()
+            f"| {r['mode']} | {','.join(r['gpus'])} | {len(r['variants'])} | {r['started']} | {r['wall_s']:.1f} "
+            f"| {r['rc']} |"
+            for r in done
         ),
         "",
-        f"Speed-up {one['wall_s'] / many['wall_s']:.2f}x (ideal {len(gpus)}x).",
+        f"Speed-up {one['wall_s'] / many['wall_s']:.2f}x (ideal {len(many['gpus'])}x).",
         "",
         "| variant | batch | p50 us (1 GPU) | p20-p80 (1 GPU) | p50 us (all GPUs) | p20-p80 (all GPUs) "
         "| diff % | within noise |",
@@ -160,9 +160,60 @@ def main() -> int:
                 f"{'yes' if overlap else 'no'} |"
             )
     (out / "summary.md").write_text("\n".join(lines) + "\n")
-    (out / "runs.json").write_text(json.dumps({"runs": runs, "provenance": info}, indent=2, default=str))
     print("\n".join(lines))
-    return 0 if all(r["rc"] == 0 for r in runs.values()) else 1
+    return 0 if all(r["rc"] == 0 for r in done) else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", help="comma list of GPU ids; the first alone is the one-GPU run")
+    ap.add_argument("--variants", default="bt16_w4,bt16_w8,tuned_deepseek_v4_flash,planted_slow")
+    ap.add_argument("-S", dest="overrides", action="append", default=[], help="extra -S override (repeatable)")
+    ap.add_argument(
+        "--modes",
+        choices=["both", "one", "all"],
+        default="both",
+        help="one: the sweep on the first GPU only; all: on every GPU; both: one, then all [default: both]. "
+        "Each writes <out>/mode-<N>gpu.json; the summary is written once both exist.",
+    )
+    ap.add_argument("--summarize", action="store_true", help="only (re)write the summary from <out>/mode-*.json")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.summarize:
+        return summarize(out)
+    if not args.gpus:
+        ap.error("--gpus is required to run a sweep")
+    gpus = [g for g in args.gpus.split(",") if g]
+    variants = [v for v in args.variants.split(",") if v]
+    overrides = LIGHT + args.overrides
+    stamp = time.strftime("%H%M%S")
+    plan = {"one": [gpus[:1]], "all": [gpus], "both": [gpus[:1], gpus]}[args.modes]
+    rc_all = 0
+    for use in plan:
+        mode = f"{len(use)}gpu"
+        names = queue(variants, f"{mode}-{stamp}", overrides)
+        started = now_utc()
+        wall, rc = sweep(use)
+        rc_all |= rc
+        print(f"[bench_sweep] {mode}: {len(variants)} experiments in {wall:.1f} s (rc {rc})", flush=True)
+        record = {
+            "mode": mode,
+            "gpus": use,
+            "variants": names,
+            "overrides": overrides,
+            "started": started,
+            "wall_s": wall,
+            "rc": rc,
+            "rows": mode_rows(names, mode, exp_metrics()),
+            "git_commit": git_info(ROOT).get("git_commit"),
+            "provenance": {**device_info(), "gpu_count": len(gpus)},
+        }
+        (out / f"mode-{mode}.json").write_text(json.dumps(record, indent=2, default=str))
+    if len(list(out.glob("mode-*gpu.json"))) >= 2 and (out / "mode-1gpu.json").exists():
+        return summarize(out) | rc_all
+    return rc_all
 
 
 if __name__ == "__main__":

@@ -3,13 +3,14 @@
 #   bash benchmarks/campaign.sh                         # every experiment below, one after another
 #   bash benchmarks/campaign.sh warp_occupancy aa       # some of them
 #   bash benchmarks/campaign.sh --gpus 0,1              # queued, one worker per GPU (kernelcamp sweep)
-# Each experiment is `dvc exp run -S experiment=<name>`; its report, plots, metrics, params and lock
-# are copied to reports/campaigns/warp_occupancy/<name>/. Embedded servers are stopped at the end.
+# Each experiment is `dvc exp run -n <name>-<UTC stamp> -S experiment=<name>` (a DVC experiment: its
+# commit holds params.yaml, dvc.lock and every output); its report, plots, metrics, params and lock
+# are also copied to reports/campaigns/warp_occupancy/<name>/. Embedded servers are stopped at the end.
 set -uo pipefail
 gpus=""
 if [ "${1:-}" = "--gpus" ]; then gpus=$2; shift 2; fi
 exps=("$@")
-[ ${#exps[@]} -gt 0 ] || exps=(warp_occupancy warp_occupancy_sm120 warp_occupancy_v32 aa planted_slow)
+[ ${#exps[@]} -gt 0 ] || exps=(warp_occupancy_v32 warp_occupancy warp_occupancy_sm120 aa planted_slow)  # longest first
 dest=reports/campaigns/warp_occupancy
 stamp=$(date -u +%Y%m%dT%H%M%S)
 failed=0
@@ -19,10 +20,12 @@ collect() {  # copy the workspace's results of experiment $1 into the campaign f
   rm -rf "$d" && mkdir -p "$d"
   cp -r reports/report.md reports/plots reports/*.json reports/*.csv params.yaml dvc.lock "$d"/
 }
-stop_servers() {
-  local n=1
-  [ -n "$gpus" ] && n=$(awk -F, '{print NF}' <<<"$gpus")
-  for ((s = 0; s < n; s++)); do KERNELCAMP_WORKER_SLOT=$s python stages/deploy.py --stop >/dev/null 2>&1; done
+stop_servers() {  # the embedded servers this script's runs left: the workspace's, and each sweep slot's
+  python stages/deploy.py --stop >/dev/null 2>&1
+  [ -n "$gpus" ] || return 0
+  for s in $(python -c "import sys; from kernelcamp.sweep import worker_slots; print(*worker_slots(sys.argv[1].split(',')))" "$gpus"); do
+    KERNELCAMP_WORKER_SLOT=$s python stages/deploy.py --stop >/dev/null 2>&1
+  done
 }
 trap stop_servers EXIT
 
@@ -36,7 +39,7 @@ else
   for e in "${exps[@]}"; do
     echo "== campaign: $e ($(date -u +%H:%M:%S))"
     start=$(date +%s)
-    if dvc exp run -S "experiment=$e"; then collect "$e"; else echo "campaign: $e failed" >&2; failed=1; fi
+    if dvc exp run -n "$e-$stamp" -S "experiment=$e"; then collect "$e"; else echo "campaign: $e failed" >&2; failed=1; fi
     echo "== campaign: $e done in $(($(date +%s) - start)) s"
   done
 fi

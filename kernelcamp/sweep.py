@@ -10,9 +10,10 @@ DVC 3.67) itself, one per GPU, each with only its GPU visible::
     kernelcamp sweep --gpus 0,1      # choose the GPUs
 
 Each worker's environment carries ``CUDA_VISIBLE_DEVICES=<its GPU>`` and
-``KERNELCAMP_WORKER_SLOT=<0..N-1>``; the embedded server's port and its state folder are the
-slot's own (:func:`worker_port`, ``.kernelcamp/slotN``), so parallel workers never collide with each
-other or with the workspace's own deployed server. Runs go to
+``KERNELCAMP_WORKER_SLOT=<slot>``, the slot being the GPU's index (:func:`worker_slots`); the
+embedded server's port and its state folder are the slot's own (:func:`worker_port`,
+``.kernelcamp/slotN``), so parallel workers never collide with each other, with the workspace's own
+deployed server, or with the workers of another sweep on other GPUs of the same host. Runs go to
 the one tracking store at ``$DVC_ROOT`` (created once, before any worker: kernelcamp.tracking).
 """
 
@@ -93,6 +94,18 @@ def _node_name(repo_root: Path, slot: int, gpu: str) -> str:
     return f"kernelcamp-{h}-gpu{gpu}-slot{slot}@localhost"
 
 
+def worker_slots(gpus: list[str]) -> list[int]:
+    """The worker slot of each GPU in ``gpus``: the GPU's index itself when every id is an index.
+
+    Keying the slot (hence the server port) by GPU index keeps two sweeps on disjoint GPUs of one
+    host, e.g. ``--gpus 0`` in one repo and ``--gpus 1,2`` in another, off each other's ports. Ids
+    that are not all non-negative integers (GPU UUIDs, MIG ids) get their position 0..N-1 instead.
+    """
+    if all(g.isdigit() for g in gpus):
+        return [int(g) for g in gpus]
+    return list(range(len(gpus)))
+
+
 def worker_env(base: dict[str, str], gpu: str, slot: int) -> dict[str, str]:
     """The environment of the worker pinned to ``gpu``: only that GPU visible, its slot set."""
     env = dict(base)
@@ -114,7 +127,7 @@ def start_workers(repo_root: Path, gpus: list[str], log_dir: Path) -> list[Worke
     """Start one ``dvc exp queue-worker`` per GPU (new process group each), logging to ``log_dir``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     workers = []
-    for slot, gpu in enumerate(gpus):
+    for slot, gpu in zip(worker_slots(gpus), gpus, strict=True):
         node = _node_name(repo_root, slot, gpu)
         cmd = ["dvc", "exp", "queue-worker", node]
         log = log_dir / f"worker-slot{slot}-gpu{gpu}.log"

@@ -92,7 +92,8 @@ def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
     assert sorted(r["x"] for r in results) == [2, 3]
     assert sorted(r["cvd"] for r in results) == ["7", "9"], "each worker sees only its own GPU"
     # each worker's server port differs, and none is the workspace's own (8765)
-    assert sorted(r["port"] for r in results) == [8775, 8785]
+    # (slot = GPU index: 8765 + 10 * (7 + 1), 8765 + 10 * (9 + 1))
+    assert sorted(r["port"] for r in results) == [8845, 8865]
     runs = mlflow.search_runs(experiment_names=["sweep-test"], output_format="list")
     assert {r.info.run_id for r in runs} == {r["run_id"] for r in results}
     by_run = {r.info.run_id: r for r in runs}
@@ -100,6 +101,14 @@ def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
         tags = by_run[r["run_id"]].data.tags
         assert tags["cuda_visible_devices"] == r["cvd"] and tags["port"] == str(r["port"])
         assert by_run[r["run_id"]].info.status == "FINISHED"
+
+
+def test_two_sweeps_on_disjoint_gpus_get_disjoint_slots() -> None:
+    # Slots were positions 0..N-1: `sweep --gpus 0` in one repo and `sweep --gpus 1,2` in another
+    # both gave their first worker slot 0, hence the same server port.
+    assert sweep.worker_slots(["0"]) == [0]
+    assert sweep.worker_slots(["1", "2"]) == [1, 2]
+    assert sweep.worker_slots(["GPU-8f2c", "GPU-11ab"]) == [0, 1], "non-index ids fall back to positions"
 
 
 def test_worker_env_pins_one_gpu() -> None:
