@@ -5,7 +5,9 @@
 #   bash benchmarks/campaign.sh --gpus 0,1              # queued, one worker per GPU (kernelcamp sweep)
 # Each experiment is `dvc exp run -n <name>-<UTC stamp> -S experiment=<name>` (a DVC experiment: its
 # commit holds params.yaml, dvc.lock and every output); its report, plots, metrics, params and lock
-# are also copied to reports/campaigns/warp_occupancy/<name>/. Embedded servers are stopped at the end.
+# are also copied from that commit to reports/campaigns/warp_occupancy/<name>/ (kernelcamp.campaign;
+# not via `dvc exp apply`, which would revert the copies made before it). Embedded servers are
+# stopped at the end.
 set -uo pipefail
 gpus=""
 if [ "${1:-}" = "--gpus" ]; then gpus=$2; shift 2; fi
@@ -15,10 +17,8 @@ dest=reports/campaigns/warp_occupancy
 stamp=$(date -u +%Y%m%dT%H%M%S)
 failed=0
 
-collect() {  # copy the workspace's results of experiment $1 into the campaign folder
-  local d="$dest/$1"
-  rm -rf "$d" && mkdir -p "$d"
-  cp -r reports/report.md reports/plots reports/*.json reports/*.csv params.yaml dvc.lock "$d"/
+collect() {  # copy experiment $1's results (DVC experiment $2) from its commit into the campaign folder
+  python -m kernelcamp.campaign collect "$2" "$dest/$1"
 }
 stop_servers() {  # the embedded servers this script's runs left: the workspace's, and each sweep slot's
   python stages/deploy.py --stop >/dev/null 2>&1
@@ -32,14 +32,12 @@ trap stop_servers EXIT
 if [ -n "$gpus" ]; then
   for e in "${exps[@]}"; do dvc exp run --queue -n "$e-$stamp" -S "experiment=$e" || exit 1; done
   python -m kernelcamp.cli sweep --gpus "$gpus" --poll 30 || failed=1
-  for e in "${exps[@]}"; do
-    if dvc exp apply "$e-$stamp" >/dev/null; then collect "$e"; else echo "campaign: $e failed" >&2; failed=1; fi
-  done
+  for e in "${exps[@]}"; do collect "$e" "$e-$stamp" || { echo "campaign: $e failed" >&2; failed=1; }; done
 else
   for e in "${exps[@]}"; do
     echo "== campaign: $e ($(date -u +%H:%M:%S))"
     start=$(date +%s)
-    if dvc exp run -n "$e-$stamp" -S "experiment=$e"; then collect "$e"; else echo "campaign: $e failed" >&2; failed=1; fi
+    if dvc exp run -n "$e-$stamp" -S "experiment=$e" && collect "$e" "$e-$stamp"; then :; else echo "campaign: $e failed" >&2; failed=1; fi
     echo "== campaign: $e done in $(($(date +%s) - start)) s"
   done
 fi

@@ -1,0 +1,123 @@
+"""Copy a finished DVC experiment's results out of its commit, without touching the workspace.
+
+``benchmarks/campaign.sh`` keeps a readable copy of each experiment under
+``reports/campaigns/<campaign>/<name>/``. The copy is taken from the experiment's own commit
+(``refs/exps/<baseline[:2]>/<baseline[2:]>/<exp name>``, DVC 3's layout of experiment refs), not from
+the workspace after ``dvc exp apply``: an apply replaces the workspace's tracked files, so it would
+revert copies made earlier in the same campaign whenever the campaign folder is itself git-tracked.
+
+    python -m kernelcamp.campaign collect warp_occupancy-20261129T200851 reports/campaigns/warp_occupancy/warp_occupancy
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from kernelcamp.errors import KernelcampError
+
+#: What a campaign copy holds: the report, its plots and tables, the metrics and the params and
+#: lock that made them (paths in the experiment's commit; ``reports/`` is dropped in the copy).
+COPIED_SUFFIXES = (".json", ".csv", ".md")
+
+
+def exp_ref(repo_root: Path, exp_name: str) -> str:
+    """The git ref of DVC experiment ``exp_name`` in the repo at ``repo_root``.
+
+    Raises ``KernelcampError`` when no experiment of that name exists, or when several baselines
+    each have one (name the ref itself then).
+    """
+    out = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname)", f"refs/exps/*/*/{exp_name}"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise KernelcampError(f"{repo_root}: not a git repo ({out.stderr.strip()})")
+    refs = out.stdout.split()
+    if not refs:
+        raise KernelcampError(f"no DVC experiment named {exp_name!r}: `dvc exp list -A` lists the names")
+    if len(refs) > 1:
+        raise KernelcampError(f"{len(refs)} experiments are named {exp_name!r} (one per baseline): {', '.join(refs)}")
+    return refs[0]
+
+
+def collect(repo_root: Path, exp_name: str, dest: Path) -> list[str]:
+    """Replace ``dest`` with experiment ``exp_name``'s params.yaml, dvc.lock and report files.
+
+    Takes ``params.yaml``, ``dvc.lock`` and, from ``reports/`` (top level only), every ``.json``,
+    ``.csv`` and ``.md`` file and the ``plots/`` folder, straight from the experiment's commit. The
+    new copy is assembled beside ``dest`` and swapped in, so a failure leaves the old copy whole.
+    Returns the copied paths, relative to ``dest``.
+
+    Raises ``KernelcampError`` when the experiment does not exist or its commit lacks ``dvc.lock``.
+    """
+    ref = exp_ref(repo_root, exp_name)
+    ls = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", ref], cwd=repo_root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    wanted = [p for p in ls if p in ("params.yaml", "dvc.lock")]
+    wanted += [
+        p
+        for p in ls
+        if p.startswith("reports/")
+        and (p.count("/") == 1 and p.endswith(COPIED_SUFFIXES) or p.startswith("reports/plots/"))
+    ]
+    if "dvc.lock" not in wanted:
+        raise KernelcampError(f"experiment {exp_name!r} ({ref}) has no dvc.lock: did it finish?")
+    archive = subprocess.run(["git", "archive", "--format=tar", ref, *wanted], cwd=repo_root, capture_output=True)
+    if archive.returncode != 0:
+        raise KernelcampError(f"git archive {ref}: {archive.stderr.decode(errors='replace').strip()}")
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    copied = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            for m in tar.getmembers():
+                if not m.isfile():
+                    continue
+                rel = m.name.removeprefix("reports/")
+                target = tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tar.extractfile(m).read())
+                target.chmod(0o644)
+                copied.append(rel)
+        old = dest.with_name(f".{dest.name}.old")
+        if dest.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            dest.rename(old)
+        tmp.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sorted(copied)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kernelcamp.campaign collect EXP DEST``: see the module docstring."""
+    p = argparse.ArgumentParser(prog="python -m kernelcamp.campaign", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="copy an experiment's params, lock and reports from its commit into DEST")
+    c.add_argument("experiment", help="the DVC experiment's name (dvc exp list -A --name-only)")
+    c.add_argument("dest", help="the folder to (re)write, e.g. reports/campaigns/warp_occupancy/warp_occupancy")
+    c.add_argument("--repo", default=".", help="the DVC repo [default: .]")
+    args = p.parse_args(argv)
+    try:
+        copied = collect(Path(args.repo).resolve(), args.experiment, Path(args.dest))
+    except KernelcampError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"collected {args.experiment}: {len(copied)} files into {args.dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
