@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,8 +187,35 @@ def prepare_tracking_store(repo_root: Path) -> None:
             os.environ["DVC_ROOT"] = old
 
 
+def stop_slot_servers(repo_root: Path, slots: list[int]) -> list[int]:
+    """Stop the embedded servers (deployed, and a benchmark's temporary baseline) that the workers in
+    ``slots`` left running; returns the slots where one was running."""
+    from kernelcamp.serving.bench import BASELINE_STEM
+    from kernelcamp.serving.deploy import state_dir, stop_embedded, stop_state
+
+    stopped = []
+    for slot in slots:
+        was = stop_embedded(repo_root, slot=slot)
+        was |= bool(stop_state(state_dir(repo_root, slot) / f"{BASELINE_STEM}.json"))
+        if was:
+            stopped.append(slot)
+    return stopped
+
+
+class _Terminated(Exception):
+    """SIGTERM reached ``kernelcamp sweep``."""
+
+
+def _raise_terminated(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise _Terminated
+
+
 def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) -> int:
     """Drain the DVC queue with one worker per GPU; return 0 if every worker exited cleanly.
+
+    When the queue is drained, or on Ctrl-C (exit 130) or SIGTERM (exit 143), the workers are stopped
+    with their process groups (the running experiment's stages too) and the embedded servers of
+    their slots are stopped, so nothing keeps a GPU or a port after the sweep.
 
     Raises ``KernelcampError`` when ``gpus`` is empty or a GPU id repeats.
     """
@@ -204,17 +232,32 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
         )
     log(f"sweep: {n} queued experiment(s), {len(gpus)} worker(s) on GPU(s) {', '.join(gpus)}")
     log_dir = repo_root / ".dvc" / "tmp" / "kernelcamp-sweep"
-    workers = start_workers(repo_root, gpus, log_dir)
+    in_main = threading.current_thread() is threading.main_thread()
+    old_term = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
+    workers: list[Worker] = []
     t0 = time.monotonic()
+    interrupted = None
     try:
+        workers = start_workers(repo_root, gpus, log_dir)
         while any(w.proc.poll() is None for w in workers):
             time.sleep(poll_s)
             alive = [f"gpu{w.gpu}" for w in workers if w.proc.poll() is None]
             log(f"sweep: {time.monotonic() - t0:6.0f} s, workers running: {', '.join(alive) or 'none'}")
     except KeyboardInterrupt:
-        log("sweep: interrupted, stopping workers")
+        interrupted = ("interrupted", 130)
+    except _Terminated:
+        interrupted = ("terminated (SIGTERM)", 143)
+    finally:
+        if interrupted:
+            log(f"sweep: {interrupted[0]}, stopping workers and their experiments")
         stop_workers(workers)
-        return 130
+        stopped = stop_slot_servers(repo_root, [w.slot for w in workers])
+        if stopped:
+            log(f"sweep: stopped the embedded servers of slot(s) {', '.join(map(str, stopped))}")
+        if in_main:
+            signal.signal(signal.SIGTERM, old_term)
+    if interrupted:
+        return interrupted[1]
     bad = [w for w in workers if w.proc.returncode != 0]
     for w in bad:
         log(f"sweep: worker on GPU {w.gpu} exited with {w.proc.returncode}; log: {w.log}")

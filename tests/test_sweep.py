@@ -111,6 +111,86 @@ def test_two_sweeps_on_disjoint_gpus_get_disjoint_slots() -> None:
     assert sweep.worker_slots(["GPU-8f2c", "GPU-11ab"]) == [0, 1], "non-index ids fall back to positions"
 
 
+SLOW_STAGE = textwrap.dedent(
+    """
+    import os, time
+    open(os.path.join(os.environ["DVC_ROOT"], "stage.pid"), "w").write(str(os.getpid()))
+    time.sleep(300)
+    open("out.json", "w").write("{}")
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    from kernelcamp.io import pid_alive
+
+    return pid_alive(pid)
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_workers_their_experiment_and_slot_servers(tmp_path: Path) -> None:
+    # On the H200 a `timeout` SIGTERM ended `kernelcamp sweep` but left its queue workers (own
+    # sessions) running: they went on draining the queue, on the GPUs of the next measurement.
+    if shutil.which("dvc") is None:
+        pytest.skip("dvc is not installed")
+    import signal
+    import time
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@t")
+    _git(repo, "config", "user.name", "t")
+    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
+    (repo / "params.yaml").write_text("x: 1\n")
+    (repo / "stage.py").write_text(SLOW_STAGE)
+    (repo / "dvc.yaml").write_text(
+        "stages:\n  rec:\n    cmd: python stage.py\n    deps: [stage.py]\n    params: [x]\n"
+        "    metrics:\n      - out.json: {cache: false}\n"
+    )
+    (repo / ".gitignore").write_text("mlflow.db\nstage.pid\n.kernelcamp/\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "init")
+    subprocess.run(["dvc", "exp", "run", "--queue", "-q", "-S", "x=2"], cwd=repo, check=True)
+    # a server that slot 7's deploy stage would have left (a kernelcamp command line, own session)
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", "kernelcamp-fake-server"], start_new_session=True
+    )
+    slot_dir = repo / ".kernelcamp" / "slot7"
+    slot_dir.mkdir(parents=True)
+    (slot_dir / "server.json").write_text(json.dumps({"pid": server.pid, "pgid": server.pid}))
+    env = dict(os.environ, KC_ROOT=str(ROOT), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernelcamp.cli", "sweep", "--gpus", "7", "--poll", "1"],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (repo / "stage.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert (repo / "stage.pid").exists(), "the queued experiment's stage never started"
+        stage_pid = int((repo / "stage.pid").read_text())
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 143, out
+        assert "terminated (SIGTERM)" in out
+        deadline = time.monotonic() + 20
+        while _alive(stage_pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(stage_pid), "the running experiment must stop with the sweep"
+        assert server.wait(timeout=20) is not None, "the slot's embedded server must be stopped"
+    finally:
+        for p in (proc, server):
+            if p.poll() is None:
+                p.kill()
+        if (repo / "stage.pid").exists() and _alive(int((repo / "stage.pid").read_text())):
+            os.kill(int((repo / "stage.pid").read_text()), signal.SIGKILL)
+
+
 def test_worker_env_pins_one_gpu() -> None:
     env = sweep.worker_env({"CUDA_VISIBLE_DEVICES": "0,1,2"}, "2", 1)
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env[sweep.SLOT_ENV] == "1"

@@ -52,11 +52,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- common ------------------------------------------------------------------------------------------
-def state_dir(root: str | Path | None = None) -> Path:
+def state_dir(root: str | Path | None = None, slot: int | None = None) -> Path:
     """``$DVC_ROOT/.kernelcamp`` (the real workspace, also for queued experiments); a ``kernelcamp
     sweep`` worker in slot N keeps its own state in ``.kernelcamp/slotN`` so that workers never stop
-    each other's servers, nor the workspace's own."""
+    each other's servers, nor the workspace's own. ``slot`` names a worker's folder from outside it
+    (the sweep, cleaning up after its workers)."""
     d = (Path(root) if root is not None else dvc_root()) / ".kernelcamp"
+    if slot is not None:
+        return d / f"slot{int(slot)}"
     return d / f"slot{worker_slot()}" if in_sweep() else d
 
 
@@ -287,10 +290,10 @@ def _record(
 
 
 # ---- embedded ----------------------------------------------------------------------------------------
-def stop_embedded(root: str | Path | None = None, grace_s: float = 15.0) -> bool:
+def stop_embedded(root: str | Path | None = None, grace_s: float = 15.0, slot: int | None = None) -> bool:
     """Stop the embedded server recorded in the state file (if it is still ours); True if one was stopped.
-    The state file is removed either way."""
-    path = state_dir(root) / "server.json"
+    The state file is removed either way. ``slot``: that sweep worker's server (see :func:`state_dir`)."""
+    path = state_dir(root, slot) / "server.json"
     st = _read_state(path)
     stopped = False
     if st and _alive(st.get("pid")) and "kernelcamp" in _cmdline(st["pid"]):
