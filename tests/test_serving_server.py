@@ -113,3 +113,20 @@ def test_tokenizer_documented_rules():
     ids = encode("a b a", 100)
     assert ids[0] == ids[2] and all(1 <= i < 100 for i in ids)
     assert len({token_text(i) for i in range(5000)}) == 5000
+
+
+def test_serve_on_a_busy_port_is_one_clear_line_before_any_url(capsys):
+    # `kernelcamp serve --port <busy>` printed its URL, then uvicorn failed to bind and it exited 1.
+    import socket
+
+    from kernelcamp.serving.server import cli_main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        rc = cli_main(["--fake", "ttft_ms=1,itl_ms=1", "--port", str(port)])
+    out = capsys.readouterr().out
+    assert rc == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in out and "pass --port" in out
+    assert "http://" not in out, "no URL may be printed for a server that never listens"

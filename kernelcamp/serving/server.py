@@ -920,15 +920,24 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
     try:
+        server: dict[str, Any] = {}
+        if args.fake is None:
+            params = load_params(args.params)
+            server = params.get("server") or {}
+        host = args.host or server.get("host") or "127.0.0.1"
+        port = args.port if args.port is not None else int(server.get("port", 8765))
+        busy = _bind_error(host, port)  # before the model is built, and before any URL is printed
+        if busy:
+            raise KernelcampError(
+                f"cannot listen on {host}:{port}: {busy}; pass --port, or stop the server holding it "
+                "(`python stages/deploy.py --stop` for this workspace's)"
+            )
         if args.fake is not None:
-            server: dict[str, Any] = {}
             spec = FakeSpec.parse(args.fake)
             if args.never_ready:
                 spec.never_ready = True
             app = make_fake_app(spec)
         else:
-            params = load_params(args.params)
-            server = params.get("server") or {}
             device = args.device
             if device is None:
                 import torch
@@ -938,8 +947,6 @@ def cli_main(argv: list[str] | None = None) -> int:
     except KernelcampError as e:
         print(f"error: {e}", flush=True)
         return 2
-    host = args.host or server.get("host") or "127.0.0.1"
-    port = args.port if args.port is not None else int(server.get("port", 8765))
     config = uvicorn.Config(
         app, host=host, port=port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5
     )
@@ -949,4 +956,25 @@ def cli_main(argv: list[str] | None = None) -> int:
         srv.run()
     except KeyboardInterrupt:
         pass
-    return 0 if srv.started else 1
+    if not srv.started:
+        print(f"error: the server did not start on {host}:{port} (see the lines above)", flush=True)
+        return 1
+    return 0
+
+
+def _bind_error(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (e.g. "[Errno 98] Address already in use"), or None."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        return str(e)
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no obstacle
+        try:
+            s.bind(addr)
+        except OSError as e:
+            return str(e)
+    return None
