@@ -61,7 +61,7 @@ def kernel_launch_profile(
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprof
 
-    from kernelcamp.serving.server import kernel_rows
+    from kernelcamp.serving.server import ANNOTATION_PREFIX, kernel_rows
     from kernels import sparse_mla_decode as k
 
     B = run_batch_sizes(params, device)[-1]
@@ -78,7 +78,7 @@ def kernel_launch_profile(
         with tprof(activities=acts) as prof:
             t0 = time.perf_counter()
             for _ in range(steps):
-                with torch.profiler.record_function(f"impl:{name}"):
+                with torch.profiler.record_function(f"{ANNOTATION_PREFIX}impl={name}"):
                     fn(*args, check_indices=False)
             if device == "cuda":
                 torch.cuda.synchronize()
