@@ -101,6 +101,15 @@ def test_foreign_process_on_port_is_a_clear_error(params, tmp_path):
             deploy(params, tmp_path)
 
 
+def test_overlap_scheduling_on_the_embedded_server_is_refused_before_any_side_effect(params, tmp_path):
+    # It was recorded, hashed and reported, but the embedded server ignored it: a run with it set
+    # measured plain scheduling under another name.
+    params["server"] = {**params["server"], "overlap_scheduling": True}
+    with pytest.raises(KernelcampError, match="does not implement overlap scheduling"):
+        deploy(params, tmp_path)
+    assert not (tmp_path / ".kernelcamp").exists(), "nothing may be started or written"
+
+
 def test_stale_server_answering_with_right_hash_never_passes(params, tmp_path):
     # A process that is not ours answers on the port and even claims the right hash.
     stale = make_fake_app(FakeSpec(variant_hash=params_variant_hash(params)))

@@ -305,9 +305,19 @@ def stop_embedded(root: str | Path | None = None, grace_s: float = 15.0, slot: i
 
 
 def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> dict[str, Any]:
-    """Start (or reuse) kernelcamp's server for the variant; see the module docstring."""
+    """Start (or reuse) kernelcamp's server for the variant; see the module docstring.
+
+    Raises ``KernelcampError`` (before any side effect) for ``server.overlap_scheduling: true``: the
+    embedded server does not implement it, so a run with it set would measure something else.
+    """
     cfg = params.get("deploy") or {}
     server = params.get("server") or {}
+    if server.get("overlap_scheduling"):
+        raise KernelcampError(
+            "server.overlap_scheduling=true: the embedded server does not implement overlap scheduling "
+            "(the flag reaches your own server as KERNELCAMP_OVERLAP_SCHEDULING=1 with deploy=command or ssh); "
+            "set server.overlap_scheduling=false for the embedded server"
+        )
     variant, khash, flags, vhash, kpath = _variant_facts(params)
     host = server.get("host") or "127.0.0.1"
     port = worker_port(int(server.get("port", 8765)))

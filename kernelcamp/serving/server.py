@@ -16,8 +16,8 @@ of tokens whose text it holds (the engine sends one token per chunk). Decoding i
 Scheduling (continuous batching): one asyncio task admits waiting requests up to
 ``server.max_running_requests`` (and while the page pool has room for prompt + max_tokens), prefills
 each new one, then runs one decode step for every running request; model work runs on one worker
-thread so the event loop keeps serving. ``server.overlap_scheduling`` is recorded and reported but
-not implemented (``overlap_scheduling_active: false`` in info).
+thread so the event loop keeps serving. ``server.overlap_scheduling`` is not implemented
+(``overlap_scheduling_active: false`` in info); the embedded deploy refuses it (kernelcamp.serving.deploy).
 
     kernelcamp serve --params params.yaml [--host 127.0.0.1] [--port N] [--device cuda:0]
     kernelcamp serve --fake ttft_ms=50,itl_ms=10,chunk=2 [--port N]     # fixed-rate fake (tests)
