@@ -79,10 +79,15 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
     ``(rows, summary)``: one row per (batch, round, impl) with ``latency_us`` (microseconds), and per
     batch size each impl's percentiles, TFLOP/s, GB/s, % of roofline (GPU only: peaks from
     ``params.target``) and the paired ratio candidate/baseline with its CI (``report.confidence``),
-    plus the ratio over every round pooled. Raises what the kernel launcher raises on bad input
-    (``ValueError``) or an unlaunchable config (Triton's ``OutOfResources``).
+    plus the ratio over every round pooled, and on a GPU the SM clock sampled while the rounds ran
+    (``sm_clock_during_rounds``: min/p50/max MHz, kernelcamp.provenance.ClockSampler).
+    Raises what the kernel launcher raises on bad input (``ValueError``) or an unlaunchable config
+    (Triton's ``OutOfResources``).
     """
+    import torch
+
     from kernelcamp import timing
+    from kernelcamp.provenance import ClockSampler, smi_index
     from kernelcamp.stats import paired_ratio_ci
     from kernels import sparse_mla_decode as k
 
@@ -91,14 +96,21 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
     launchers = {name: k.SparseMLADecode(v, dot_dtype=dot) for name, v in variants.items()}
     rows, per_batch = [], {}
     batch_sizes = run_batch_sizes(params, device)
+    # the SM clock while the rounds run (one sampler across every batch size's rounds)
+    clocks = ClockSampler(smi_index(torch.cuda.current_device())) if device == "cuda" else None
     for bi, B in enumerate(batch_sizes):
         log(f"batch {B} ({bi + 1}/{len(batch_sizes)}): H={shape['num_heads']} topk={shape['topk']} on {device}")
         args = launch_args(params, device, B, seed=bi)
         impls = {name: (lambda fn=fn, a=args: fn(*a, check_indices=False)) for name, fn in launchers.items()}
         if device == "cuda":
-            got = timing.interleaved_rounds(
-                impls, rounds=bk["rounds"], replays_per_round=bk["replays_per_round"], warmup=bk["warmup"], progress=log
-            )
+            with clocks:
+                got = timing.interleaved_rounds(
+                    impls,
+                    rounds=bk["rounds"],
+                    replays_per_round=bk["replays_per_round"],
+                    warmup=bk["warmup"],
+                    progress=log,
+                )
         else:
             got = []
             for r in range(bk["cpu_rounds"]):
@@ -151,6 +163,7 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
         "batch": per_batch,
         "overall": overall,
         "dot_dtype": dot,
+        "sm_clock_during_rounds": clocks.summary() if clocks is not None else {},
         "shape": {k_: shape[k_] for k_ in ("num_heads", "topk", "page_size", "num_cache_tokens")}
         | {"layout": wl["layout"]},
     }

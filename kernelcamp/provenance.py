@@ -12,6 +12,7 @@ import os
 import platform
 import socket
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +60,69 @@ def _nvidia_smi(query: str, index: int) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def smi_index(device_index: int) -> int:
+    """nvidia-smi's index of torch's CUDA device ``device_index`` (CUDA_VISIBLE_DEVICES maps them)."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis:
+        ids = [v.strip() for v in vis.split(",") if v.strip()]
+        if device_index < len(ids) and ids[device_index].isdigit():
+            return int(ids[device_index])
+    return device_index
+
+
+class ClockSampler:
+    """The SM clock (nvidia-smi ``clocks.sm``, MHz) sampled every ``interval_s`` in a thread while
+    the ``with`` block runs: the clock the GPU held during a measurement, which a single reading
+    before or after it (an idle GPU drops to a few hundred MHz at once) does not show.
+
+    ``summary()`` -> ``{"sm_clock_mhz_min", "sm_clock_mhz_p50", "sm_clock_mhz_max", "samples"}``,
+    or ``{}`` when nvidia-smi gave no reading (no GPU, no nvidia-smi). Never raises for a failed read.
+    """
+
+    def __init__(self, index: int, interval_s: float = 0.5):
+        self.index, self.interval_s = index, interval_s
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> None:
+        got = _nvidia_smi("clocks.sm", self.index)
+        if got and got.strip().isdigit():
+            self.samples.append(int(got.strip()))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._read()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> ClockSampler:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kernelcamp-clock", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+    def summary(self) -> dict[str, Any]:
+        if not self.samples:
+            return {}
+        xs = sorted(self.samples)
+        return {
+            "sm_clock_mhz_min": xs[0],
+            "sm_clock_mhz_p50": xs[len(xs) // 2],
+            "sm_clock_mhz_max": xs[-1],
+            "samples": len(xs),
+        }
+
+
 def device_info(device_index: int | None = None) -> dict[str, Any]:
     """The GPU this process uses, or ``{"device": "cpu", ...}`` when there is none.
 
-    Keys: device ("cuda"/"cpu"), gpu_name, gpu_arch (e.g. 90), num_sms, driver, sm_clock_mhz,
+    Keys: device ("cuda"/"cpu"), gpu_name, gpu_arch (e.g. 90), num_sms, driver, sm_clock_mhz (one
+    reading now: an idle GPU reads low; :class:`ClockSampler` gives the clock during a measurement),
     max_sm_clock_mhz, mem_clock_mhz (nvidia-smi; None where it cannot be read), torch, triton,
     cuda (torch's CUDA version), cuda_visible_devices.
     """
@@ -89,13 +149,7 @@ def device_info(device_index: int | None = None) -> dict[str, Any]:
         return info
     idx = torch.cuda.current_device() if device_index is None else device_index
     p = torch.cuda.get_device_properties(idx)
-    smi_index = idx
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis:
-        ids = [v.strip() for v in vis.split(",") if v.strip()]
-        if idx < len(ids) and ids[idx].isdigit():
-            smi_index = int(ids[idx])
-    clocks = _nvidia_smi("driver_version,clocks.sm,clocks.max.sm,clocks.mem", smi_index)
+    clocks = _nvidia_smi("driver_version,clocks.sm,clocks.max.sm,clocks.mem", smi_index(idx))
     driver = sm = sm_max = mem = None
     if clocks:
         parts = [c.strip() for c in clocks.split(",")]

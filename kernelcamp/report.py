@@ -523,6 +523,7 @@ def render_markdown(
         ("device", bench.get("device")),
         ("GPU", bench.get("gpu") or "none (CPU)"),
         ("driver", bench.get("driver")),
+        ("SM clock during the kernel rounds, MHz (min / p50 / max)", _clock(bench)),
         ("torch", bench.get("torch")),
         ("triton", bench.get("triton")),
         ("git commit", bench.get("git_commit")),
@@ -537,6 +538,13 @@ def render_markdown(
     if verify.get("deploy_id") != bench.get("deploy_id"):
         out += ["", "**Warning: benchmark and verify measured different deploys.**"]
     return "\n".join(out) + "\n"
+
+
+def _clock(bench: Mapping[str, Any]) -> str | None:
+    c = (bench.get("kernel") or {}).get("sm_clock_during_rounds") or {}
+    if not c:
+        return None
+    return f"{c['sm_clock_mhz_min']} / {c['sm_clock_mhz_p50']} / {c['sm_clock_mhz_max']} ({c['samples']} samples)"
 
 
 # ----------------------------------------------------------------------------------------- metrics
