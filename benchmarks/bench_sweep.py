@@ -122,8 +122,9 @@ def summarize(out: Path) -> int:
     lines = [
         "# Sweep scaling: one worker per GPU (kernelcamp sweep)",
         "",
-        f"{info.get('gpu_count')} x {info.get('gpu_name')}, driver {info.get('driver')}, torch {info.get('torch')}, "
-        f"Triton {info.get('triton')}; git {one.get('git_commit')}.",
+        f"{info.get('gpu_name')}: GPU(s) {','.join(one['gpus'])} for one worker, {','.join(many['gpus'])} for one "
+        f"worker per GPU; driver {info.get('driver')}, torch {info.get('torch')}, Triton {info.get('triton')}; "
+        f"git {one.get('git_commit')}.",
         f"Variants: {', '.join(variants)}; overrides: {' '.join(one['overrides'])}.",
         "",
         "| mode | GPUs | experiments | started (UTC) | wall s | exit |",

@@ -55,5 +55,6 @@ def test_summary_from_two_separately_run_halves(tmp_path: Path) -> None:
     assert bench.summarize(tmp_path) == 0
     md = (tmp_path / "summary.md").read_text()
     assert "Speed-up 2.00x (ideal 2x)" in md
+    assert "TEST GPU: GPU(s) 0 for one worker, 0,1 for one worker per GPU" in md
     # 10 us [9.5, 10.5] against 12 us [11.5, 12.5]: +20 %, outside the noise
     assert "| bt16_w4 | 1 | 10.00 | 9.50-10.50 | 12.00 | 11.50-12.50 | +20.00 | no |" in md
