@@ -217,12 +217,23 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
     with their process groups (the running experiment's stages too) and the embedded servers of
     their slots are stopped, so nothing keeps a GPU or a port after the sweep.
 
-    Raises ``KernelcampError`` when ``gpus`` is empty or a GPU id repeats.
+    Raises ``KernelcampError`` when ``gpus`` is empty, a GPU id repeats or is not an index or UUID,
+    ``poll_s`` is not positive, or ``repo_root`` is not a DVC repo.
     """
     if not gpus:
         raise KernelcampError("no GPU found: pass --gpus 0,1 or, on a CPU-only machine, use `dvc queue start`")
     if len(set(gpus)) != len(gpus):
         raise KernelcampError(f"--gpus {','.join(gpus)}: each GPU may appear once (one worker per GPU)")
+    bad = [g for g in gpus if not (g.isdigit() or g.startswith(("GPU-", "MIG-")))]
+    if bad:
+        raise KernelcampError(
+            f"--gpus: {', '.join(map(repr, bad))} is not a GPU id: give indices (0,1) or UUIDs (GPU-..., MIG-...) "
+            "as CUDA_VISIBLE_DEVICES takes them (nvidia-smi -L lists them)"
+        )
+    if poll_s <= 0:
+        raise KernelcampError(f"--poll {poll_s}: must be a positive number of seconds")
+    if not (repo_root / ".dvc").is_dir():
+        raise KernelcampError(f"{repo_root}: not a DVC repo (no .dvc/): run from the workspace or pass --repo")
     # Create the tracking store once, before any worker (DESIGN.md: concurrent creation can break it).
     prepare_tracking_store(repo_root)
     n = queued_count(repo_root)

@@ -226,8 +226,24 @@ def test_embedded_deploy_state_is_per_worker_slot(tmp_path: Path, monkeypatch: p
     assert state_dir(tmp_path) == tmp_path / ".kernelcamp" / "slot1", "workers must not stop each other's servers"
 
 
+def test_sweep_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # `kernelcamp sweep --repo <not a DVC repo>` ended in a NotDvcRepoError traceback; `--gpus abc`
+    # and `--poll -1` were accepted.
+    (tmp_path / ".dvc").mkdir()
+    cases = [
+        (["--repo", str(tmp_path / "nope"), "--gpus", "0"], "not a DVC repo"),
+        (["--repo", str(tmp_path), "--gpus", "abc"], "'abc' is not a GPU id"),
+        (["--repo", str(tmp_path), "--gpus", "0", "--poll", "-1"], "--poll -1.0: must be a positive"),
+    ]
+    for argv, needle in cases:
+        assert sweep.cli_main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_sweep_refuses_an_empty_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sweep, "prepare_tracking_store", lambda root: None)
     monkeypatch.setattr(sweep, "queued_count", lambda root: 0)
+    (tmp_path / ".dvc").mkdir()
     with pytest.raises(KernelcampError, match="nothing is queued"):
         sweep.run_sweep(tmp_path, ["0", "1"])
