@@ -102,6 +102,15 @@ def main() -> int:
             f"variant {v['name']!r}: none of its {v['n_configs']} config(s) fits {target.name}: "
             + "; ".join(f"{p['config']}: {p['reason']}" for p in v["pruned"])
         )
+    if run_as:  # the benchmark would run only what run_as keeps: refuse here, before deploying
+        for role, s in report["roles"].items():
+            t = s["targets"].get(run_as) or {}
+            if t.get("n_fit") == 0:
+                raise KernelcampError(
+                    f"benchmark.run_as_target={run_as}: none of {role} {s['name']!r}'s {s['n_configs']} config(s) "
+                    f"fits {run_as}, so nothing would run as it: "
+                    + "; ".join(f"{p['config']}: {p['reason']}" for p in t.get("pruned") or [])
+                )
     print(f"build: variant {v['name']} {v['n_fit']}/{v['n_configs']} configs fit {target.name}", file=sys.stderr)
     return 0
 

@@ -83,3 +83,17 @@ def test_build_also_inspects_the_run_as_target(tmp_path, cache_root):
     rep = json.loads(out.read_text())
     assert rep["also_targets"] == ["sm120"], "benchmark.run_as_target needs build rows for that target"
     assert {row["target"] for row in rep["rows"]} == {"sm90", "sm120"}
+
+
+def test_run_as_target_that_keeps_nothing_is_refused_by_build(tmp_path, cache_root):
+    # `-S variant.BLOCK_T=32 -S benchmark.run_as_target=sm120` passed build ("1/1 configs fit sm90"),
+    # restarted the server, and only the benchmark then said nothing would run.
+    params = base_params()
+    params["variant"] = {**yaml.safe_load((ROOT / "conf" / "variant" / "bt16_w4.yaml").read_text()), "BLOCK_T": 32}
+    params["benchmark"] = {**(params.get("benchmark") or {}), "run_as_target": "sm120"}
+    r, out, _ = run_build(params, tmp_path, cache_root)
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "benchmark.run_as_target=sm120" in errors[0], r.stderr[-2000:]
+    assert "needs 102528 B shared memory" in errors[0]
+    assert json.loads(out.read_text())["roles"]["variant"]["n_fit"] == 1, "the report is still written"
