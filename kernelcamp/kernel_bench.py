@@ -33,6 +33,29 @@ def kept_configs(build: dict, sec: str, target: str, n_configs: int) -> list[int
     ]
 
 
+def check_kernel_params(params: dict, device: str) -> None:
+    """Refuse, before any measurement, what the kernel rounds cannot use.
+
+    Checks the keys the run on ``device`` reads: ``benchmark.kernel.rounds`` (GPU) or ``cpu_rounds``
+    (CPU) >= 2 (a paired ratio's interval needs two rounds), ``replays_per_round`` /
+    ``cpu_replays_per_round`` >= 1, ``warmup`` >= 0, and the batch sizes (``benchmark.kernel.
+    batch_sizes`` on a GPU, ``workload.cpu.batch_sizes`` on a CPU) a non-empty list of positive
+    integers. Raises ``KernelcampError`` naming the key and its value.
+    """
+    bk = params["benchmark"]["kernel"]
+    gpu = device == "cuda"
+    rounds_key, replays_key = ("rounds", "replays_per_round") if gpu else ("cpu_rounds", "cpu_replays_per_round")
+    checks = [(rounds_key, 2), (replays_key, 1)] + ([("warmup", 0)] if gpu else [])
+    for key, least in checks:
+        val = bk.get(key)
+        if not isinstance(val, int) or isinstance(val, bool) or val < least:
+            raise KernelcampError(f"benchmark.kernel.{key}={val!r}: expected an integer >= {least}")
+    where = "benchmark.kernel.batch_sizes" if gpu else "workload.cpu.batch_sizes"
+    sizes = run_batch_sizes(params, device)
+    if not isinstance(sizes, list) or not sizes or not all(isinstance(b, int) and b > 0 for b in sizes):
+        raise KernelcampError(f"{where}={sizes!r}: expected a non-empty list of positive integers")
+
+
 def run_shape(params: dict, device: str) -> dict:
     """The workload's shape, with its ``cpu`` block applied when there is no GPU."""
     wl = params["workload"]

@@ -32,7 +32,7 @@ from kernelcamp.io import (  # noqa: E402
     write_csv_atomic,
     write_json_atomic,
 )
-from kernelcamp.kernel_bench import kept_configs, kernel_level  # noqa: E402
+from kernelcamp.kernel_bench import check_kernel_params, kept_configs, kernel_level  # noqa: E402
 from kernelcamp.profiling import (  # noqa: E402
     TABLE_COLS,
     baseline_trace_path,
@@ -114,6 +114,11 @@ def main() -> int:
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module imports triton.jit
         log("no GPU: Triton interpreter at workload.cpu shapes, fp16 dots; timings are labelled device=cpu")
+    check_kernel_params(params, device)
+    if params["benchmark"]["serving"].get("enabled") and importlib.util.find_spec("kernelcamp.serving.bench"):
+        from kernelcamp.serving.bench import check_baseline_port
+
+        check_baseline_port(params, deploy)  # before the kernel rounds, not after them
     from kernelcamp.provenance import device_info, git_info, now_utc
     from kernelcamp.variant import parse_variant
 

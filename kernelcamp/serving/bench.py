@@ -217,6 +217,44 @@ def baseline_port(candidate_port: int, params: dict[str, Any]) -> int:
     return int(candidate_port) + off
 
 
+def _free_baseline_port(params: dict[str, Any], host: str, port: int, root: str | Path | None) -> None:
+    """Stop a baseline server left by a SIGKILLed benchmark, then wait for ``port`` to be free.
+
+    Raises ``KernelcampError`` when another process holds it.
+    """
+    from kernelcamp.serving.deploy import _wait_port_free, state_dir, stop_state
+
+    stop_state(state_dir(root) / f"{BASELINE_STEM}.json")
+    cfg = dict(params.get("deploy") or {})
+    if not _wait_port_free(port, host, float(cfg.get("port_free_timeout_s", 10.0))):
+        raise KernelcampError(
+            f"baseline server port {port} on {host} (candidate port + "
+            f"benchmark.serving.baseline_port_offset) is held by another process: free it or set "
+            "benchmark.serving.baseline_port_offset"
+        )
+
+
+def check_baseline_port(params: dict[str, Any], deploy_record: dict[str, Any], root: str | Path | None = None) -> None:
+    """Before any measurement: the port the serving A/B will start the temporary baseline server on
+    is free (a stale baseline server of this workspace is stopped first). A no-op when no baseline
+    server will be started (serving off, a foreign deploy, measure_baseline false, no baseline).
+
+    Raises ``KernelcampError`` when another process holds the port, or the offset is out of range.
+    """
+    sv = (params.get("benchmark") or {}).get("serving") or {}
+    url = str(deploy_record.get("url") or "")
+    if (
+        not sv.get("enabled")
+        or deploy_record.get("kind") != "embedded"
+        or not sv.get("measure_baseline", True)
+        or not params.get("baseline")
+        or not url
+    ):
+        return
+    u = urlsplit(url)
+    _free_baseline_port(params, u.hostname or "127.0.0.1", baseline_port(u.port or 80, params), root)
+
+
 @contextlib.contextmanager
 def _signals_raise_if_default() -> Iterator[None]:
     """SIGTERM raises KeyboardInterrupt in this block when nobody handles it yet (main thread only), so
@@ -279,13 +317,7 @@ def baseline_server(
     proc = None
     with _signals_raise_if_default():
         try:
-            stop_state(spath)  # a baseline server left by a SIGKILLed benchmark
-            if not _wait_port_free(port, host, float(cfg.get("port_free_timeout_s", 10.0))):
-                raise KernelcampError(
-                    f"baseline server port {port} on {host} (candidate port + "
-                    f"benchmark.serving.baseline_port_offset) is held by another process: free it or set "
-                    "benchmark.serving.baseline_port_offset"
-                )
+            _free_baseline_port(params, host, port, root)
             proc, seconds, facts = start_embedded(bparams, host, port, bhash, sdir, BASELINE_STEM, cfg)
             yield {
                 "url": f"http://{host}:{port}",

@@ -1,0 +1,64 @@
+"""Checks the benchmark stage makes before any measurement (kernelcamp.kernel_bench, serving.bench)."""
+
+from __future__ import annotations
+
+import copy
+import socket
+from pathlib import Path
+
+import pytest
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.io import load_params
+from kernelcamp.kernel_bench import check_kernel_params
+from kernelcamp.serving.bench import check_baseline_port
+from kernelcamp.serving.testing import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def params() -> dict:
+    return load_params(ROOT / "params.yaml")
+
+
+@pytest.mark.parametrize(
+    "device,path,value,needle",
+    [
+        ("cpu", ("benchmark", "kernel", "cpu_rounds"), 0, "benchmark.kernel.cpu_rounds=0: expected an integer >= 2"),
+        ("cuda", ("benchmark", "kernel", "rounds"), 1, "benchmark.kernel.rounds=1"),
+        ("cuda", ("benchmark", "kernel", "replays_per_round"), 0, "benchmark.kernel.replays_per_round=0"),
+        ("cpu", ("workload", "cpu", "batch_sizes"), [], "workload.cpu.batch_sizes=[]: expected a non-empty list"),
+        ("cuda", ("benchmark", "kernel", "batch_sizes"), [1, -8], "benchmark.kernel.batch_sizes=[1, -8]"),
+    ],
+)
+def test_unusable_round_counts_and_batch_sizes_are_refused(params, device, path, value, needle):
+    # `-S benchmark.kernel.cpu_rounds=0` built and deployed, then failed with "summarize: no samples".
+    p = copy.deepcopy(params)
+    d = p
+    for k in path[:-1]:
+        d = d[k]
+    d[path[-1]] = value
+    with pytest.raises(KernelcampError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        check_kernel_params(p, device)
+
+
+def test_defaults_pass(params):
+    check_kernel_params(params, "cpu")
+    check_kernel_params(params, "cuda")
+
+
+def test_busy_baseline_port_is_found_before_the_rounds(params, tmp_path):
+    # A held baseline port was reported only after every kernel round had run.
+    port = free_port()
+    p = copy.deepcopy(params)
+    p["benchmark"]["serving"] = {**p["benchmark"]["serving"], "enabled": True, "baseline_port_offset": 1}
+    p["deploy"] = {**(p.get("deploy") or {}), "port_free_timeout_s": 0.5}
+    record = {"kind": "embedded", "url": f"http://127.0.0.1:{port - 1}"}
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen(1)
+        with pytest.raises(KernelcampError, match=f"baseline server port {port} on 127.0.0.1"):
+            check_baseline_port(p, record, tmp_path)
+    check_baseline_port(p, record, tmp_path)  # free again: passes
+    check_baseline_port(p, {"kind": "command", "url": record["url"]}, tmp_path)  # no baseline server there
