@@ -440,7 +440,7 @@ def render_markdown(
     cpu = is_cpu(bench)
     h = headline(data, threshold)
     v = bench["variants"]
-    out = [f"# kernelcamp report: {v['candidate']['name']} vs {v['baseline']['name']}", ""]
+    out = [f"# kernelcamp report: {_who(v['candidate'])} vs {_who(v['baseline'])}", ""]
     if cpu:
         out += [
             "> **CPU run.** Kernel timings come from the Triton interpreter on a CPU (time.perf_counter) at "
@@ -538,6 +538,15 @@ def render_markdown(
     if verify.get("deploy_id") != bench.get("deploy_id"):
         out += ["", "**Warning: benchmark and verify measured different deploys.**"]
     return "\n".join(out) + "\n"
+
+
+def _who(note: Mapping[str, Any]) -> str:
+    """A variant as the title names it: its name and its config, or how many (``bt16_w4
+    [T16_H16_w8_s2_kauto]``, ``story_autotune [3 configs]``), so that an override of the variant file
+    (``-S variant.num_warps=8``) shows in the title."""
+    cfgs = note.get("configs") or []
+    what = cfgs[0] if len(cfgs) == 1 else f"{len(cfgs)} configs" if cfgs else None
+    return f"{note['name']} [{what}]" if what else str(note["name"])
 
 
 def _clock(bench: Mapping[str, Any]) -> str | None:

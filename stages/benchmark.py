@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,6 +44,9 @@ from kernelcamp.profiling import (  # noqa: E402
 )
 from kernelcamp.serving.summary import serving_metrics, serving_summary  # noqa: E402
 from kernelcamp.tracking import tracked_stage  # noqa: E402
+
+#: Prefix of the folder (beside the outputs) where a run's traces wait until every output is ready.
+STAGING_PREFIX = ".trace-staging-"
 
 
 def log(msg: str) -> None:
@@ -119,12 +124,10 @@ def main() -> int:
         from kernelcamp.serving.bench import check_baseline_port
 
         check_baseline_port(params, deploy)  # before the kernel rounds, not after them
-    from kernelcamp.provenance import device_info, git_info, now_utc
     from kernelcamp.variant import parse_variant
 
     if importlib.util.find_spec("kernels.sparse_mla_decode") is None:
         raise KernelcampError("kernels/sparse_mla_decode.py is missing: nothing to benchmark")
-    from kernels.sparse_mla_decode import kernel_source_hash
 
     run_as = params["benchmark"].get("run_as_target")
     variants, notes = {}, {}
@@ -148,9 +151,25 @@ def main() -> int:
         }
         variants[name] = v
         log(f"{name} {notes[name]['name']}: runs {notes[name]['configs_ran']} ({notes[name]['config_list']})")
+    # Traces are written to a staging folder and moved into place with the other outputs at the end,
+    # so an interrupted run leaves the previous run's traces beside the previous run's records.
+    final_traces = {"candidate": Path(args.trace), "baseline": baseline_trace_path(args.trace)}
+    final_traces["candidate"].parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=final_traces["candidate"].parent))
+    try:
+        return _measure_and_write(args, params, deploy, device, run_as, notes, variants, final_traces, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _measure_and_write(args, params, deploy, device, run_as, notes, variants, final_traces, staging) -> int:
+    """The rest of :func:`main`: kernel rounds, serving A/B, profile, then every output at once."""
+    from kernelcamp.provenance import device_info, git_info, now_utc
+    from kernels.sparse_mla_decode import kernel_source_hash
+
+    traces = {impl: staging / p.name for impl, p in final_traces.items()}
     rows, kernel = kernel_level(params, variants, device)
     serving = serving_level(params, deploy)
-    traces = {"candidate": Path(args.trace), "baseline": baseline_trace_path(args.trace)}
     table: list[dict] = []
     prof_meta: dict = {}
     prof_source, prof_why = None, "benchmark.profile.enabled is false"
@@ -190,7 +209,7 @@ def main() -> int:
         "serving": serving,
         "profile": {
             "trace": args.trace,
-            "trace_baseline": str(traces["baseline"]),
+            "trace_baseline": str(final_traces["baseline"]),
             "kernel_table": args.kernel_table,
             "source": prof_source,
             "what": {
@@ -236,6 +255,11 @@ def main() -> int:
     if device != "cuda":
         sv_metrics = {k_.replace("serving_", "serving_cpu_", 1): v for k_, v in sv_metrics.items()}
     metrics.update(sv_metrics)
+    for impl, m in prof_meta.items():
+        if m.get("trace_path"):
+            m["trace_path"] = str(final_traces[impl])
+    for impl, path in traces.items():
+        os.replace(path, final_traces[impl])  # same folder: an atomic rename each
     write_csv_atomic(args.latency_csv, rows)
     write_csv_atomic(args.summary_csv, summary)
     write_csv_atomic(

@@ -47,6 +47,8 @@ def test_cpu_report_is_labelled_and_complete(tmp_path):
     assert "**CPU run.**" in md and "(CPU interpreter timings decide nothing" in md
     assert "**inconclusive**" in md and "95% CI [" in md and "threshold 2.0%" in md
     assert "PRUNED on sm120" in md  # the story's BLOCK_T=32 configs, named loudly
+    # the title names each side's config, so that `-S variant.num_warps=8` shows there too
+    assert md.startswith("# kernelcamp report: bt16_w8 [T16_H16_w8_s2_kauto] vs story_autotune [3 configs]\n")
     for needle in ("deploy id (benchmark)", "measured_at", "kernel source hash", "step_ms = ", "Attention's measured"):
         assert needle in md, needle
     keys = {k for k, _, _ in kr.mlflow_points(data, 0.02)}
