@@ -31,7 +31,10 @@ def _usage() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to ``<module>.cli_main(argv)``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:  # a missing command is a usage error, as argparse treats one
+        print(_usage(), file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
     cmd, rest = argv[0], argv[1:]

@@ -253,7 +253,11 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
         while any(w.proc.poll() is None for w in workers):
             time.sleep(poll_s)
             alive = [f"gpu{w.gpu}" for w in workers if w.proc.poll() is None]
-            log(f"sweep: {time.monotonic() - t0:6.0f} s, workers running: {', '.join(alive) or 'none'}")
+            try:
+                left = f"{queued_count(repo_root)} of {n} still queued, "
+            except Exception:  # noqa: BLE001 - progress only: DVC may hold its queue lock right now
+                left = ""
+            log(f"sweep: {time.monotonic() - t0:6.0f} s, {left}workers running: {', '.join(alive) or 'none'}")
     except KeyboardInterrupt:
         interrupted = ("interrupted", 130)
     except _Terminated:

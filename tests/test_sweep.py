@@ -247,3 +247,12 @@ def test_sweep_refuses_an_empty_queue(tmp_path: Path, monkeypatch: pytest.Monkey
     (tmp_path / ".dvc").mkdir()
     with pytest.raises(KernelcampError, match="nothing is queued"):
         sweep.run_sweep(tmp_path, ["0", "1"])
+
+
+def test_bare_kernelcamp_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
+    from kernelcamp import cli
+
+    assert cli.main([]) == 2
+    assert "usage: kernelcamp <command>" in capsys.readouterr().err
+    assert cli.main(["--help"]) == 0
+    assert "sweep" in capsys.readouterr().out
