@@ -202,8 +202,9 @@ def stop_slot_servers(repo_root: Path, slots: list[int]) -> list[int]:
     return stopped
 
 
-class _Terminated(Exception):
-    """SIGTERM reached ``kernelcamp sweep``."""
+class _Terminated(BaseException):
+    """SIGTERM reached ``kernelcamp sweep``. A BaseException, like KeyboardInterrupt, so that no
+    ``except Exception`` on the way (the progress line's queue count, DVC's own code) swallows it."""
 
 
 def _raise_terminated(signum, frame):  # noqa: ARG001 - signal handler signature

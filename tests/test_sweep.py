@@ -256,3 +256,34 @@ def test_bare_kernelcamp_is_a_usage_error(capsys: pytest.CaptureFixture) -> None
     assert "usage: kernelcamp <command>" in capsys.readouterr().err
     assert cli.main(["--help"]) == 0
     assert "sweep" in capsys.readouterr().out
+
+
+def test_sigterm_while_the_queue_is_counted_still_stops_the_sweep(tmp_path: Path, monkeypatch) -> None:
+    # In CI the SIGTERM arrived while the progress line counted the queue: its `except Exception`
+    # swallowed the termination and the sweep waited for its worker instead of stopping it.
+    import signal
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setattr(sweep, "prepare_tracking_store", lambda root: None)
+    monkeypatch.setattr(sweep, "stop_slot_servers", lambda root, slots: [])
+    calls = {"n": 0}
+
+    def count(root: Path) -> int:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands inside DVC's queue count
+        if calls["n"] > 20:
+            pytest.fail("the sweep went on polling after SIGTERM")
+        return 1
+
+    monkeypatch.setattr(sweep, "queued_count", count)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    monkeypatch.setattr(
+        sweep, "start_workers", lambda root, gpus, log_dir: [sweep.Worker(0, "0", "n", worker, tmp_path / "w.log")]
+    )
+    try:
+        assert sweep.run_sweep(tmp_path, ["0"], poll_s=0.01, log=lambda m: None) == 143
+        assert worker.poll() is not None, "the worker must be stopped"
+    finally:
+        if worker.poll() is None:
+            worker.kill()
