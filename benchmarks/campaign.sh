@@ -20,12 +20,8 @@ failed=0
 collect() {  # copy experiment $1's results (DVC experiment $2) from its commit into the campaign folder
   python -m kernelcamp.campaign collect "$2" "$dest/$1"
 }
-stop_servers() {  # the embedded servers this script's runs left: the workspace's, and each sweep slot's
+stop_servers() {  # the workspace's embedded server (kernelcamp sweep stops its slots' servers itself)
   python stages/deploy.py --stop >/dev/null 2>&1
-  [ -n "$gpus" ] || return 0
-  for s in $(python -c "import sys; from kernelcamp.sweep import worker_slots; print(*worker_slots(sys.argv[1].split(',')))" "$gpus"); do
-    KERNELCAMP_WORKER_SLOT=$s python stages/deploy.py --stop >/dev/null 2>&1
-  done
 }
 trap stop_servers EXIT
 

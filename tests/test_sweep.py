@@ -43,10 +43,8 @@ def _git(cwd: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
-@pytest.mark.timeout(300)
-def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
-    if shutil.which("dvc") is None:
-        pytest.skip("dvc is not installed")
+def _mini_dvc_repo(tmp_path: Path, stage_src: str, gitignore: str) -> Path:
+    """A committed git + DVC repo with one stage ``rec`` (``python stage.py``, param ``x``)."""
     repo = tmp_path / "repo"
     repo.mkdir()
     _git(repo, "init", "-q")
@@ -54,14 +52,22 @@ def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
     _git(repo, "config", "user.name", "t")
     subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
     (repo / "params.yaml").write_text("x: 1\n")
-    (repo / "stage.py").write_text(STAGE)
+    (repo / "stage.py").write_text(stage_src)
     (repo / "dvc.yaml").write_text(
         "stages:\n  rec:\n    cmd: python stage.py\n    deps: [stage.py]\n    params: [x]\n"
         "    metrics:\n      - out.json: {cache: false}\n"
     )
-    (repo / ".gitignore").write_text("mlflow.db\n")
+    (repo / ".gitignore").write_text(gitignore)
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "init")
+    return repo
+
+
+@pytest.mark.timeout(300)
+def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
+    if shutil.which("dvc") is None:
+        pytest.skip("dvc is not installed")
+    repo = _mini_dvc_repo(tmp_path, STAGE, "mlflow.db\n")
     # The tracking store is created once before the workers start (DESIGN.md, reliability contract).
     import mlflow
 
@@ -136,21 +142,7 @@ def test_sigterm_stops_workers_their_experiment_and_slot_servers(tmp_path: Path)
     import signal
     import time
 
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.email", "t@t")
-    _git(repo, "config", "user.name", "t")
-    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
-    (repo / "params.yaml").write_text("x: 1\n")
-    (repo / "stage.py").write_text(SLOW_STAGE)
-    (repo / "dvc.yaml").write_text(
-        "stages:\n  rec:\n    cmd: python stage.py\n    deps: [stage.py]\n    params: [x]\n"
-        "    metrics:\n      - out.json: {cache: false}\n"
-    )
-    (repo / ".gitignore").write_text("mlflow.db\nstage.pid\n.kernelcamp/\n")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "init")
+    repo = _mini_dvc_repo(tmp_path, SLOW_STAGE, "mlflow.db\nstage.pid\n.kernelcamp/\n")
     subprocess.run(["dvc", "exp", "run", "--queue", "-q", "-S", "x=2"], cwd=repo, check=True)
     # a server that slot 7's deploy stage would have left (a kernelcamp command line, own session)
     server = subprocess.Popen(
