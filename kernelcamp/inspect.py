@@ -570,15 +570,11 @@ def summarize(variant: Variant, rows: Sequence[dict], target: str) -> dict:
 def kernel_module(kernel: Mapping[str, Any] | str = "kernels.sparse_mla_decode") -> Any:
     """Import the kernel module named by a params ``kernel`` section (``module``) or a dotted name."""
     name = kernel if isinstance(kernel, str) else kernel.get("module", "kernels.sparse_mla_decode")
-    from kernelcamp.provenance import dvc_root
+    from kernelcamp.spec import import_kernel
 
-    root = str(dvc_root())
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    try:
-        module = importlib.import_module(name)
-    except ImportError as e:
-        raise KernelcampError(f"cannot import kernel module {name!r}: {e}") from e
+    # From this working tree, never $DVC_ROOT's: a queued experiment runs in a temporary copy, and the
+    # workspace's kernel may have been edited after it was queued.
+    module = import_kernel(name)
     if not hasattr(module, "compile_specs"):
         raise KernelcampError(f"kernel module {name!r} has no compile_specs(layout, num_heads, topk, config, ...)")
     return module

@@ -76,7 +76,9 @@ def dot_dtype(params: dict, device: str) -> str:
 
 def launch_args(params: dict, device: str, B: int, seed: int) -> tuple:
     """Deterministic inputs for batch size ``B``, as the launcher's positional arguments."""
-    from kernels import sparse_mla_decode as k
+    from kernelcamp.spec import import_kernel
+
+    k = import_kernel(params["kernel"]["module"])
 
     shape = run_shape(params, device)
     inp = k.make_inputs(
@@ -111,8 +113,10 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
 
     from kernelcamp import timing
     from kernelcamp.provenance import ClockSampler, smi_index
+    from kernelcamp.spec import import_kernel
     from kernelcamp.stats import paired_ratio_ci
-    from kernels import sparse_mla_decode as k
+
+    k = import_kernel(params["kernel"]["module"])
 
     wl, bk, tgt = params["workload"], params["benchmark"]["kernel"], params["target"]
     shape, dot = run_shape(params, device), dot_dtype(params, device)

@@ -62,7 +62,9 @@ def kernel_launch_profile(
     from torch.profiler import profile as tprof
 
     from kernelcamp.serving.server import ANNOTATION_PREFIX, kernel_rows
-    from kernels import sparse_mla_decode as k
+    from kernelcamp.spec import import_kernel
+
+    k = import_kernel(params["kernel"]["module"])
 
     B = run_batch_sizes(params, device)[-1]
     args = launch_args(params, device, B, seed=0)

@@ -63,21 +63,13 @@ def kernel_module_path(kernel: Mapping[str, Any] | None, root: str | Path | None
 def kernel_source_hash(kernel: Mapping[str, Any] | None = None, root: str | Path | None = None) -> str:
     """sha256 (hex) of the kernel module's source file, or ``"absent"`` when there is no file.
 
-    Uses the module's own ``kernel_source_hash()`` when it is importable, so the build stage, the
-    server and deploy agree; falls back to hashing the file's bytes.
+    The file's bytes, as the kernel module's own ``kernel_source_hash()`` and
+    :class:`kernelcamp.spec.RunSpec` hash them, so build, deploy, the server and the report agree
+    (without importing torch here).
     """
     path = kernel_module_path(kernel, root)
     if not path.exists():
         return "absent"
-    try:
-        import importlib
-
-        mod = importlib.import_module((kernel or {}).get("module", "kernels.sparse_mla_decode"))
-        fn = getattr(mod, "kernel_source_hash", None)
-        if fn is not None and Path(getattr(mod, "__file__", "")).resolve() == path.resolve():
-            return str(fn())
-    except Exception:  # noqa: BLE001 - an unimportable kernel still has a source hash
-        pass
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 

@@ -21,7 +21,6 @@ Indices are flat token ids into the pool: ``page * page_size + slot`` (-1 = empt
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -140,9 +139,11 @@ def _fallback_ref(q, kv_cache, indices, layout, page_size, sm_scale=None, check_
 
 def load_backend(kernel: dict[str, Any] | None) -> SimpleNamespace:
     """The kernel module (``source="kernel_module"``) or the torch fallback (``source="fallback"``)."""
+    from kernelcamp.spec import import_kernel
+
     module = (kernel or {}).get("module", "kernels.sparse_mla_decode")
     try:
-        mod = importlib.import_module(module)
+        mod = import_kernel(module)  # from this tree (the server runs in the tree it was deployed from)
         return SimpleNamespace(
             source="kernel_module",
             module=module,
@@ -152,7 +153,7 @@ def load_backend(kernel: dict[str, Any] | None) -> SimpleNamespace:
             SparseMLADecode=mod.SparseMLADecode,
             error=None,
         )
-    except (ImportError, AttributeError) as e:
+    except (KernelcampError, AttributeError) as e:
         return SimpleNamespace(
             source="fallback",
             module=module,

@@ -1,0 +1,124 @@
+"""One pipeline run at a time per working tree, and params.yaml unchanged for the whole run.
+
+DVC refuses a second ``dvc exp run`` in a workspace only after the second one has rewritten
+params.yaml (seen with DVC 3.67), so the first run's later stages would measure one variant and
+record another. Each stage therefore claims the run before any side effect:
+
+* The owner of a run is the ``dvc`` process the stage descends from (:func:`run_owner`); a stage run
+  by hand (no ``dvc`` ancestor) owns nothing and only gets the hash checks of
+  :meth:`kernelcamp.spec.RunSpec.check_record`.
+* The claim (``<tree>/.kernelcamp/run.json``, under an ``fcntl`` lock) records the owner's pid and
+  the sha256 of params.yaml. A stage of the same owner finds the same sha256 or stops, naming both;
+  a stage of another live owner stops before any side effect; a dead owner's claim is taken over.
+* The claim lives in the stage's own tree: queued experiments (each in its own temporary copy) and
+  sweep workers never block each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.io import pid_alive, write_json_atomic
+
+
+def _ppid_and_cmd(pid: int) -> tuple[int | None, list[str]]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except (OSError, ValueError, IndexError):
+        return None, []
+    return ppid, cmd
+
+
+def _is_dvc(cmd: list[str]) -> bool:
+    head = cmd[:3]
+    return any(os.path.basename(a) == "dvc" for a in head) or (len(cmd) > 2 and cmd[1:3] == ["-m", "dvc"])
+
+
+def run_owner(pid: int | None = None) -> int | None:
+    """pid of the nearest ancestor of ``pid`` (default: this process) that is a ``dvc`` command, or
+    None (not under DVC, or no ``/proc``)."""
+    cur = os.getppid() if pid is None else pid
+    for _ in range(64):
+        if not cur or cur == 1:
+            return None
+        ppid, cmd = _ppid_and_cmd(cur)
+        if _is_dvc(cmd):
+            return cur
+        if ppid is None:
+            return None
+        cur = ppid
+    return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path) + ".lock", "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def claim_path(root: Path) -> Path:
+    return root / ".kernelcamp" / "run.json"
+
+
+def claim_run(root: Path, stage: str, params_sha256: str, owner: int | None = None) -> dict[str, Any] | None:
+    """Claim (or re-check) the run of the tree ``root`` for stage ``stage``; see the module docstring.
+
+    Returns the claim, or None when there is no ``dvc`` owner. Raises ``KernelcampError`` when
+    another live ``dvc`` run holds the tree, or when params.yaml changed since an earlier stage of
+    this run read it.
+    """
+    owner = run_owner() if owner is None else owner
+    if owner is None:
+        return None
+    path = claim_path(root)
+    with _locked(path):
+        try:
+            cur = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cur = None
+        if isinstance(cur, dict) and pid_alive(cur.get("owner_pid")):
+            if cur["owner_pid"] != owner:
+                raise KernelcampError(
+                    f"another pipeline run (dvc pid {cur['owner_pid']}, since stage {cur.get('stage')}) is running in "
+                    f"{root}: wait for it, or queue this one with `dvc exp run --queue`"
+                )
+            if cur.get("params_sha256") != params_sha256:
+                raise KernelcampError(
+                    f"params.yaml changed during this run (sha256 {str(cur.get('params_sha256'))[:12]} at stage "
+                    f"{cur.get('stage')}, {params_sha256[:12]} now): another `dvc exp run` rewrote it; nothing of "
+                    "this stage was recorded, rerun the pipeline"
+                )
+            return cur
+        claim = {"owner_pid": owner, "params_sha256": params_sha256, "stage": stage}
+        write_json_atomic(path, claim)
+        return claim
+
+
+def release_run(root: Path, owner: int | None = None) -> None:
+    """Remove this owner's claim (the last stage calls it); another owner's claim is left alone."""
+    owner = run_owner() if owner is None else owner
+    if owner is None:
+        return
+    path = claim_path(root)
+    with _locked(path):
+        try:
+            cur = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(cur, dict) and cur.get("owner_pid") == owner:
+            path.unlink(missing_ok=True)

@@ -1,0 +1,548 @@
+"""The run spec: params.yaml parsed once per stage into typed, range-checked sections.
+
+Every stage calls :func:`load_spec` first. It reads params.yaml (written by DVC's Hydra composition;
+never composed here), checks every key's type and range against the dataclasses below (one
+``KernelcampError`` line naming the key and what to write instead), parses the variant and the
+baseline (:mod:`kernelcamp.variant`), and derives what every record must agree on:
+
+* ``kernel_module``: the configured kernel (``kernel.module``), imported from *this* working tree
+  (:func:`import_kernel`): a queued experiment runs in a temporary copy of the repo, and its stages
+  must build, benchmark, verify and serve that copy's kernel, never the workspace's (``$DVC_ROOT``).
+* ``variant_hash`` / ``baseline_hash``: :func:`kernelcamp.serving.variant_hash` of each side (configs,
+  kernel source, server flags): what the deployed server reports, what deploy, benchmark and verify
+  record, and what the report checks before it logs anything (:meth:`RunSpec.check_record`).
+
+The dataclasses are the schema: a field's type is checked strictly (an int field refuses ``4.0``
+and ``true``; a float field takes an int), ``meta`` gives its range. Unknown keys are refused with
+the closest known key named. The raw mapping stays available as ``RunSpec.raw`` for the library
+functions that take params sections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import importlib
+import json
+import re
+import sys
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.variant import Variant, parse_variant
+
+#: The kernel package every kernel module lives in; the DVC stages depend on the whole folder.
+KERNEL_PACKAGE = "kernels"
+_MODULE_RE = re.compile(rf"^{KERNEL_PACKAGE}\.[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def project_root() -> Path:
+    """The working tree this code runs from (the repo, or a queued experiment's temporary copy)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def _f(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
+    """A dataclass field with range metadata: ge, gt, le, lt, choices, pow2, unique, nonempty."""
+    if isinstance(default, (list, dict)):
+        value = default
+        return field(default_factory=lambda: type(value)(value), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ------------------------------------------------------------------------------------------ schema
+
+
+@dataclass(kw_only=True)
+class KernelSpec:
+    name: str = _f()
+    module: str = _f()
+    dot_dtype: str = _f("bf16", choices=("bf16", "fp16"))
+
+
+@dataclass(kw_only=True)
+class CpuModelSpec:
+    num_layers: int = _f(ge=1, le=64)
+    hidden_size: int = _f(ge=16)
+    mlp_size: int = _f(ge=16)
+    vocab_size: int = _f(ge=2)
+
+
+@dataclass(kw_only=True)
+class CpuWorkloadSpec:
+    num_heads: int = _f(ge=1)
+    topk: int = _f(ge=1)
+    page_size: int = _f(ge=1)
+    num_cache_tokens: int = _f(ge=1)
+    batch_sizes: list[int] = _f(ge=1, unique=True, nonempty=True)
+    model: CpuModelSpec = _f()
+
+
+@dataclass(kw_only=True)
+class ModelSpec:
+    num_layers: int = _f(ge=1, le=128)
+    hidden_size: int = _f(ge=16)
+    vocab_size: int = _f(ge=2)
+    mlp_size: int = _f(ge=16)
+    seed: int = _f(0, ge=0)
+    greedy_margin: float = _f(8.0, ge=0)
+
+
+@dataclass(kw_only=True)
+class WorkloadSpec:
+    name: str = _f()
+    layout: str = _f(choices=("deepseek_v32", "deepseek_v4"))
+    num_heads: int = _f(ge=1)
+    topk: int = _f(ge=1)
+    page_size: int = _f(ge=1)
+    num_cache_tokens: int = _f(ge=1)
+    batch_sizes: list[int] = _f(ge=1, unique=True, nonempty=True)
+    cpu: CpuWorkloadSpec = _f()
+    model: ModelSpec = _f()
+    sm_scale: float | None = _f(None, gt=0)
+
+
+@dataclass(kw_only=True)
+class ServerSpec:
+    name: str = _f("default")
+    host: str = _f("127.0.0.1", nonempty=True)
+    port: int = _f(8765, ge=1, le=65535)
+    cuda_graphs: bool = _f(True)
+    graph_batch_buckets: list[int] = _f([1, 2, 4, 8, 16, 32, 64, 96], ge=1, unique=True, nonempty=True)
+    max_running_requests: int = _f(96, ge=1)
+    overlap_scheduling: bool = _f(False)
+    max_context_tokens: int = _f(2048, ge=2)
+    num_cache_tokens: int | None = _f(None, ge=1)
+    cpu_cache_tokens: int = _f(16384, ge=1)
+    device: str | None = _f(None)
+    env: dict[str, Any] = _f({})
+    args: list[str] = _f([])
+    api_key: str | None = _f(None)
+
+
+@dataclass(kw_only=True)
+class KernelBenchSpec:
+    rounds: int = _f(ge=2)
+    replays_per_round: int = _f(ge=1)
+    warmup: int = _f(ge=0)
+    cpu_rounds: int = _f(ge=2)
+    cpu_replays_per_round: int = _f(ge=1)
+    batch_sizes: list[int] = _f(ge=1, unique=True, nonempty=True)
+
+
+@dataclass(kw_only=True)
+class ServingBenchSpec:
+    enabled: bool = _f(True)
+    concurrency: list[int] = _f(ge=1, unique=True, nonempty=True)
+    max_tokens: int = _f(ge=1)
+    num_prompts_per_level: int | None = _f(None, ge=1)
+    timeout_s: float = _f(gt=0)
+    measure_baseline: bool = _f(True)
+    baseline_port_offset: int = _f(1, ge=1, le=1000)
+    repeats: int = _f(ge=1)
+    cpu_concurrency: list[int] = _f(ge=1, unique=True, nonempty=True)
+    cpu_max_tokens: int = _f(ge=1)
+
+
+@dataclass(kw_only=True)
+class ProfileSpec:
+    enabled: bool = _f(True)
+    decode_steps: int = _f(5, ge=1, le=1000)
+
+
+@dataclass(kw_only=True)
+class BenchmarkSpec:
+    kernel: KernelBenchSpec = _f()
+    serving: ServingBenchSpec = _f()
+    profile: ProfileSpec = _f()
+    run_as_target: str | None = _f(None)
+
+
+@dataclass(kw_only=True)
+class KernelVerifySpec:
+    shapes: list[list[int]] = _f(ge=1, nonempty=True, triple=True)
+    cpu_shapes: list[list[int]] = _f(ge=1, nonempty=True, triple=True)
+    empty_slot_fraction: float = _f(0.1, ge=0, lt=1)
+
+
+@dataclass(kw_only=True)
+class ServingVerifySpec:
+    enabled: bool = _f(True)
+    concurrency: int | None = _f(None, ge=1)
+    num_prompts: int = _f(ge=1)
+    max_tokens: int = _f(ge=1)
+
+
+@dataclass(kw_only=True)
+class VerifySpec:
+    kernel: KernelVerifySpec = _f()
+    serving: ServingVerifySpec = _f()
+
+
+@dataclass(kw_only=True)
+class ReportSpec:
+    threshold: float = _f(gt=0, lt=1)
+    confidence: float = _f(gt=0.5, lt=1)
+
+
+@dataclass(kw_only=True)
+class TrackingSpec:
+    uri: str | None = _f(None)
+    experiment: str = _f("kernelcamp", nonempty=True)
+
+
+@dataclass(kw_only=True)
+class BuildSpec:
+    also_targets: list[str] = _f([])
+
+
+@dataclass(kw_only=True)
+class DeploySpec:
+    kind: str = _f(choices=("embedded", "command", "ssh"))
+    health_timeout_s: float = _f(600.0, gt=0)
+    poll_interval_s: float = _f(0.5, gt=0)
+    port_free_timeout_s: float = _f(10.0, ge=0)
+    # command
+    url: str | None = _f(None, nonempty=True)
+    kernel_dest: str | None = _f(None)
+    launch: str | None = _f(None)
+    stop: str | None = _f(None)
+    # ssh
+    host: str | None = _f(None, no_dash=True, nonempty=True)
+    port: int | None = _f(None, ge=1, le=65535)
+    user: str | None = _f(None, no_dash=True, nonempty=True)
+    identity_file: str | None = _f(None)
+    ssh_options: list[str] = _f([])
+    remote_dir: str | None = _f(None, no_dash=True)
+    restart: str | None = _f(None)
+
+
+#: Sections parsed into the dataclasses above (variant, baseline and target have their own parsers).
+SECTIONS: dict[str, type] = {
+    "kernel": KernelSpec,
+    "workload": WorkloadSpec,
+    "server": ServerSpec,
+    "deploy": DeploySpec,
+    "benchmark": BenchmarkSpec,
+    "verify": VerifySpec,
+    "report": ReportSpec,
+    "tracking": TrackingSpec,
+    "build": BuildSpec,
+}
+
+
+# ---------------------------------------------------------------------------------------- checking
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, tp.__name__)
+
+
+def _check_value(where: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _check_value(where, value, inner, meta)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise KernelcampError(f"{where} = {value!r}: expected {_type_name(tp)} (e.g. [1, 8])")
+        if meta.get("nonempty") and not value:
+            raise KernelcampError(f"{where} is empty: give at least one value")
+        (inner,) = typing.get_args(tp)
+        item_meta = {k: v for k, v in meta.items() if k not in ("unique", "nonempty", "triple")}
+        out = [_check_value(f"{where}.{i}", v, inner, item_meta) for i, v in enumerate(value)]
+        if meta.get("triple") and any(len(v) != 3 for v in out):
+            raise KernelcampError(f"{where} = {value!r}: each shape is [B, H, topk]")
+        if meta.get("unique"):
+            seen = [v for i, v in enumerate(out) if v in out[:i]]
+            if seen:
+                raise KernelcampError(f"{where} = {value!r}: {seen[0]} appears twice; give each value once")
+        return out
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise KernelcampError(f"{where} = {value!r}: expected a mapping")
+        return dict(value)
+    ok = (
+        (tp is bool and isinstance(value, bool))
+        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (tp is str and isinstance(value, str))
+    )
+    if not ok:
+        hint = " (write it without a decimal point)" if tp is int and isinstance(value, float) else ""
+        raise KernelcampError(f"{where} = {value!r}: expected {_type_name(tp)}{hint}")
+    if tp is float:
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise KernelcampError(f"{where} = {value!r}: expected a finite number")
+    if "choices" in meta and value not in meta["choices"]:
+        raise KernelcampError(f"{where} = {value!r}: expected one of {list(meta['choices'])}")
+    if tp is str:
+        if meta.get("nonempty") and not value.strip():
+            raise KernelcampError(f"{where} is empty: give a value")
+        if meta.get("no_dash") and value.startswith("-"):
+            raise KernelcampError(f"{where} = {value!r}: must not start with '-' (it would reach ssh as an option)")
+        return value
+    for key, test, words in (
+        ("ge", lambda v, b: v >= b, ">="),
+        ("gt", lambda v, b: v > b, ">"),
+        ("le", lambda v, b: v <= b, "<="),
+        ("lt", lambda v, b: v < b, "<"),
+    ):
+        if key in meta and not test(value, meta[key]):
+            raise KernelcampError(f"{where} = {value!r}: must be {words} {meta[key]}")
+    if meta.get("pow2") and value & (value - 1):
+        raise KernelcampError(f"{where} = {value}: must be a power of two")
+    return value
+
+
+def _build(cls: type, raw: Any, where: str) -> Any:
+    """Instantiate dataclass ``cls`` from mapping ``raw``, checking every field (see module docstring)."""
+    if not isinstance(raw, Mapping):
+        raise KernelcampError(f"{where} = {raw!r}: expected a mapping (see conf/{where.split('.')[0]}/)")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in raw if k not in fields]
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), list(fields), n=1)
+        hint = f"; did you mean {where}.{close[0]}?" if close else f"; known keys: {', '.join(fields)}"
+        raise KernelcampError(f"{where}.{unknown[0]} is not a known key{hint}")
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{where}.{name}"
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                if typing.get_origin(hints[name]) in (typing.Union, types.UnionType):
+                    kwargs[name] = None
+                    continue
+                raise KernelcampError(f"{key} is missing: set it in conf/ (see conf/{where.split('.')[0]}/)")
+            continue
+        if raw[name] == "???":
+            raise KernelcampError(f"{key} is required (??? in conf/): set it, e.g. -S {key}=...")
+        kwargs[name] = _check_value(key, raw[name], hints[name], f.metadata)
+    return cls(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------ kernel
+
+
+def kernel_path(module: str, root: Path | None = None) -> Path:
+    """File of kernel module ``module`` (``kernels.<name>``) in the tree ``root`` (default: this one)."""
+    return (root or project_root()) / (module.replace(".", "/") + ".py")
+
+
+def check_kernel_module(module: str, root: Path | None = None) -> Path:
+    """Check ``kernel.module`` names a file of this tree's ``kernels/`` folder; return its path.
+
+    Raises ``KernelcampError`` for another package (the DVC stages depend on ``kernels/`` only, so
+    a kernel elsewhere could change without any stage rerunning) or a missing file.
+    """
+    if not isinstance(module, str) or not _MODULE_RE.match(module):
+        raise KernelcampError(
+            f"kernel.module = {module!r}: a kernel module is a file of kernels/, named kernels.<file> "
+            "(e.g. kernels.sparse_mla_decode), so that the DVC stages depend on it"
+        )
+    path = kernel_path(module, root)
+    if not path.is_file():
+        raise KernelcampError(f"kernel.module = {module!r}: {path} does not exist")
+    return path
+
+
+def import_kernel(module: str) -> types.ModuleType:
+    """Import kernel module ``module`` from this working tree, never from another copy of the repo.
+
+    A queued experiment runs in a temporary copy while the package may be installed (editable) from
+    the workspace, and ``$DVC_ROOT`` names the workspace: both would hand the stage the workspace's
+    kernel, edited after queuing. This puts this tree first on ``sys.path`` and checks the imported
+    file. Raises ``KernelcampError`` when the module is not a file of this tree's ``kernels/``, fails
+    to import, or was imported from elsewhere.
+    """
+    path = check_kernel_module(module)
+    root = str(project_root())
+    if sys.path[:1] != [root]:
+        sys.path.insert(0, root)
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure of a user kernel is one line
+        raise KernelcampError(f"cannot import kernel module {module!r}: {type(e).__name__}: {e}") from e
+    got = Path(getattr(mod, "__file__", "") or "").resolve()
+    if got != path.resolve():
+        raise KernelcampError(
+            f"kernel module {module!r} was imported from {got}, not from this tree ({path}): "
+            "run the stage from the repo it belongs to"
+        )
+    return mod
+
+
+# ---------------------------------------------------------------------------------------- run spec
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(kw_only=True)
+class RunSpec:
+    """params.yaml, parsed and checked once. Sections are typed dataclasses; ``raw`` is the mapping."""
+
+    path: Path
+    raw: dict[str, Any]
+    params_sha256: str
+    variant: Variant
+    baseline: Variant | None
+    target: Any
+    kernel: KernelSpec
+    workload: WorkloadSpec
+    server: ServerSpec
+    deploy: DeploySpec
+    benchmark: BenchmarkSpec
+    verify: VerifySpec
+    report: ReportSpec
+    tracking: TrackingSpec
+    build: BuildSpec
+    kernel_file: Path
+    kernel_source_hash: str
+    variant_hash: str
+    baseline_hash: str | None
+
+    def kernel_module(self) -> types.ModuleType:
+        """The configured kernel module, imported from this tree (:func:`import_kernel`)."""
+        return import_kernel(self.kernel.module)
+
+    def hashes(self) -> dict[str, Any]:
+        """What every record carries so that the report can check it against the params it logs."""
+        return {
+            "variant_hash": self.variant_hash,
+            "baseline_hash": self.baseline_hash,
+            "variant_config_hash": self.variant.config_hash(),
+            "kernel_module": self.kernel.module,
+            "kernel_source_hash": self.kernel_source_hash,
+            "params_sha256": self.params_sha256,
+        }
+
+    def check_record(self, what: str, record: Mapping[str, Any], keys: tuple[str, ...] = ("variant_hash",)) -> None:
+        """Raise ``KernelcampError`` naming both values when ``record`` (e.g. deploy.json) disagrees
+        with this spec on any of ``keys`` (a key the record lacks counts as a disagreement)."""
+        mine = self.hashes()
+        for key in keys:
+            theirs = record.get(key)
+            if theirs != mine[key]:
+                raise KernelcampError(
+                    f"{what} has {key} {theirs} but params.yaml gives {mine[key]}: it measured something other "
+                    "than the params this run records (params.yaml changed during the run, or a stage is stale); "
+                    "rerun the pipeline (dvc exp run)"
+                )
+
+
+def parse_spec(raw: Mapping[str, Any], path: Path | str = "params.yaml", text: str | None = None) -> RunSpec:
+    """Check and parse a params mapping (see :func:`load_spec`)."""
+    from kernelcamp.serving import server_flags, variant_hash
+    from kernelcamp.targets import load_target
+
+    if not isinstance(raw, Mapping):
+        raise KernelcampError(f"{path} is not a mapping: regenerate it with `make params`")
+    for name in ("variant", "kernel", "target", "workload"):
+        if name not in raw:
+            raise KernelcampError(f"params.yaml has no `{name}` section: check conf/config.yaml's defaults list")
+    sections = {}
+    for name, cls in SECTIONS.items():
+        sections[name] = _build(cls, raw[name] if name in raw else {}, name)
+    known = set(SECTIONS) | {"variant", "baseline", "target"}
+    extra = [k for k in raw if k not in known]
+    if extra:
+        raise KernelcampError(f"params.yaml has an unknown section {extra[0]!r}: known sections are {sorted(known)}")
+    variant = parse_variant(raw["variant"], "variant")
+    baseline = parse_variant(raw["baseline"], "baseline") if raw.get("baseline") else None
+    target = load_target(raw["target"])
+    _check_against_target(variant, "variant", target)
+    if baseline is not None:
+        _check_against_target(baseline, "baseline", target)
+    kspec: KernelSpec = sections["kernel"]
+    kfile = check_kernel_module(kspec.module)
+    ksha = hashlib.sha256(kfile.read_bytes()).hexdigest()
+    flags = server_flags(raw.get("server"))
+    text = text if text is not None else yaml.safe_dump(dict(raw), sort_keys=True)
+    return RunSpec(
+        path=Path(path),
+        raw=dict(raw),
+        params_sha256=sha256_text(text),
+        variant=variant,
+        baseline=baseline,
+        target=target,
+        kernel_file=kfile,
+        kernel_source_hash=ksha,
+        variant_hash=variant_hash(variant, ksha, flags),
+        baseline_hash=variant_hash(baseline, ksha, flags) if baseline is not None else None,
+        **sections,
+    )
+
+
+def _check_against_target(v: Variant, section: str, target: Any) -> None:
+    """num_warps within the target's threads per block (1024 on every arch kernelcamp supports)."""
+    max_threads = int(getattr(target, "max_threads_per_block", None) or 1024)
+    for i, c in enumerate(v.configs):
+        where = f"{section}.num_warps" if not v.is_list else f"{section}.configs.{i}.num_warps"
+        if c.num_warps * 32 > max_threads:
+            raise KernelcampError(
+                f"{where} = {c.num_warps}: {c.num_warps * 32} threads per block is beyond {target.name}'s "
+                f"{max_threads}; use at most {max_threads // 32}"
+            )
+        if c.num_stages > 64:
+            s = f"{section}.num_stages" if not v.is_list else f"{section}.configs.{i}.num_stages"
+            raise KernelcampError(f"{s} = {c.num_stages}: must be <= 64 (software pipelining depth)")
+
+
+def load_spec(path: str | Path = "params.yaml") -> RunSpec:
+    """Load and check params.yaml; the one entry point of every stage.
+
+    Raises ``KernelcampError`` (one line naming the key) for a missing, unreadable or non-YAML file,
+    an unknown key, a value of the wrong type or out of range, a bad variant, or a kernel module
+    that is not a file of this tree's ``kernels/``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise KernelcampError(f"{path} not found: run `dvc exp run` (it composes conf/) or `make params`")
+    if not path.is_file():
+        raise KernelcampError(f"{path} is not a file: give the params.yaml that `dvc exp run` writes")
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        first = " ".join(str(e).split())[:200]
+        raise KernelcampError(f"{path} is not readable YAML ({first}): regenerate it with `make params`") from None
+    return parse_spec(raw, path, text)
+
+
+def spec_summary(spec: RunSpec) -> dict[str, Any]:
+    """The parsed spec as JSON-ready data (what ``stages/spec.py`` writes)."""
+    return {
+        **spec.hashes(),
+        "variant": spec.variant.as_dict(),
+        "baseline": spec.baseline.as_dict() if spec.baseline else None,
+        "target": spec.target.name,
+        "workload": spec.workload.name,
+        "kernel_file": str(spec.kernel_file.relative_to(project_root())),
+    }
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)

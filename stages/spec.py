@@ -1,0 +1,48 @@
+"""DVC stage `spec`: check params.yaml once, claim the run, write the parsed run spec.
+
+    python stages/spec.py --params params.yaml --out reports/spec.json
+
+The first stage, and the only one DVC always runs (``always_changed``): every key of params.yaml
+is type- and range-checked (kernelcamp.spec), so a bad value stops the run here with one line
+naming the key, before any side effect, even when DVC would skip every other stage (it compares
+``4.0 == 4`` as unchanged). It claims the working tree for this ``dvc`` run (kernelcamp.runlock):
+a second run in the same workspace is refused, and a later stage that finds params.yaml changed
+under it stops. Writes the parsed spec (variant and baseline configs, their hashes, the kernel
+module and its source hash) atomically; the file is the same for the same params and kernel, so
+no later stage reruns because this one ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kernelcamp.io import stage_main, write_json_atomic  # noqa: E402
+from kernelcamp.runlock import claim_run  # noqa: E402
+from kernelcamp.spec import load_spec, project_root, spec_summary  # noqa: E402
+from kernelcamp.tracking import tracked_stage  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--out", default="reports/spec.json")
+    args = ap.parse_args()
+    spec = load_spec(args.params)
+    claim_run(project_root(), "spec", spec.params_sha256)
+    write_json_atomic(args.out, spec_summary(spec))
+    print(
+        f"spec: variant {spec.variant.name} ({spec.variant_hash}) vs baseline "
+        f"{spec.baseline.name if spec.baseline else None} ({spec.baseline_hash}), kernel {spec.kernel.module}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    stage_main(tracked_stage("spec")(main))
