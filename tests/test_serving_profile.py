@@ -15,6 +15,7 @@ import pytest
 
 from kernelcamp import report as kr
 from kernelcamp.io import load_params
+from kernelcamp.serving.client import request_profile
 from kernelcamp.serving.server import PROFILE_PATH, build_state, make_app
 from kernelcamp.serving.testing import ServerThread
 
@@ -47,20 +48,22 @@ def _load(url: str, n: int = 4, max_tokens: int = 40) -> None:
 
 
 def test_profile_under_load_returns_table_and_trace(server, tmp_path):
+    # The client names its own local file; the server keeps the trace in its own folder and the
+    # client downloads it by id (a request never names a server-side path).
     trace = tmp_path / "t.json.gz"
     got: dict = {}
 
     def ask():
-        got["r"] = httpx.post(server + PROFILE_PATH, json={"steps": 3, "trace_path": str(trace)}, timeout=120)
+        got["r"] = request_profile(server, trace, steps=3)
 
     th = threading.Thread(target=ask)
     th.start()
     time.sleep(0.3)  # armed before the load arrives
     _load(server)
     th.join()
-    r = got["r"]
-    assert r.status_code == 200, r.text
-    j = r.json()
+    status, j = got["r"]
+    assert status == 200, j
+    assert len(j["trace_id"]) == 32 and j["trace_bytes"] == trace.stat().st_size
     assert j["steps"] == 3 and len(j["batch_sizes"]) == 3 and all(b >= 1 for b in j["batch_sizes"])
     assert j["device"] == "cpu" and j["time_kind"] == "cpu_op_self_time" and "CPU ops" in j["rows_are"]
     assert j["mode"].startswith("eager") and j["trace_path"] == str(trace)
@@ -75,13 +78,27 @@ def test_profile_under_load_returns_table_and_trace(server, tmp_path):
     assert sum(1 for s in steps if s.get("profiled")) == 3
 
 
-def test_profile_without_load_times_out_clearly(server):
+def test_profile_without_load_times_out_clearly(server, tmp_path):
     t0 = time.monotonic()
     r = httpx.post(server + PROFILE_PATH, json={"steps": 2, "timeout_s": 0.5}, timeout=30)
     assert r.status_code == 504 and "no decode step ran within 0.5 s" in r.json()["error"]["message"]
     assert time.monotonic() - t0 < 10
     assert httpx.post(server + PROFILE_PATH, json={"steps": 0}, timeout=30).status_code == 400
-    assert httpx.post(server + PROFILE_PATH, json={"trace_path": "rel.json.gz"}, timeout=30).status_code == 400
+    # a request that names a server-side path is refused, relative or absolute, and nothing is written there
+    for tp in ("rel.json.gz", str(tmp_path / "victim.txt")):
+        r = httpx.post(server + PROFILE_PATH, json={"steps": 2, "trace_path": tp}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "trace_path"
+    assert not (tmp_path / "victim.txt").exists()
+    # a text/plain body (what a cross-site form or fetch can send) never runs
+    r = httpx.post(
+        server + PROFILE_PATH,
+        content=json.dumps({"steps": 1, "timeout_s": 0.2}),
+        headers={"content-type": "text/plain"},
+        timeout=30,
+    )
+    assert r.status_code == 415
+    assert httpx.get(server + "/v1/kernelcamp/profile/traces/../../etc/passwd", timeout=30).status_code == 404
+    assert httpx.get(server + "/v1/kernelcamp/profile/traces/" + "0" * 32, timeout=30).status_code == 404
     # disarmed: the server still serves, and a later profile is not refused as "in progress"
     assert httpx.post(server + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60).status_code == 200
     r = httpx.post(server + PROFILE_PATH, json={"steps": 1, "timeout_s": 0.2}, timeout=30)

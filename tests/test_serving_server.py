@@ -126,7 +126,7 @@ def test_serve_on_a_busy_port_is_one_clear_line_before_any_url(capsys):
         held.listen(1)
         port = held.getsockname()[1]
         rc = cli_main(["--fake", "ttft_ms=1,itl_ms=1", "--port", str(port)])
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
     assert rc == 2
-    assert f"cannot listen on 127.0.0.1:{port}" in out and "pass --port" in out
-    assert "http://" not in out, "no URL may be printed for a server that never listens"
+    assert f"cannot listen on 127.0.0.1:{port}" in cap.err and "pass --port" in cap.err
+    assert "http://" not in cap.out + cap.err, "no URL may be printed for a server that never listens"

@@ -29,51 +29,266 @@ import argparse
 import asyncio
 import collections
 import concurrent.futures
+import hmac
 import json
+import math
 import os
+import re
+import shutil
+import sys
+import tempfile
 import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.serving import INFO_PATH, kernel_source_hash, server_flags, variant_hash
+from kernelcamp.serving.client import API_KEY_ENV, PROFILE_PATH, TRACE_PATH, client_url, exposure_warning
 
 MODEL_NAME = "kernelcamp-decoder"
-PROFILE_PATH = "/v1/kernelcamp/profile"
 PROFILE_MAX_STEPS = 200
 PROFILE_TABLE_ROWS = 60
 
 
-# ---- request parsing and OpenAI shapes ---------------------------------------------------------------
-def _prompt_text(body: dict[str, Any], chat: bool) -> str:
-    if chat:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise ValueError("messages: expected a non-empty list")
-        return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in msgs)
-    prompt = body.get("prompt", "")
-    if isinstance(prompt, list):
-        if len(prompt) != 1 or not isinstance(prompt[0], str):
-            raise ValueError("prompt: a list must hold exactly one string (one completion per request)")
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise ValueError("prompt: expected a string")
-    return prompt
+# ---- request models and OpenAI shapes ---------------------------------------------------------------
+def _utf8(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode (a lone surrogate at character {e.start})") from None
+    return s
 
 
-def _max_tokens(body: dict[str, Any]) -> int:
-    n = body.get("max_tokens", body.get("max_completion_tokens", 16))
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"max_tokens={n!r}: expected an integer >= 1")
-    if body.get("n", 1) != 1:
-        raise ValueError("n: only n=1 is supported")
-    return n
+#: A string that is valid Unicode (JSON allows an unpaired ``\\ud800`` escape; UTF-8 does not).
+Text = Annotated[StrictStr, AfterValidator(_utf8)]
+
+
+class _Open(BaseModel):
+    """OpenAI request objects: known fields are type-checked strictly, unknown fields are ignored (as
+    vLLM and SGLang do: clients send ``seed``, ``stop``, ``user`` ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    """``stream_options``: only ``include_usage`` has an effect."""
+
+    include_usage: StrictBool = False
+
+
+class TextPart(_Open):
+    """One part of a message's content list; only ``{"type": "text", "text": ...}`` is taken."""
+
+    type: StrictStr
+    text: Text | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> TextPart:
+        if self.type != "text":
+            raise ValueError(f"content part type {self.type!r} is not supported: this server takes text parts only")
+        if self.text is None:
+            raise ValueError("a text content part needs a `text` string")
+        return self
+
+
+class ChatMessage(_Open):
+    """A chat message; ``content`` is a string, a list of text parts (joined by newlines) or null."""
+
+    role: Text = "user"
+    content: Text | list[TextPart] | None = None
+
+    def text(self) -> str:
+        """The content as one string."""
+        if isinstance(self.content, list):
+            return "\n".join(p.text or "" for p in self.content)
+        return self.content or ""
+
+
+class _Generate(_Open):
+    model: Text | None = None
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    temperature: StrictFloat | StrictInt | None = None
+    top_p: StrictFloat | StrictInt | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    def tokens_wanted(self) -> int:
+        """``max_tokens``, else ``max_completion_tokens``, else 16."""
+        return self.max_tokens or self.max_completion_tokens or 16
+
+    def include_usage(self) -> bool:
+        """Whether the stream ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Generate):
+    """``POST /v1/completions``: ``prompt`` is a string or a list holding exactly one string."""
+
+    prompt: Text | list[Text] = ""
+
+    @field_validator("prompt")
+    @classmethod
+    def _single(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and len(v) != 1:
+            raise ValueError("a list must hold exactly one string (one completion per request)")
+        return v
+
+    def text(self) -> str:
+        """The prompt text."""
+        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+
+
+class ChatRequest(_Generate):
+    """``POST /v1/chat/completions``: a non-empty ``messages`` list, rendered ``role: content`` per line."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+
+    def text(self) -> str:
+        """The conversation as the prompt text."""
+        return "\n".join(f"{m.role}: {m.text()}" for m in self.messages)
+
+
+class ProfileRequest(BaseModel):
+    """``POST /v1/kernelcamp/profile``. Unknown keys are refused: the server chooses where a trace is
+    kept (a request naming a path, as ``trace_path`` once did, is a 400)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: StrictInt = Field(default=5, ge=1, le=200)
+    eager: StrictBool = False
+    trace: StrictBool = True
+    timeout_s: StrictFloat | StrictInt = Field(default=60, gt=0, le=3600)
+
+
+def _error(
+    msg: str, status: int = 400, param: str | None = None, code: str | None = None, kind: str = ""
+) -> JSONResponse:
+    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+    msg = msg.encode("utf-8", "backslashreplace").decode("utf-8")  # never echo a lone surrogate
+    return JSONResponse({"error": {"message": msg, "type": kind, "param": param, "code": code}}, status_code=status)
+
+
+def _loc_name(loc: tuple) -> str:
+    """``("body", "messages", 0, "content")`` -> ``messages[0].content``; pydantic's union-member tags
+    (``function-after[...]``, ``list[TextPart]``, ``str``) are left out."""
+    out = ""
+    for x in loc:
+        if x == "body" and not out:
+            continue
+        if isinstance(x, int):
+            out += f"[{x}]"
+            continue
+        x = str(x)
+        if "[" in x or "(" in x or x in ("str", "int", "float", "bool", "list", "dict", "none"):
+            continue
+        out += f".{x}" if out else x
+    return out
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's request validation errors as a 400 in the OpenAI error shape (not 422).
+
+    One message: the first of our own checks that failed (a ``ValueError`` in a validator), else the
+    first error; it names the field (``param``) and never echoes the input."""
+    errs = list(exc.errors()) or [{"loc": (), "msg": "invalid request", "type": "invalid"}]
+    e = next((x for x in errs if x.get("type") == "value_error"), errs[0])
+    loc = tuple(e.get("loc") or ())
+    param = _loc_name(loc) or None
+    if e.get("type") == "json_invalid":
+        msg, param = f"the body is not valid JSON ({(e.get('ctx') or {}).get('error', 'parse error')})", None
+    elif param is None and loc[:1] == ("body",):
+        msg = "the request body must be a JSON object"
+    else:
+        msg = f"{param or 'request'}: {str(e.get('msg', 'invalid')).removeprefix('Value error, ')}"
+    others = {_loc_name(tuple(x.get("loc") or ())) for x in errs} - {param or ""}
+    if others:
+        msg += f" (also: {', '.join(sorted(o or 'body' for o in others)[:5])})"
+    return _error(msg, 400, param, str(e.get("type") or "invalid"))
+
+
+def _is_json(content_type: str) -> bool:
+    main = content_type.split(";", 1)[0].strip().lower()
+    return main == "application/json" or (main.startswith("application/") and main.endswith("+json"))
+
+
+class _Guard:
+    """ASGI middleware: the API key (``Authorization: Bearer``) on every path but ``/health`` when a
+    key is set, then 415 for a POST whose ``Content-Type`` is not JSON (a cross-site form or
+    ``text/plain`` request never reaches a handler)."""
+
+    def __init__(self, app: Any, api_key: str | None = None):
+        self.app, self.key = app, (api_key or "").encode() or None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers") or []}
+            if self.key is not None and scope.get("path") != "/health":
+                got = headers.get("authorization", b"")
+                scheme, _, token = got.partition(b" ")
+                if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                    resp = _error(
+                        "missing or wrong API key: send `Authorization: Bearer <key>`",
+                        401,
+                        code="invalid_api_key",
+                    )
+                    resp.headers["WWW-Authenticate"] = "Bearer"
+                    return await resp(scope, receive, send)
+            if scope.get("method") == "POST" and not _is_json(headers.get("content-type", b"").decode("latin-1")):
+                ct = headers.get("content-type", b"").decode("latin-1") or "none"
+                resp = _error(
+                    f"Content-Type {ct!r}: send the body as application/json", 415, code="unsupported_media_type"
+                )
+                return await resp(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def _openai_app(title: str, api_key: str | None, lifespan: Any = None) -> FastAPI:
+    """A FastAPI app with the guard (API key, JSON-only POSTs) and 400 validation errors."""
+    app = FastAPI(title=title, lifespan=lifespan)
+    app.add_middleware(_Guard, api_key=api_key)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    return app
+
+
+def _check_model(req: _Generate) -> JSONResponse | None:
+    if req.model is not None and req.model != MODEL_NAME:
+        return _error(
+            f"The model `{req.model}` does not exist: this server serves `{MODEL_NAME}` (GET /v1/models)",
+            404,
+            "model",
+            "model_not_found",
+        )
+    return None
 
 
 def _chunk(rid: str, chat: bool, text: str | None, k: int | None, finish: str | None, first: bool) -> dict[str, Any]:
@@ -117,10 +332,6 @@ def _usage(p: int, c: int) -> dict[str, int]:
 
 def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _bad(msg: str, status: int = 400) -> JSONResponse:
-    return JSONResponse({"error": {"message": msg, "type": "invalid_request_error"}}, status_code=status)
 
 
 async def _stream_tokens(
@@ -211,14 +422,12 @@ class Engine:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def submit(self, prompt: list[int], max_tokens: int) -> _Req:
-        if len(prompt) + max_tokens > self.model.cfg.max_context_tokens:
-            keep = self.model.cfg.max_context_tokens - max_tokens
-            if keep < 1:
-                raise ValueError(
-                    f"max_tokens={max_tokens} leaves no room for the prompt in "
-                    f"server.max_context_tokens={self.model.cfg.max_context_tokens}"
-                )
-            prompt = prompt[-keep:]  # keep the prompt's last tokens
+        limit = self.model.cfg.max_context_tokens
+        if len(prompt) + max_tokens > limit:
+            raise ValueError(
+                f"the prompt's {len(prompt)} tokens + max_tokens={max_tokens} exceed this server's context "
+                f"of {limit} tokens (server.max_context_tokens): shorten the prompt or ask for fewer tokens"
+            )
         r = _Req(prompt, max_tokens, asyncio.Queue())
         self.waiting.append(r)
         self.counts["requests_total"] += 1
@@ -373,8 +582,11 @@ class _Profile:
     and ``eager`` gives a table that is always per kernel.
     """
 
-    def __init__(self, steps: int, eager: bool, trace_path: str | None, future: asyncio.Future):
+    def __init__(
+        self, steps: int, eager: bool, trace_path: Path | None, future: asyncio.Future, trace_id: str | None = None
+    ):
         self.steps, self.eager, self.trace_path, self.future = steps, eager, trace_path, future
+        self.trace_id = trace_id
         self.loop = future.get_loop()
         self.prof: Any = None
         self.batch_sizes: list[int] = []
@@ -464,7 +676,7 @@ class _Profile:
         rows = kernel_rows(self.prof, on_gpu, sum(self.step_ms) * 1e3)
         written = None
         if self.trace_path:
-            written = export_trace_gz(self.prof, self.trace_path)
+            written = Path(export_trace_gz(self.prof, str(self.trace_path)))
         self.result = {
             "steps": len(self.batch_sizes),
             "steps_requested": self.steps,
@@ -484,7 +696,9 @@ class _Profile:
             "share_pct_of": "the profiled steps' wall time (host timer around each step, synchronized)",
             "kernel_rows": len(rows),
             "kernels": rows[:PROFILE_TABLE_ROWS],
-            "trace_path": written,
+            "trace_id": self.trace_id if written else None,
+            "trace_url": TRACE_PATH.format(trace_id=self.trace_id) if written else None,
+            "trace_bytes": written.stat().st_size if written else None,
         }
         self.done = True
 
@@ -552,23 +766,39 @@ def export_trace_gz(prof: Any, path: str) -> str:
     return str(path)
 
 
-def _profile_request(body: Any) -> tuple[int, bool, str | None, float]:
-    """Validate a profile request body -> (steps, eager, trace_path, timeout_s); ValueError if bad."""
-    if not isinstance(body, dict):
-        raise ValueError("expected a JSON object")
-    steps = body.get("steps", 5)
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= PROFILE_MAX_STEPS:
-        raise ValueError(f"steps={steps!r}: expected an integer 1..{PROFILE_MAX_STEPS}")
-    eager = body.get("eager", False)
-    if not isinstance(eager, bool):
-        raise ValueError(f"eager={eager!r}: expected true or false")
-    tp = body.get("trace_path")
-    if tp is not None and (not isinstance(tp, str) or not os.path.isabs(tp)):
-        raise ValueError(f"trace_path={tp!r}: expected an absolute path on the server's machine")
-    timeout = body.get("timeout_s", 60)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
-        raise ValueError(f"timeout_s={timeout!r}: expected a number of seconds in (0, 3600]")
-    return steps, eager, tp, float(timeout)
+class TraceStore:
+    """The server's own folder of profile traces: ``<id>.json.gz``, the newest ``keep`` kept.
+
+    ``folder`` None: a private temporary folder (0700) that the server removes when it stops. A
+    request never names a path: it gets an id and downloads the bytes from :data:`TRACE_PATH`."""
+
+    ID = re.compile(r"^[0-9a-f]{32}$")
+
+    def __init__(self, folder: str | Path | None = None, keep: int = 8):
+        self.owned = folder is None
+        self.dir = Path(tempfile.mkdtemp(prefix="kernelcamp-traces-")) if folder is None else Path(folder)
+        self.keep = keep
+
+    def new(self) -> tuple[str, Path]:
+        """A fresh (id, path) for the next trace; older traces beyond ``keep`` are removed."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        old = sorted(self.dir.glob("*.json.gz"), key=lambda p: p.stat().st_mtime)
+        for p in old[: max(0, len(old) - self.keep + 1)]:
+            p.unlink(missing_ok=True)
+        tid = uuid.uuid4().hex
+        return tid, self.dir / f"{tid}.json.gz"
+
+    def path(self, trace_id: str) -> Path | None:
+        """The file of trace ``trace_id``, or None (unknown id, or not an id at all)."""
+        if not self.ID.match(trace_id):
+            return None
+        p = self.dir / f"{trace_id}.json.gz"
+        return p if p.is_file() else None
+
+    def close(self) -> None:
+        """Remove the folder if the server created it."""
+        if self.owned:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ---- the real app ------------------------------------------------------------------------------------
@@ -586,15 +816,22 @@ class ServeState:
     started_at: float = field(default_factory=time.time)
 
 
-def make_app(state: ServeState) -> FastAPI:
-    """The real server's FastAPI app around a constructed, warmed-up model (see :func:`build_state`)."""
+def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Path | None = None) -> FastAPI:
+    """The real server's FastAPI app around a constructed, warmed-up model (see :func:`build_state`).
+
+    ``api_key``: require ``Authorization: Bearer <key>`` on everything but ``/health``. ``trace_dir``:
+    where profile traces are kept (None: a private temporary folder removed at shutdown)."""
+    traces = TraceStore(trace_dir)
 
     async def lifespan(app: FastAPI):
         state.engine.start()
-        yield
-        await state.engine.stop()
+        try:
+            yield
+        finally:
+            await state.engine.stop()
+            traces.close()
 
-    app = FastAPI(title="kernelcamp decode server", lifespan=lifespan)
+    app = _openai_app("kernelcamp decode server", api_key, lifespan)
     eng = state.engine
     vocab = eng.model.cfg.vocab_size
 
@@ -635,23 +872,22 @@ def make_app(state: ServeState) -> FastAPI:
         }
 
     @app.post(PROFILE_PATH)
-    async def profile(request: Request):
+    async def profile(req: ProfileRequest):
         """Profile the next N decode steps (torch.profiler / Kineto); see :class:`_Profile`.
 
-        Body ``{"steps": 5, "eager": false, "trace_path": "/abs/trace.json.gz", "timeout_s": 60}``.
-        409 while another profile runs; 504 when no decode step ran within ``timeout_s`` (no load);
-        a timeout after some steps returns what ran with ``partial: true``."""
-        try:
-            raw = await request.body()
-            steps, eager, trace_path, timeout = _profile_request(json.loads(raw) if raw.strip() else {})
-        except (ValueError, json.JSONDecodeError) as e:
-            return _bad(str(e))
+        Body ``{"steps": 5, "eager": false, "trace": true, "timeout_s": 60}``. With ``trace`` the
+        gzipped chrome trace is kept by the server (:class:`TraceStore`) and the answer names it
+        (``trace_id``, ``trace_url``: ``GET`` it for the bytes). 409 while another profile runs; 504
+        when no decode step ran within ``timeout_s`` (no load); a timeout after some steps returns
+        what ran with ``partial: true``."""
+        steps, eager, timeout = req.steps, req.eager, float(req.timeout_s)
         if eng.error:
-            return _bad(f"engine error: {eng.error}", 500)
+            return _error(f"engine error: {eng.error}", 500)
         if eng.profile is not None and not eng.profile.done:
-            return _bad("a profile is already in progress on this server: wait for it and retry", 409)
+            return _error("a profile is already in progress on this server: wait for it and retry", 409)
+        tid, tpath = traces.new() if req.trace else (None, None)
         fut = asyncio.get_running_loop().create_future()
-        prof = _Profile(steps, eager, trace_path, fut)
+        prof = _Profile(steps, eager, tpath, fut, tid)
         eng.profile = prof
         try:
             res = await asyncio.wait_for(asyncio.shield(fut), timeout)
@@ -660,7 +896,7 @@ def make_app(state: ServeState) -> FastAPI:
                 prof.done = True
                 if eng.profile is prof:
                     eng.profile = None
-                return _bad(
+                return _error(
                     f"no decode step ran within {timeout:g} s: the profile wraps the next {steps} decode "
                     "steps the scheduler runs, so put load on the server (requests in flight) while it waits",
                     504,
@@ -672,40 +908,45 @@ def make_app(state: ServeState) -> FastAPI:
             try:
                 res = await fut
             except Exception as e:  # noqa: BLE001
-                return _bad(f"profile failed: {e}", 500)
+                return _error(f"profile failed: {e}", 500)
         except Exception as e:  # noqa: BLE001
-            return _bad(f"profile failed: {e}", 500)
+            return _error(f"profile failed: {e}", 500)
         return res
 
-    async def _complete(request: Request, chat: bool):
-        try:
-            body = await request.json()
-            prompt = _prompt_text(body, chat)
-            max_tokens = _max_tokens(body)
-        except (ValueError, json.JSONDecodeError) as e:
-            return _bad(str(e))
+    @app.get(TRACE_PATH)
+    async def trace(trace_id: str):
+        """The gzipped chrome trace of a profile (``trace_id`` from the profile's answer)."""
+        path = traces.path(trace_id)
+        if path is None:
+            return _error("no such trace on this server (only the newest few are kept)", 404, "trace_id")
+        return FileResponse(path, media_type="application/gzip", filename=f"trace-{trace_id}.json.gz")
+
+    async def _complete(req: CompletionRequest | ChatRequest, chat: bool, request: Request):
         from kernelcamp.serving.model import encode, token_text
 
-        ids = encode(prompt, vocab)
+        bad = _check_model(req)
+        if bad is not None:
+            return bad
+        ids = encode(req.text(), vocab)
         try:
-            r = eng.submit(ids, max_tokens)
+            r = eng.submit(ids, req.tokens_wanted())
         except ValueError as e:
-            return _bad(str(e))
+            return _error(str(e), 400, "messages" if chat else "prompt", "context_length_exceeded")
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        if body.get("stream"):
-            include = bool((body.get("stream_options") or {}).get("include_usage"))
+        if req.stream:
 
             async def pieces():
                 async for t in eng.tokens(r):
                     yield token_text(t), 1
 
             return StreamingResponse(
-                _stream_tokens(rid, chat, len(r.prompt), pieces(), include), media_type="text/event-stream"
+                _stream_tokens(rid, chat, len(r.prompt), pieces(), req.include_usage()),
+                media_type="text/event-stream",
             )
         try:
             toks = [t async for t in eng.tokens(r)]
         except Exception as e:  # noqa: BLE001
-            return _bad(f"engine error: {e}", 500)
+            return _error(f"engine error: {e}", 500)
         return _full(rid, chat, "".join(token_text(t) for t in toks), len(r.prompt), len(toks))
 
     _add_completion_routes(app, _complete)
@@ -713,15 +954,15 @@ def make_app(state: ServeState) -> FastAPI:
 
 
 def _add_completion_routes(app: FastAPI, complete: Any) -> None:
-    """The two OpenAI completion routes, both served by ``complete(request, chat=...)``."""
+    """The two OpenAI completion routes, both served by ``complete(request model, chat=...)``."""
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await complete(request, chat=False)
+    async def completions(req: CompletionRequest, request: Request):
+        return await complete(req, chat=False, request=request)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await complete(request, chat=True)
+    async def chat_completions(req: ChatRequest, request: Request):
+        return await complete(req, chat=True, request=request)
 
 
 def build_state(params: dict[str, Any], device: str, never_ready: bool = False) -> ServeState:
@@ -792,19 +1033,41 @@ class FakeSpec:
 
     @classmethod
     def parse(cls, spec: str) -> FakeSpec:
-        """``"ttft_ms=50,itl_ms=10,chunk=2"`` -> FakeSpec. Raises ``KernelcampError`` on a bad key."""
+        """``"ttft_ms=50,itl_ms=10,chunk=2"`` -> FakeSpec. Raises ``KernelcampError`` naming the key for an
+        unknown key, a value that is not of the key's type, a negative or non-finite time, a negative
+        count or ``chunk < 1``."""
         kw: dict[str, Any] = {}
         types = {f.name: f.type for f in fields(cls)}
         for part in filter(None, (p.strip() for p in spec.split(","))):
-            k, _, v = part.partition("=")
+            k, eq, v = (x.strip() for x in part.partition("="))
             if k not in types:
                 raise KernelcampError(f"--fake: unknown key {k!r}; keys: {', '.join(types)}")
-            t = types[k]
-            kw[k] = (
-                (v.lower() in ("1", "true", "yes"))
-                if t in ("bool", bool)
-                else (v if t in ("str", str) else (float(v) if t in ("float", float) else int(v)))
-            )
+            if not eq:
+                raise KernelcampError(f"--fake {k}: expected {k}=<value>")
+            t = str(types[k].__name__ if isinstance(types[k], type) else types[k])
+            if t == "bool":
+                if v.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                    raise KernelcampError(f"--fake {k}={v!r}: expected true or false")
+                kw[k] = v.lower() in ("1", "true", "yes")
+            elif t == "str":
+                kw[k] = v
+            elif t == "float":
+                try:
+                    x = float(v)
+                except ValueError:
+                    raise KernelcampError(f"--fake {k}={v!r}: expected a number of milliseconds") from None
+                if not math.isfinite(x) or x < 0:
+                    raise KernelcampError(f"--fake {k}={v!r}: expected a finite number >= 0")
+                kw[k] = x
+            else:
+                try:
+                    n = int(v)
+                except ValueError:
+                    raise KernelcampError(f"--fake {k}={v!r}: expected an integer") from None
+                low = 1 if k == "chunk" else 0
+                if n < low:
+                    raise KernelcampError(f"--fake {k}={v!r}: expected an integer >= {low}")
+                kw[k] = n
         return cls(**kw)
 
 
@@ -814,11 +1077,14 @@ def fake_tokens(prompt: str, n: int) -> list[int]:
     return [zlib.crc32(f"{seed}:{i}".encode()) % 50000 for i in range(n)]
 
 
-def make_fake_app(spec: FakeSpec) -> FastAPI:
-    """A server with known timing and optional failure modes (see :class:`FakeSpec`)."""
+def make_fake_app(spec: FakeSpec, api_key: str | None = None) -> FastAPI:
+    """A server with known timing and optional failure modes (see :class:`FakeSpec`); the same request
+    models, error shapes, JSON-only POSTs and optional API key as the real server."""
     from kernelcamp.serving.model import token_text
 
-    app = FastAPI(title="kernelcamp fixed-rate fake")
+    if spec.chunk < 1 or spec.ttft_ms < 0 or spec.itl_ms < 0:
+        raise KernelcampError(f"fake spec: chunk must be >= 1 and times >= 0 (got {spec})")
+    app = _openai_app("kernelcamp fixed-rate fake", api_key)
     state = {"n": 0, "inflight": {}}
 
     @app.get("/health")
@@ -842,24 +1108,23 @@ def make_fake_app(spec: FakeSpec) -> FastAPI:
             "counts": {"requests_total": state["n"]},
         }
 
-    async def _complete(request: Request, chat: bool):
+    async def _complete(req: CompletionRequest | ChatRequest, chat: bool, request: Request):
+        bad = _check_model(req)
+        if bad is not None:
+            return bad
         state["n"] += 1
         n_req = state["n"]
-        body = await request.json()
-        try:
-            prompt, max_tokens = _prompt_text(body, chat), _max_tokens(body)
-        except ValueError as e:
-            return _bad(str(e))
+        prompt, max_tokens = req.text(), req.tokens_wanted()
 
         def every(k: int) -> bool:
             return k > 0 and n_req % k == 0
 
         if every(spec.fail_every):
-            return _bad("fake failure", 500)
+            return _error("fake failure", 500)
         if every(spec.hang_every):  # never answer; give up once the client has gone
             while not await request.is_disconnected():
                 await asyncio.sleep(0.05)
-            return _bad("client gone", 499)
+            return _error("client gone", 499)
         rid = f"fake-{n_req}"
         toks = [] if every(spec.empty_every) else fake_tokens(prompt, max_tokens)
         state["inflight"][rid] = toks
@@ -885,9 +1150,10 @@ def make_fake_app(spec: FakeSpec) -> FastAPI:
             finally:
                 state["inflight"].pop(rid, None)
 
-        if body.get("stream"):
-            include = bool((body.get("stream_options") or {}).get("include_usage"))
-            gen = _stream_tokens(rid, chat, len(prompt.split()), pieces(), include, counts=not spec.usage_only)
+        if req.stream:
+            gen = _stream_tokens(
+                rid, chat, len(prompt.split()), pieces(), req.include_usage(), counts=not spec.usage_only
+            )
             return StreamingResponse(gen, media_type="text/event-stream")
         text, n = "", 0
         async for t, k in pieces():
@@ -899,17 +1165,65 @@ def make_fake_app(spec: FakeSpec) -> FastAPI:
 
 
 # ---- command line ------------------------------------------------------------------------------------
-def cli_main(argv: list[str] | None = None) -> int:
-    """``kernelcamp serve``: run until SIGTERM/SIGINT. Binds 127.0.0.1 unless --host says otherwise."""
-    import uvicorn
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one ``error: ...`` line on stderr (exit 2), like the checks below."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        print(f"error: {message} (see `kernelcamp serve --help`)", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def _load_serve_params(path: str) -> dict[str, Any]:
+    """``--params``: a readable YAML mapping, or a ``KernelcampError`` naming the option."""
+    import yaml
 
     from kernelcamp.io import load_params
 
-    ap = argparse.ArgumentParser(prog="kernelcamp serve", description=__doc__.split("\n")[0])
+    p = Path(path)
+    if p.is_dir():
+        raise KernelcampError(f"--params {path}: is a folder, not a params.yaml file")
+    try:
+        return load_params(p)
+    except KernelcampError as e:
+        raise KernelcampError(f"--params {path}: {e}") from None
+    except UnicodeDecodeError:
+        raise KernelcampError(f"--params {path}: not a text file (not UTF-8): pass a params.yaml") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        what = str(getattr(e, "problem", None) or type(e).__name__)
+        raise KernelcampError(f"--params {path}: not valid YAML{at} ({what})") from None
+    except OSError as e:
+        raise KernelcampError(f"--params {path}: cannot read it ({e.strerror or e})") from None
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    """``kernelcamp serve``: run until SIGTERM/SIGINT. Binds 127.0.0.1 unless --host says otherwise.
+
+    Every bad option (port outside 1..65535, an unknown --device, unreadable or broken --params, a bad
+    --fake spec, a busy port) is one ``error: ...`` line on stderr and exit status 2, before any model
+    is built. A host that is not loopback is bound as given, with a warning on stderr; the printed
+    URL is one a client on this machine can use (``0.0.0.0`` -> ``127.0.0.1``)."""
+    import uvicorn
+
+    ap = _Parser(prog="kernelcamp serve", description=__doc__.split("\n")[0])
     ap.add_argument("--params", default="params.yaml", help="params.yaml (variant, workload, server, kernel)")
     ap.add_argument("--host", default=None, help="bind address (default: server.host, else 127.0.0.1)")
     ap.add_argument("--port", type=int, default=None, help="port (default: server.port, else 8765)")
     ap.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda:0 when a GPU is present)")
+    ap.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require `Authorization: Bearer KEY` on everything but /health (default: ${API_KEY_ENV}, else none)",
+    )
+    ap.add_argument(
+        "--trace-dir",
+        default=None,
+        help="where profile traces are kept (default: a private temporary folder removed at exit)",
+    )
     ap.add_argument(
         "--fake",
         default=None,
@@ -920,44 +1234,62 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
     try:
+        if args.port is not None and not 1 <= args.port <= 65535:
+            raise KernelcampError(f"--port {args.port}: expected a port number 1..65535")
+        if args.device is not None and not _DEVICE.match(args.device):
+            raise KernelcampError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+        if args.trace_dir is not None and Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
+            raise KernelcampError(f"--trace-dir {args.trace_dir}: exists and is not a folder")
+        key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+        if args.api_key is not None and not args.api_key.strip():
+            raise KernelcampError("--api-key: empty; pass a key or leave the option out")
         server: dict[str, Any] = {}
-        if args.fake is None:
-            params = load_params(args.params)
+        spec = FakeSpec.parse(args.fake) if args.fake is not None else None
+        params: dict[str, Any] = {}
+        if spec is None:
+            params = _load_serve_params(args.params)
             server = params.get("server") or {}
-        host = args.host or server.get("host") or "127.0.0.1"
-        port = args.port if args.port is not None else int(server.get("port", 8765))
+        host = str(args.host or server.get("host") or "127.0.0.1")
+        port = args.port if args.port is not None else server.get("port", 8765)
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise KernelcampError(f"server.port={port!r} in {args.params}: expected a port number 1..65535")
+        dev_cfg = server.get("device")
+        if args.device is None and dev_cfg is not None and not _DEVICE.match(str(dev_cfg)):
+            raise KernelcampError(f"server.device={dev_cfg!r} in {args.params}: expected cpu, cuda or cuda:N")
         busy = _bind_error(host, port)  # before the model is built, and before any URL is printed
         if busy:
             raise KernelcampError(
                 f"cannot listen on {host}:{port}: {busy}; pass --port, or stop the server holding it "
                 "(`python stages/deploy.py --stop` for this workspace's)"
             )
-        if args.fake is not None:
-            spec = FakeSpec.parse(args.fake)
+        if spec is not None:
             if args.never_ready:
                 spec.never_ready = True
-            app = make_fake_app(spec)
+            app = make_fake_app(spec, api_key=key)
         else:
             device = args.device
             if device is None:
                 import torch
 
                 device = "cuda:0" if torch.cuda.is_available() else "cpu"
-            app = make_app(build_state(params, device, never_ready=args.never_ready))
+            app = make_app(build_state(params, device, never_ready=args.never_ready), key, args.trace_dir)
     except KernelcampError as e:
-        print(f"error: {e}", flush=True)
+        print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    warn = exposure_warning(host, port)
+    if warn:
+        print(warn, file=sys.stderr, flush=True)
     config = uvicorn.Config(
         app, host=host, port=port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5
     )
     srv = uvicorn.Server(config)
-    print(f"kernelcamp serve: http://{host}:{port} pid {os.getpid()}", flush=True)
+    print(f"kernelcamp serve: {client_url(host, port)} (bound to {host}) pid {os.getpid()}", flush=True)
     try:
         srv.run()
     except KeyboardInterrupt:
         pass
     if not srv.started:
-        print(f"error: the server did not start on {host}:{port} (see the lines above)", flush=True)
+        print(f"error: the server did not start on {host}:{port} (see the lines above)", file=sys.stderr, flush=True)
         return 1
     return 0
 
