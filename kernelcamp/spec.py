@@ -42,6 +42,11 @@ from kernelcamp.variant import Variant, parse_variant
 #: The kernel package every kernel module lives in; the DVC stages depend on the whole folder.
 KERNEL_PACKAGE = "kernels"
 _MODULE_RE = re.compile(rf"^{KERNEL_PACKAGE}\.[A-Za-z_][A-Za-z0-9_]*$")
+#: What build.json records of the run spec (and the later stages check it against): build depends on
+#: the variant's configs and the kernel, not on the server flags that the deployed variant hash covers.
+BUILD_KEYS = ("variant_config_hash", "kernel_module", "kernel_source_hash")
+#: What deploy.json, benchmark.json and verify.json are checked against.
+DEPLOY_KEYS = ("variant_hash", "kernel_source_hash")
 
 
 def project_root() -> Path:
@@ -135,6 +140,10 @@ class KernelBenchSpec:
     cpu_rounds: int = _f(ge=2)
     cpu_replays_per_round: int = _f(ge=1)
     batch_sizes: list[int] = _f(ge=1, unique=True, nonempty=True)
+    # sequential stopping (kernelcamp.kernel_bench.kernel_plan); rounds is the maximum
+    min_rounds: int = _f(10, ge=2)
+    look_every: int = _f(1, ge=1)
+    max_seconds: float | None = _f(None, gt=0)
 
 
 @dataclass(kw_only=True)
@@ -149,6 +158,14 @@ class ServingBenchSpec:
     repeats: int = _f(ge=1)
     cpu_concurrency: list[int] = _f(ge=1, unique=True, nonempty=True)
     cpu_max_tokens: int = _f(ge=1)
+    # steady-state windows and sequential repeats (kernelcamp.serving.bench); repeats is the maximum
+    min_repeats: int = _f(2, ge=2)
+    max_seconds: float | None = _f(None, gt=0)
+    warmup_s: float = _f(5.0, ge=0)
+    window_s: float = _f(15.0, gt=0)
+    cpu_warmup_s: float = _f(0.25, ge=0)
+    cpu_window_s: float = _f(1.0, gt=0)
+    cpu_repeats: int = _f(2, ge=2)
 
 
 @dataclass(kw_only=True)
@@ -429,14 +446,17 @@ class RunSpec:
         return import_kernel(self.kernel.module)
 
     def hashes(self) -> dict[str, Any]:
-        """What every record carries so that the report can check it against the params it logs."""
+        """What the records carry so that the report can check them against the params it logs.
+
+        ``variant_hash`` / ``baseline_hash`` cover the server flags (deploy, benchmark, verify);
+        ``variant_config_hash`` and the kernel's module and source hash are what build depends on.
+        """
         return {
             "variant_hash": self.variant_hash,
             "baseline_hash": self.baseline_hash,
             "variant_config_hash": self.variant.config_hash(),
             "kernel_module": self.kernel.module,
             "kernel_source_hash": self.kernel_source_hash,
-            "params_sha256": self.params_sha256,
         }
 
     def check_record(self, what: str, record: Mapping[str, Any], keys: tuple[str, ...] = ("variant_hash",)) -> None:
@@ -533,7 +553,9 @@ def load_spec(path: str | Path = "params.yaml") -> RunSpec:
 
 
 def spec_summary(spec: RunSpec) -> dict[str, Any]:
-    """The parsed spec as JSON-ready data (what ``stages/spec.py`` writes)."""
+    """The parsed spec as JSON-ready data (what ``stages/spec.py`` writes). It holds no timestamp and
+    no hash of the whole params.yaml, so it changes only when the variant, baseline, kernel or
+    server flags do (build depends on it)."""
     return {
         **spec.hashes(),
         "variant": spec.variant.as_dict(),
@@ -546,3 +568,14 @@ def spec_summary(spec: RunSpec) -> dict[str, Any]:
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, default=str)
+
+
+def stage_spec(stage: str, params_path: str | Path = "params.yaml") -> RunSpec:
+    """What every stage does first: :func:`load_spec`, then claim this tree's run for ``stage``
+    (:func:`kernelcamp.runlock.claim_run`: refused while another ``dvc`` run holds it, or when
+    params.yaml changed since an earlier stage of this run read it)."""
+    from kernelcamp.runlock import claim_run
+
+    spec = load_spec(params_path)
+    claim_run(project_root(), stage, spec.params_sha256)
+    return spec

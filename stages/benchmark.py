@@ -27,14 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernelcamp.errors import KernelcampError  # noqa: E402
 from kernelcamp.io import (  # noqa: E402
-    load_params,
     read_json,
-    section,
     stage_main,
     write_csv_atomic,
     write_json_atomic,
 )
-from kernelcamp.kernel_bench import check_kernel_params, kept_configs, kernel_level  # noqa: E402
+from kernelcamp.kernel_bench import check_kernel_params, decision_metrics, kept_configs, kernel_level  # noqa: E402
 from kernelcamp.profiling import (  # noqa: E402
     TABLE_COLS,
     baseline_trace_path,
@@ -43,6 +41,7 @@ from kernelcamp.profiling import (  # noqa: E402
     server_profile,
 )
 from kernelcamp.serving.summary import serving_metrics, serving_summary  # noqa: E402
+from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, stage_spec  # noqa: E402
 from kernelcamp.tracking import tracked_stage  # noqa: E402
 
 #: Prefix of the folder (beside the outputs) where a run's traces wait until every output is ready.
@@ -103,11 +102,15 @@ def main() -> int:
     ):
         ap.add_argument(f"--{a}", required=True)
     args = ap.parse_args()
-    params = load_params(args.params)
-    for s in ("variant", "baseline", "workload", "target", "kernel", "benchmark", "report"):
-        section(params, s)
+    spec = stage_spec("benchmark", args.params)
+    if spec.baseline is None:
+        raise KernelcampError("params.yaml has no `baseline` section: every benchmark measures one beside the variant")
+    params = spec.raw
     build = read_json(args.build, "build record")
     deploy = read_json(args.deploy, "deploy record")
+    # measure only what these params describe (a stale or foreign record stops here, naming both hashes)
+    spec.check_record("build.json", build, BUILD_KEYS)
+    spec.check_record("deploy.json", deploy, DEPLOY_KEYS)
     if params["benchmark"]["serving"].get("enabled") and importlib.util.find_spec("kernelcamp.serving.bench"):
         from kernelcamp.serving.bench import require_deployed_server
 
@@ -121,18 +124,14 @@ def main() -> int:
         log("no GPU: Triton interpreter at workload.cpu shapes, fp16 dots; timings are labelled device=cpu")
     check_kernel_params(params, device)
     if params["benchmark"]["serving"].get("enabled") and importlib.util.find_spec("kernelcamp.serving.bench"):
-        from kernelcamp.serving.bench import check_baseline_port
+        from kernelcamp.serving.bench import check_baseline_port, check_serving_params
 
+        check_serving_params(params)  # duplicate levels, unusable repeat plans: before the kernel rounds
         check_baseline_port(params, deploy)  # before the kernel rounds, not after them
-    from kernelcamp.variant import parse_variant
-
-    if importlib.util.find_spec("kernels.sparse_mla_decode") is None:
-        raise KernelcampError("kernels/sparse_mla_decode.py is missing: nothing to benchmark")
-
-    run_as = params["benchmark"].get("run_as_target")
+    run_as = spec.benchmark.run_as_target
     variants, notes = {}, {}
     for name, sec in (("baseline", "baseline"), ("candidate", "variant")):
-        v = parse_variant(params[sec], sec)
+        v = spec.baseline if sec == "baseline" else spec.variant
         full = [c.label() for c in v.configs]
         if run_as:
             keep = kept_configs(build, sec, run_as, len(v.configs))
@@ -143,7 +142,7 @@ def main() -> int:
             v = v.restricted([0])  # Triton's autotuner needs a GPU driver
         notes[name] = {
             "name": params[sec]["name"],
-            "config_hash": parse_variant(params[sec], sec).config_hash(),
+            "config_hash": v.config_hash(),
             "configs": full,
             "configs_ran": [c.label() for c in v.configs],
             "config_list": (f"as {run_as} would run it (configs it prunes dropped)" if run_as else "every config")
@@ -157,15 +156,16 @@ def main() -> int:
     final_traces["candidate"].parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=final_traces["candidate"].parent))
     try:
-        return _measure_and_write(args, params, deploy, device, run_as, notes, variants, final_traces, staging)
+        return _measure_and_write(args, spec, deploy, device, run_as, notes, variants, final_traces, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _measure_and_write(args, params, deploy, device, run_as, notes, variants, final_traces, staging) -> int:
+def _measure_and_write(args, spec, deploy, device, run_as, notes, variants, final_traces, staging) -> int:
     """The rest of :func:`main`: kernel rounds, serving A/B, profile, then every output at once."""
     from kernelcamp.provenance import device_info, git_info, now_utc
-    from kernels.sparse_mla_decode import kernel_source_hash
+
+    params = spec.raw
 
     traces = {impl: staging / p.name for impl, p in final_traces.items()}
     rows, kernel = kernel_level(params, variants, device)
@@ -197,9 +197,9 @@ def _measure_and_write(args, params, deploy, device, run_as, notes, variants, fi
         "device": device,
         "gpu": info.get("gpu_name"),
         "deploy_id": deploy_id(deploy),
-        "kernel_source_hash": kernel_source_hash(),
         **git_info(),
         **info,
+        **spec.hashes(),  # what was measured, checked by the report against the params it logs
     }
     record = {
         **prov,
@@ -245,6 +245,7 @@ def _measure_and_write(args, params, deploy, device, run_as, notes, variants, fi
             "ratio": kernel["overall"]["ratio"],
             "ratio_ci_lo": kernel["overall"]["ci_lo"],
             "ratio_ci_hi": kernel["overall"]["ci_hi"],
+            **decision_metrics(kernel["overall"]),
             **{f"b{s['batch']}": {k_: v for k_, v in s.items() if k_ not in ("batch", "device")} for s in summary},
         },
     }

@@ -25,10 +25,11 @@ if str(ROOT) not in sys.path:
 
 from kernelcamp import inspect as ki  # noqa: E402
 from kernelcamp.errors import KernelcampError  # noqa: E402
-from kernelcamp.io import load_params, section, stage_main, write_json_atomic  # noqa: E402
+from kernelcamp.io import stage_main, write_json_atomic  # noqa: E402
+from kernelcamp.spec import BUILD_KEYS, stage_spec  # noqa: E402
 from kernelcamp.targets import load_target  # noqa: E402
 from kernelcamp.tracking import tracked_stage  # noqa: E402
-from kernelcamp.variant import Variant, parse_variant  # noqa: E402
+from kernelcamp.variant import Variant  # noqa: E402
 
 
 def build_report(variants: dict[str, Variant], target: Any, also: list[Any], specs_for, progress=None) -> dict:
@@ -68,27 +69,26 @@ def main() -> int:
     ap.add_argument("--metrics", default="reports/build_metrics.json")
     args = ap.parse_args()
 
-    params = load_params(args.params)
-    variants = {"variant": parse_variant(section(params, "variant"), "variant")}
-    if params.get("baseline"):
-        variants["baseline"] = parse_variant(params["baseline"], "baseline")
-    target = load_target(section(params, "target"))
-    also_names = list((params.get("build") or {}).get("also_targets") or [])
-    run_as = (params.get("benchmark") or {}).get("run_as_target")
+    spec = stage_spec("build", args.params)
+    params = spec.raw
+    variants = {"variant": spec.variant}
+    if spec.baseline is not None:
+        variants["baseline"] = spec.baseline
+    target = spec.target
+    also_names = list(spec.build.also_targets)
+    run_as = spec.benchmark.run_as_target
     if run_as and run_as not in also_names:
         also_names.append(run_as)  # benchmark restricts the variants to what this target keeps
     also = [load_target(name) for name in also_names]
-    kernel = section(params, "kernel")
-    module = ki.kernel_module(kernel)
-    specs_for = ki.specs_for_workload(module, section(params, "workload"), kernel.get("dot_dtype", "bf16"))
+    module = spec.kernel_module()
+    specs_for = ki.specs_for_workload(module, params["workload"], spec.kernel.dot_dtype)
 
     report = build_report(variants, target, also, specs_for, progress=lambda m: print(m, file=sys.stderr))
     report.update(
-        kernel=kernel.get("name"),
-        kernel_source_hash=ki.module_source_hash(module),
-        variant_config_hash=variants["variant"].config_hash(),
+        kernel=spec.kernel.name,
+        **{k: spec.hashes()[k] for k in BUILD_KEYS},
         triton=ki.triton_version(),
-        workload=section(params, "workload").get("name"),
+        workload=spec.workload.name,
     )
     for role, s in report["roles"].items():
         for name, t in s["targets"].items():

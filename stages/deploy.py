@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from kernelcamp.io import load_params, section, stage_main, write_json_atomic  # noqa: E402
+from kernelcamp.io import stage_main, write_json_atomic  # noqa: E402
 from kernelcamp.provenance import git_info  # noqa: E402
 from kernelcamp.serving.deploy import deploy, stop_command, stop_embedded  # noqa: E402
+from kernelcamp.spec import DEPLOY_KEYS, stage_spec  # noqa: E402
 from kernelcamp.tracking import tracked_stage  # noqa: E402
 
 
@@ -56,10 +57,12 @@ def main() -> int:
             "stopped the workspace's server" if stopped else "no server of this workspace was running", file=sys.stderr
         )
         return 0
-    params = load_params(args.params)
-    for name in ("deploy", "variant", "server"):
-        section(params, name)
-    rec = deploy(params)
+    spec = stage_spec("deploy", args.params)
+    rec = deploy(spec.raw)
+    # the server must run what these params describe: its reported hash was checked against the one
+    # deploy derived; that one must be the run spec's
+    spec.check_record("the deployed server", rec, DEPLOY_KEYS)
+    rec["kernel_module"] = spec.kernel.module
     rec["provenance"] = git_info(ROOT)
     write_json_atomic(args.out, rec)
     print(summary_line(rec), file=sys.stderr)

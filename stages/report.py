@@ -24,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernelcamp import report as kr  # noqa: E402
 from kernelcamp import tracking  # noqa: E402
-from kernelcamp.io import load_params, section, stage_main  # noqa: E402
+from kernelcamp.io import stage_main  # noqa: E402
+from kernelcamp.runlock import release_run  # noqa: E402
+from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, project_root, stage_spec  # noqa: E402
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
@@ -44,10 +46,14 @@ def main() -> int:
     for a in ("params", "build", "deploy", "benchmark", "verify", "out", "plots"):
         ap.add_argument(f"--{a}", required=True)
     args = ap.parse_args()
-    params = load_params(args.params)
-    rep = section(params, "report")
-    threshold = float(rep["threshold"])
+    spec = stage_spec("report", args.params)
+    params = spec.raw
+    threshold = spec.report.threshold
     data = kr.load_inputs({k: getattr(args, k) for k in ("build", "deploy", "benchmark", "verify")})
+    # Log nothing that disagrees with the params logged beside it (one line naming both hashes).
+    spec.check_record("build.json", data["build"], BUILD_KEYS)
+    for name in ("deploy", "benchmark", "verify"):
+        spec.check_record(f"{name}.json", data[name], DEPLOY_KEYS)
     out, plots_dst = Path(args.out), Path(args.plots)
     head = kr.headline(data, threshold)
     bench = data["benchmark"]
@@ -60,7 +66,12 @@ def main() -> int:
             "driver": bench.get("driver"),
             "torch": bench.get("torch"),
             "triton": bench.get("triton"),
-            "kernel_source_hash": bench.get("kernel_source_hash") or data["build"].get("kernel_source_hash"),
+            # the run spec's, which every record was checked against above
+            "variant_hash": spec.variant_hash,
+            "baseline_hash": spec.baseline_hash,
+            "variant_config_hash": spec.variant.config_hash(),
+            "kernel_module": spec.kernel.module,
+            "kernel_source_hash": spec.kernel_source_hash,
             "deploy_id": bench.get("deploy_id"),
             "measured_at": bench.get("measured_at"),
             "decision": head["decision"],
@@ -90,6 +101,7 @@ def main() -> int:
             _replace_dir(tmp / "plots", plots_dst)
             os.replace(tmp / out.name, out)
             run_id = run.run_id
+    release_run(project_root())
     print(
         f"[report] {head['decision']}: ratio {head['ratio']:.4f} [{head['ci_lo']:.4f}, {head['ci_hi']:.4f}]"
         f"{' (CPU interpreter timings decide nothing)' if head['cpu'] else ''}; wrote {out}; MLflow run {run_id}",

@@ -26,7 +26,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernelcamp.errors import KernelcampError  # noqa: E402
-from kernelcamp.io import load_params, read_json, section, stage_main, write_json_atomic  # noqa: E402
+from kernelcamp.io import read_json, stage_main, write_json_atomic  # noqa: E402
+from kernelcamp.spec import DEPLOY_KEYS, stage_spec  # noqa: E402
 from kernelcamp.tracking import tracked_stage  # noqa: E402
 
 LSE_ATOL = 0.01
@@ -56,8 +57,10 @@ def deploy_id(deploy: dict) -> str:
 def check_kernel(params: dict, variants: dict, device: str, dot: str) -> list[dict]:
     import torch
 
+    from kernelcamp.spec import import_kernel
     from kernelcamp.variant import Variant
-    from kernels import sparse_mla_decode as k
+
+    k = import_kernel(params["kernel"]["module"])
 
     wl, vk = params["workload"], params["verify"]["kernel"]
     shapes = vk["shapes"] if device == "cuda" else vk["cpu_shapes"]
@@ -108,7 +111,9 @@ def check_capture(params: dict, variants: dict, device: str) -> dict[str, Any]:
     if device != "cuda":
         return {"skipped": "no GPU: CUDA-graph capture needs one", "passed": None}
     from kernelcamp.capture import check_capture_safety
-    from kernels import sparse_mla_decode as k
+    from kernelcamp.spec import import_kernel
+
+    k = import_kernel(params["kernel"]["module"])
 
     wl = params["workload"]
     inp = k.make_inputs(wl["layout"], 8, wl["num_heads"], wl["topk"], wl["page_size"], wl["num_cache_tokens"], "cuda")
@@ -139,10 +144,12 @@ def main() -> int:
     for a in ("params", "deploy", "out", "details"):
         ap.add_argument(f"--{a}", required=True)
     args = ap.parse_args()
-    params = load_params(args.params)
-    for s in ("variant", "baseline", "workload", "kernel", "verify"):
-        section(params, s)
+    spec = stage_spec("verify", args.params)
+    if spec.baseline is None:
+        raise KernelcampError("params.yaml has no `baseline` section: verify checks both sides")
+    params = spec.raw
     deploy = read_json(args.deploy, "deploy record")
+    spec.check_record("deploy.json", deploy, DEPLOY_KEYS)  # verify only what these params describe
     if params["verify"]["serving"].get("enabled") and importlib.util.find_spec("kernelcamp.serving.bench"):
         from kernelcamp.serving.bench import require_deployed_server
 
@@ -154,15 +161,9 @@ def main() -> int:
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
         log("no GPU: Triton interpreter, fp16 dots, verify.kernel.cpu_shapes")
-    if importlib.util.find_spec("kernels.sparse_mla_decode") is None:
-        raise KernelcampError("kernels/sparse_mla_decode.py is missing: nothing to verify")
     from kernelcamp.provenance import device_info, now_utc
-    from kernelcamp.variant import parse_variant
 
-    variants = {
-        "candidate": parse_variant(params["variant"], "variant"),
-        "baseline": parse_variant(params["baseline"], "baseline"),
-    }
+    variants = {"candidate": spec.variant, "baseline": spec.baseline}
     dot = params["kernel"].get("dot_dtype", "bf16") if device == "cuda" else "fp16"
     cases = check_kernel(params, variants, device, dot)
     capture = check_capture(params, variants, device)
@@ -187,6 +188,7 @@ def main() -> int:
         "device": device,
         "gpu": info.get("gpu_name"),
         "deploy_id": deploy_id(deploy),
+        **spec.hashes(),  # what was verified, checked by the report against the params it logs
     }
     write_json_atomic(
         args.details, {**record, "provenance": info, "cases": cases, "capture": capture, "serving": serving}

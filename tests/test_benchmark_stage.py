@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -27,8 +28,11 @@ def test_interrupt_after_profiling_keeps_the_previous_traces(tmp_path: Path, mon
     params["benchmark"]["serving"]["enabled"] = False
     params["benchmark"]["profile"]["enabled"] = True
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    (tmp_path / "build.json").write_text("{}")
-    (tmp_path / "deploy.json").write_text("{}")
+    from kernelcamp.spec import parse_spec
+
+    hashes = parse_spec(params).hashes()  # records of these params: the stage checks them first
+    (tmp_path / "build.json").write_text(json.dumps(hashes))
+    (tmp_path / "deploy.json").write_text(json.dumps(hashes))
     rep = tmp_path / "reports"
     rep.mkdir()
     old = {"trace.json.gz": b"previous candidate trace", "trace.baseline.json.gz": b"previous baseline trace"}
@@ -63,3 +67,26 @@ def test_interrupt_after_profiling_keeps_the_previous_traces(tmp_path: Path, mon
     for name, data in old.items():
         assert (rep / name).read_bytes() == data, f"{name} was replaced by the interrupted run"
     assert sorted(p.name for p in rep.iterdir()) == sorted(old), "no staging folder or partial output may remain"
+
+
+def test_benchmark_refuses_a_deploy_of_other_params(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy.json from another variant (params.yaml rewritten mid-run) stops the stage before it
+    measures anything, naming both hashes."""
+    from kernelcamp.errors import KernelcampError
+    from kernelcamp.spec import parse_spec
+
+    stage = _stage()
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    hashes = parse_spec(params).hashes()
+    (tmp_path / "build.json").write_text(json.dumps(hashes))
+    (tmp_path / "deploy.json").write_text(json.dumps({**hashes, "variant_hash": "feedfacefeedface"}))
+    monkeypatch.setattr(stage, "kernel_level", lambda *a: pytest.fail("measured a foreign deploy"))
+    argv = ["benchmark.py", "--params", str(tmp_path / "params.yaml"), "--build", str(tmp_path / "build.json")]
+    argv += ["--deploy", str(tmp_path / "deploy.json")]
+    for k in ("out", "metrics", "latency-csv", "summary-csv", "serving-csv", "serving-summary-csv", "trace"):
+        argv += [f"--{k}", str(tmp_path / k)]
+    argv += ["--kernel-table", str(tmp_path / "kt.csv")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(KernelcampError, match="deploy.json has variant_hash feedfacefeedface but params.yaml gives"):
+        stage.main()

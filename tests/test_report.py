@@ -38,6 +38,50 @@ def _as_gpu(data, slowdown=1.0):
     return d
 
 
+def test_recorded_sequential_decision_is_reported_with_resolution_rounds_and_stop_reason():
+    d = _as_gpu(_data(), 1.10)
+    o = d["benchmark"]["kernel"]["overall"]
+    o.update(
+        decision="slower",
+        threshold=0.02,
+        half_width=0.01,
+        n_rounds=10,
+        max_rounds=60,
+        stop_reason="decided",
+        confidence_per_look=1 - 0.05 / 11,
+    )
+    h = kr.headline(d, 0.02)
+    assert (h["decision"], h["n_rounds"], h["stop_reason"]) == ("slower", 10, "decided")
+    md = kr.render_markdown(d, {}, 0.02)
+    assert "**slower**: latency ratio candidate/baseline 1.1000, 99.55% CI [1.0900, 1.1100]" in md
+    assert "resolution: could detect \u00b11.0%; 10 rounds used of at most 60, stopped: decided" in md
+    pts = dict(((k, s_), v) for k, v, s_ in kr.mlflow_points(d, 0.02))
+    assert pts[("kernel.decision_code", 0)] == 1 and pts[("kernel.rounds_used", 0)] == 10
+    # a report at another threshold than the run stopped at recomputes from the interval
+    assert kr.headline(d, 0.2)["decision"] == "equivalent"
+
+
+def test_serving_per_level_decisions_in_report_and_plot(tmp_path):
+    d = _as_gpu(_data(), 1.0)
+    sv = d["benchmark"]["serving"]
+    fig = {"output_tok_s": 100.0, "steady_output_tok_s": 100.0, "requests_ok": 8, "requests_failed": 0}
+    lv = [
+        {"concurrency": 4, "ratio": 1.10, "ci_lo": 1.05, "ci_hi": 1.15, "half_width": 0.05, "decision": "faster"},
+        {"concurrency": 1, "ratio": 1.0, "ci_lo": 0.99, "ci_hi": 1.01, "half_width": 0.01, "decision": "equivalent"},
+    ]
+    for e in lv:
+        e.update(valid=True, n_pairs=3, baseline=dict(fig), candidate=dict(fig), threshold=0.02)
+    sv["ab"] = {"metric": "steady_output_tok_s", "per_level": lv, "overall": {"ratio": None}}
+    plots = kr.make_plots(d, tmp_path / "plots")
+    assert "serving_ratio" in plots and (tmp_path / "plots" / plots["serving_ratio"]).stat().st_size > 1000
+    md = kr.render_markdown(d, plots, 0.02)
+    assert "| concurrency | ratio cand./base. (steady tok/s) | CI | decision | resolution | pairs |" in md
+    assert "| 4 | 1.1000 | [1.0500, 1.1500]" in md and "| faster | +-5.0% | 3 |" in md
+    assert "| equivalent | +-1.0% | 3 |" in md and "![serving ratio per level]" in md
+    codes = {s_: v for k, v, s_ in kr.mlflow_points(d, 0.02) if k == "serving.ab_decision_code"}
+    assert codes == {4: -1, 1: 0}
+
+
 def test_cpu_report_is_labelled_and_complete(tmp_path):
     data = _data()
     plots = kr.make_plots(data, tmp_path / "plots")
@@ -45,7 +89,8 @@ def test_cpu_report_is_labelled_and_complete(tmp_path):
     assert all((tmp_path / "plots" / f).stat().st_size > 1000 for f in plots.values())
     md = kr.render_markdown(data, plots, 0.02)
     assert "**CPU run.**" in md and "(CPU interpreter timings decide nothing" in md
-    assert "**inconclusive**" in md and "95% CI [" in md and "threshold 2.0%" in md
+    assert "**inconclusive**" in md and "95.00% CI [" in md and "threshold 2.0%" in md
+    assert "resolution: could detect \u00b1" in md and "6 rounds used" in md
     assert "PRUNED on sm120" in md  # the story's BLOCK_T=32 configs, named loudly
     # the title names each side's config, so that `-S variant.num_warps=8` shows there too
     assert md.startswith("# kernelcamp report: bt16_w8 [T16_H16_w8_s2_kauto] vs story_autotune [3 configs]\n")
@@ -56,7 +101,9 @@ def test_cpu_report_is_labelled_and_complete(tmp_path):
     assert "serving.output_tok_s" in keys and "step_model.a_ms" in keys
 
 
-@pytest.mark.parametrize("ratio,expect", [(1.10, "slower"), (0.90, "faster"), (1.005, "inconclusive")])
+@pytest.mark.parametrize(
+    "ratio,expect", [(1.10, "slower"), (0.90, "faster"), (1.005, "equivalent"), (1.02, "inconclusive")]
+)
 def test_decision_from_the_interval_and_threshold(ratio, expect):
     d = _as_gpu(_data(), ratio)
     assert kr.headline(d, 0.02)["decision"] == expect
@@ -90,12 +137,24 @@ def test_missing_or_broken_inputs_are_one_clear_error(tmp_path):
         kr.load_inputs(paths)
 
 
-def _stage(tmp_path, env_extra):
+def _stamp(path, params, keys, **override):
+    """Give a fixture record the run spec's hashes of ``params`` (what the report checks it against)."""
+    from kernelcamp.spec import parse_spec
+
+    rec = json.loads(path.read_text())
+    rec.update({k: parse_spec(params).hashes()[k] for k in keys}, **override)
+    path.write_text(json.dumps(rec))
+
+
+def _stage(tmp_path, env_extra, override=None):
+    from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS
+
     rep = tmp_path / "reports"
     rep.mkdir()
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
     for n in ("build", "deploy", "benchmark", "verify"):
         shutil.copy(FIX / f"{n}.json", rep / f"{n}.json")
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+        _stamp(rep / f"{n}.json", params, BUILD_KEYS if n == "build" else DEPLOY_KEYS, **(override or {}).get(n, {}))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "DVC_ROOT": str(tmp_path), **env_extra}
     if "MLFLOW_TRACKING_URI" not in env_extra:
@@ -129,6 +188,22 @@ def test_report_stage_unreachable_server_leaves_nothing(tmp_path):
     assert len(lines) == 1 and "unreachable" in lines[0], r.stderr
     assert not (tmp_path / "reports" / "report.md").exists()
     assert not (tmp_path / "reports" / "plots").exists()
+
+
+def test_report_refuses_a_measurement_of_other_params(tmp_path):
+    """A second `dvc exp run` rewrote params.yaml under the first: the FINISHED run recorded
+    num_warps=2 while the server it measured ran num_warps=16. The report now checks every record's
+    hash against the params it logs, and logs nothing on a mismatch."""
+    r = _stage(tmp_path, {}, override={"benchmark": {"variant_hash": "0123456789abcdef"}})
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "benchmark.json has variant_hash 0123456789abcdef but params.yaml gives" in lines[0]
+    assert not (tmp_path / "reports" / "report.md").exists()
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = c.search_runs([c.get_experiment_by_name("kernelcamp").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]  # the failure is recorded, no FINISHED run
 
 
 def test_cpu_timings_decide_nothing_even_with_an_interval_clear_of_one():

@@ -1,0 +1,339 @@
+"""The run spec (kernelcamp.spec), the run claim (kernelcamp.runlock) and what makes records match
+what ran: the stage's own kernel, the configured kernel module, no foreign measurement recorded,
+bad params refused by the first stage, nothing left behind by a killed stage."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.runlock import claim_run, release_run
+from kernelcamp.spec import check_kernel_module, parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def _copy_tree(dst: Path) -> Path:
+    """A queued experiment's temporary copy of the repo: the code, conf and params only."""
+    for d in ("kernelcamp", "kernels", "stages", "conf"):
+        shutil.copytree(ROOT / d, dst / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "params.yaml", dst / "params.yaml")
+    return dst
+
+
+# ------------------------------------------------------------------ the stage's own tree and kernel
+
+
+def test_a_queued_experiment_builds_its_own_kernel_not_the_workspaces(tmp_path: Path) -> None:
+    """`dvc exp run --queue`, then the workspace kernel edited: build.json reported the edited file's
+    hash, because the inspector put $DVC_ROOT (the workspace) first on sys.path."""
+    copy_root = _copy_tree(tmp_path / "exp-copy")
+    kfile = copy_root / "kernels" / "sparse_mla_decode.py"
+    kfile.write_text(kfile.read_text() + "\n# the queued commit's kernel\n")
+    code = textwrap.dedent(
+        """
+        import sys, json
+        sys.path.insert(0, sys.argv[1])
+        from kernelcamp.inspect import kernel_module
+        from kernelcamp.serving import kernel_source_hash
+        m = kernel_module({"module": "kernels.sparse_mla_decode"})
+        print(json.dumps({"file": m.__file__, "hash": m.kernel_source_hash(),
+                          "serving_hash": kernel_source_hash({"module": "kernels.sparse_mla_decode"})}))
+        """
+    )
+    env = {**os.environ, "DVC_ROOT": str(ROOT), "TRITON_INTERPRET": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(copy_root)], cwd=copy_root, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    import hashlib
+
+    want = hashlib.sha256(kfile.read_bytes()).hexdigest()
+    assert Path(got["file"]).resolve() == kfile.resolve()
+    assert got["hash"] == want and got["serving_hash"] == want
+
+
+def test_the_spec_stage_hashes_its_own_trees_kernel(tmp_path: Path) -> None:
+    copy_root = _copy_tree(tmp_path / "exp-copy")
+    kfile = copy_root / "kernels" / "sparse_mla_decode.py"
+    kfile.write_text(kfile.read_text() + "\n# edited\n")
+    env = {**os.environ, "DVC_ROOT": str(ROOT)}
+    r = subprocess.run(
+        [sys.executable, "stages/spec.py", "--out", "reports/spec.json"],
+        cwd=copy_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    import hashlib
+
+    rec = json.loads((copy_root / "reports" / "spec.json").read_text())
+    assert rec["kernel_source_hash"] == hashlib.sha256(kfile.read_bytes()).hexdigest()
+    assert rec["kernel_source_hash"] != parse_spec(PARAMS).kernel_source_hash
+
+
+@pytest.mark.parametrize("module", ["os", "kernelcamp.variant", "kernels", "kernels.no_such_kernel", "kernels.a.b"])
+def test_a_kernel_module_outside_kernels_is_refused(module: str) -> None:
+    # kernels/ is every stage's DVC dependency; a module elsewhere could change with `dvc status` clean
+    with pytest.raises(KernelcampError, match=r"kernel\.module"):
+        check_kernel_module(module)
+
+
+def test_no_code_imports_the_shipped_kernel_by_name() -> None:
+    """verify and the kernel benchmark imported kernels.sparse_mla_decode directly, so
+    `-S kernel.module=kernels.alt` (a kernel that writes half the heads) passed verify 8/8."""
+    pat = re.compile(r"from kernels import|from kernels\.\w+ import|import kernels\.|find_spec\(\"kernels\.")
+    offenders = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for d in ("kernelcamp", "stages")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pat.search(line)
+    ]
+    assert not offenders, f"import the configured kernel (kernelcamp.spec.import_kernel) instead: {offenders}"
+
+
+def test_every_stage_that_runs_the_kernel_depends_on_the_kernels_folder() -> None:
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name in ("build", "deploy", "benchmark", "verify"):
+        assert "kernels" in stages[name]["deps"], name
+        assert "kernelcamp/spec.py" in stages[name]["deps"], name
+
+
+def test_the_configured_kernel_module_is_the_one_benchmarked(tmp_path: Path) -> None:
+    """kernel_bench.launch_args takes the configured module (a copy with a marker stands in for kernels.alt)."""
+    copy_root = _copy_tree(tmp_path / "t")
+    src = (copy_root / "kernels" / "sparse_mla_decode.py").read_text()
+    (copy_root / "kernels" / "alt.py").write_text(src + "\nMARKER = 'alt'\n")
+    code = textwrap.dedent(
+        """
+        import sys, yaml
+        sys.path.insert(0, sys.argv[1])
+        from kernelcamp import kernel_bench
+        from kernelcamp.spec import import_kernel
+        p = yaml.safe_load(open("params.yaml"))
+        p["kernel"]["module"] = "kernels.alt"
+        kernel_bench.launch_args(p, "cpu", 1, seed=0)
+        print(sys.modules["kernels.alt"].MARKER, "kernels.sparse_mla_decode" in sys.modules)
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", code, str(copy_root)], cwd=copy_root, env=env, capture_output=True)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert r.stdout.decode().split()[-2:] == ["alt", "False"]
+
+
+# --------------------------------------------------------------------------------- the run claim
+
+
+def test_a_second_run_in_the_workspace_is_refused(tmp_path: Path) -> None:
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_run(tmp_path, "build", "a" * 64, owner=other.pid)
+        with pytest.raises(KernelcampError, match=f"another pipeline run \\(dvc pid {other.pid}"):
+            claim_run(tmp_path, "spec", "a" * 64, owner=os.getpid())
+    finally:
+        other.kill()
+        other.wait()
+    # its owner is gone: the claim is taken over
+    assert claim_run(tmp_path, "spec", "b" * 64, owner=os.getpid())["owner_pid"] == os.getpid()
+
+
+def test_params_rewritten_during_a_run_stop_the_next_stage(tmp_path: Path) -> None:
+    claim_run(tmp_path, "deploy", "a" * 64, owner=os.getpid())
+    assert claim_run(tmp_path, "benchmark", "a" * 64, owner=os.getpid())["stage"] == "deploy"
+    with pytest.raises(KernelcampError, match="params.yaml changed during this run"):
+        claim_run(tmp_path, "report", "c" * 64, owner=os.getpid())
+    release_run(tmp_path, owner=os.getpid())
+    assert not (tmp_path / ".kernelcamp" / "run.json").exists()
+
+
+def test_a_stage_run_by_hand_claims_nothing(tmp_path: Path) -> None:
+    # pytest is no dvc process: owner None, no claim file
+    assert claim_run(tmp_path, "build", "a" * 64) is None
+    assert not (tmp_path / ".kernelcamp" / "run.json").exists()
+
+
+def test_check_record_names_both_hashes() -> None:
+    spec = parse_spec(PARAMS)
+    spec.check_record("deploy.json", spec.hashes())
+    with pytest.raises(
+        KernelcampError, match=f"variant_hash 1111111111111111 but params.yaml gives {spec.variant_hash}"
+    ):
+        spec.check_record("deploy.json", {**spec.hashes(), "variant_hash": "1111111111111111"})
+    two = copy.deepcopy(PARAMS)
+    two["variant"]["num_warps"] = 2
+    assert parse_spec(two).variant_hash != spec.variant_hash
+
+
+# ------------------------------------------------------------------------------------ bad params
+
+BAD = [
+    # (key path, value, what the one line must say)
+    ("server.port", 70000, r"server\.port = 70000: must be <= 65535"),
+    ("server.port", 0, r"server\.port = 0: must be >= 1"),
+    ("report.threshold", "abc", r"report\.threshold = 'abc': expected a number"),
+    ("benchmark.serving.cpu_concurrency", [0], r"benchmark\.serving\.cpu_concurrency\.0 = 0: must be >= 1"),
+    ("benchmark.serving.concurrency", [8, 8], r"benchmark\.serving\.concurrency = \[8, 8\]: 8 appears twice"),
+    ("workload.cpu.num_cache_tokens", 0, r"workload\.cpu\.num_cache_tokens = 0: must be >= 1"),
+    ("server.max_running_requests", 0, r"server\.max_running_requests = 0: must be >= 1"),
+    ("benchmark.serving.cpu_max_tokens", -1, r"benchmark\.serving\.cpu_max_tokens = -1: must be >= 1"),
+    ("verify.serving.num_prompts", 0, r"verify\.serving\.num_prompts = 0: must be >= 1"),
+    ("variant.num_warps", 4.0, r"variant\.num_warps = 4\.0: expected an integer"),
+    ("variant.num_warps", 64, r"variant\.num_warps = 64: 2048 threads per block is beyond sm90's 1024"),
+    ("variant.num_stages", 100000, r"variant\.num_stages = 100000: must be <= 64"),
+    ("server.cuda_graphs", "yes", r"server\.cuda_graphs = 'yes': expected true or false"),
+    ("benchmark.kernel.rounds", 1, r"benchmark\.kernel\.rounds = 1: must be >= 2"),
+    ("benchmark.kernel.batch_sizes", [], r"benchmark\.kernel\.batch_sizes is empty"),
+    (
+        "verify.kernel.cpu_shapes",
+        [[1, 16]],
+        r"verify\.kernel\.cpu_shapes = \[\[1, 16\]\]: each shape is \[B, H, topk\]",
+    ),
+    ("verify.kernel.empty_slot_fraction", 1.5, r"verify\.kernel\.empty_slot_fraction = 1\.5: must be < 1"),
+    ("report.confidence", 95, r"report\.confidence = 95\.0: must be < 1"),
+    ("workload.layout", "deepseek_v5", r"workload\.layout = 'deepseek_v5': expected one of"),
+    ("kernel.module", "os", r"kernel\.module = 'os': a kernel module is a file of kernels/"),
+    ("kernel.dot_dtype", "fp64", r"kernel\.dot_dtype = 'fp64': expected one of \['bf16', 'fp16'\]"),
+    ("server.max_context_tokens", 1, r"server\.max_context_tokens = 1: must be >= 2"),
+    ("server.nmae", "x", r"server\.nmae is not a known key; did you mean server\.name\?"),
+    ("deploy.health_timeout_s", -5, r"deploy\.health_timeout_s = -5\.0: must be > 0"),
+]
+
+
+def _with(params: dict, key: str, value) -> dict:
+    p = copy.deepcopy(params)
+    *path, last = key.split(".")
+    node = p
+    for k in path:
+        node = node[k]
+    node[last] = value
+    return p
+
+
+@pytest.mark.parametrize("key,value,msg", BAD, ids=[f"{k}={v!r}" for k, v, _ in BAD])
+def test_bad_params_are_one_line_naming_the_key(key: str, value, msg: str) -> None:
+    with pytest.raises(KernelcampError) as e:
+        parse_spec(_with(PARAMS, key, value))
+    assert re.search(msg, str(e.value)), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "key,value", [("deploy.host", "-oProxyCommand=touch /tmp/x"), ("deploy.user", "-oX"), ("deploy.remote_dir", "-r")]
+)
+def test_ssh_fields_that_would_reach_ssh_as_options_are_refused(key: str, value: str) -> None:
+    p = _with(PARAMS, "deploy", {"kind": "ssh", "host": "gpu1", "remote_dir": "/srv/k", "restart": "r", "url": "u"})
+    with pytest.raises(KernelcampError, match=re.escape(f"{key} = {value!r}: must not start with '-'")):
+        parse_spec(_with(p, key, value))
+
+
+def test_the_spec_stage_refuses_bad_params_before_writing_anything(tmp_path: Path) -> None:
+    """`-S variant.num_warps=4.0` skipped every stage (DVC compares 4.0 == 4) and recorded nothing;
+    the spec stage always runs and stops with one line, exit 2, its output untouched."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(_with(PARAMS, "variant.num_warps", 4.0)))
+    out = tmp_path / "reports" / "spec.json"
+    out.parent.mkdir()
+    out.write_text("previous\n")
+    env = {**os.environ, "DVC_ROOT": str(tmp_path)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "spec.py"), "--params", "params.yaml", "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert lines == ["error: variant.num_warps = 4.0: expected an integer >= 1"]
+    assert out.read_text() == "previous\n"
+
+
+@pytest.mark.parametrize("content", [b"a: [1, 2\n", b"\x00\xff\xfe binary", None])
+def test_unreadable_params_files_are_one_line(tmp_path: Path, content: bytes | None) -> None:
+    from kernelcamp.spec import load_spec
+
+    path = tmp_path / "params.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(KernelcampError) as e:
+        load_spec(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+def test_spec_stage_is_the_gate_of_the_pipeline() -> None:
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert list(stages)[0] == "spec" and stages["spec"]["always_changed"] is True
+    assert "reports/spec.json" in stages["build"]["deps"]  # so it runs first
+
+
+# ------------------------------------------------------------------------ nothing left behind
+
+
+def test_every_stage_output_survives_a_failed_rerun() -> None:
+    """A failed build deleted the last good build.json (DVC removes non-persist outputs before it
+    runs a stage) while the README says reports/ keeps the last finished run's outputs."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, st in stages.items():
+        for kind in ("outs", "metrics"):
+            for out in st.get(kind) or []:
+                path, opts = next(iter(out.items())) if isinstance(out, dict) else (out, {})
+                assert (opts or {}).get("persist") is True, f"{name}: {path} is not persist"
+
+
+def test_stage_temporaries_are_ignored_by_git(tmp_path: Path) -> None:
+    names = ["reports/.report.abc123/report.md", "reports/.build.json.x1y2.tmp", "reports/.plots.old.zz/a.png"]
+    r = subprocess.run(["git", "check-ignore", "--no-index", *names], cwd=ROOT, capture_output=True, text=True)
+    assert r.stdout.split() == names
+
+
+def test_a_server_tied_to_its_caller_dies_with_it_even_on_sigkill(tmp_path: Path) -> None:
+    """kill -9 of benchmark orphaned the temporary baseline server (parent pid 1)."""
+    pidfile = tmp_path / "child.pid"
+    code = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        from kernelcamp.serving.deploy import _pdeathsig
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=_pdeathsig,
+                             start_new_session=True)
+        open({str(pidfile)!r}, "w").write(str(p.pid))
+        time.sleep(120)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    deadline = time.time() + 30
+    while not (pidfile.exists() and pidfile.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    from kernelcamp.io import pid_alive
+
+    deadline = time.time() + 10
+    while pid_alive(child) and time.time() < deadline:
+        time.sleep(0.05)
+    alive = pid_alive(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "the child outlived its SIGKILLed parent"
