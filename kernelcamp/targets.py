@@ -4,19 +4,28 @@ the GPU in this machine (``auto``), and the occupancy a kernel reaches on them.
 Sources of the figures:
 
 - Per-block and per-SM limits: CUDA C++ Programming Guide, "Technical Specifications per Compute
-  Capability" (each ``conf/target/*.yaml`` names its row); DESIGN.md lists them too.
-- Occupancy: the CUDA Occupancy Calculator (``cudaOccupancyMaxActiveBlocksPerMultiprocessor`` and
-  the spreadsheet shipped with the CUDA toolkit, "GPU Data" sheet): registers are allocated per
-  warp in units of 256 (register allocation unit size 256, allocation granularity "warp", for
-  compute capability 5.0 to 12.0); shared memory is allocated per block in units of 128 B, and
-  since compute capability 8.0 the driver reserves 1 KB of shared memory per block
-  (Programming Guide, "Shared Memory" for 8.x/9.0: "1 KB of shared memory is reserved for system
-  use"), which counts against the per-SM capacity but not against the opt-in per-block limit.
+  Capability" (each ``conf/target/*.yaml`` names its row); DESIGN.md lists them too. On every
+  supported arch (8.0 to 12.0) a block has at most 1024 threads and 64K registers.
+- Occupancy: the CUDA Occupancy Calculator as the CUDA toolkit implements it in ``cuda_occupancy.h``
+  (``cudaOccMaxActiveBlocksPerMultiprocessor``; the same method as the calculator spreadsheet's "GPU
+  Data" sheet and ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``):
+
+  * registers are allocated per warp in units of 256 (``cudaOccRegAllocationGranularity``), i.e. a
+    thread's count is rounded up to a multiple of 8; the SM's register file is split over 4
+    sub-partitions (``cudaOccSubPartitionsPerMultiprocessor``) and a warp's registers come from one
+    of them, so warps by registers = floor(registers_per_sm / 4 / per_warp) * 4; a block needs
+    per_warp * (its warps rounded up to a multiple of 4) <= 65536 registers (the hardware check);
+  * shared memory is allocated per block in units of 128 B (``cudaOccSMemAllocationGranularity``),
+    and since compute capability 8.0 the driver reserves 1 KB per block
+    (``reservedSharedMemPerBlock``; Programming Guide, "Shared Memory": "1 KB of shared memory is
+    reserved for system use"), which counts against the per-SM capacity and is added to the opt-in
+    per-block limit;
+  * warps per SM and blocks (CTAs) per SM are capped by the arch's maxima; a block of more than
+    ``max_threads_per_block`` threads never launches.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,17 +46,28 @@ LIMIT_FIELDS = (
     "max_warps_per_sm",
     "max_ctas_per_sm",
 )
-REGISTER_ALLOC_UNIT = 256  # registers per warp allocation unit (CUDA Occupancy Calculator, cc 5.0-12.0)
-SHARED_ALLOC_UNIT = 128  # bytes (CUDA Occupancy Calculator, "shared memory allocation unit size", cc >= 8.0)
+# Occupancy-calculator constants a target may state (conf/target/*.yaml all do); the defaults are the
+# values cuda_occupancy.h gives for every supported arch (compute capability 8.0 to 12.0).
+OCCUPANCY_FIELDS: dict[str, int] = {
+    "max_threads_per_block": 1024,  # threads (Programming Guide, technical specifications)
+    "max_registers_per_block": 65536,  # 32-bit registers (Programming Guide; cudaOccDeviceProp.regsPerBlock)
+    "register_alloc_unit": 256,  # registers per warp allocation unit (cudaOccRegAllocationGranularity)
+    "sub_partitions_per_sm": 4,  # register file partitions (cudaOccSubPartitionsPerMultiprocessor)
+    "shared_alloc_unit": 128,  # bytes (cudaOccSMemAllocationGranularity, cc >= 8.0)
+}
+REGISTER_ALLOC_UNIT = OCCUPANCY_FIELDS["register_alloc_unit"]
+SHARED_ALLOC_UNIT = OCCUPANCY_FIELDS["shared_alloc_unit"]
 WARP_SIZE = 32
 
 
 @dataclass(frozen=True)
 class Target:
-    """One target GPU's limits. Units: bytes, registers (32-bit), warps, CTAs (thread blocks).
+    """One target GPU's limits. Units: bytes, registers (32-bit), threads, warps, CTAs (thread blocks).
 
     ``shared_bytes_per_block`` is the opt-in maximum of dynamic shared memory per block (what
     Triton compares a kernel's ``metadata.shared`` against before it launches or autotunes it).
+    The ``OCCUPANCY_FIELDS`` (threads and registers per block, allocation units, sub-partitions)
+    default to the calculator's values for compute capability 8.0 to 12.0.
     """
 
     name: str
@@ -60,6 +80,11 @@ class Target:
     max_registers_per_thread: int
     max_warps_per_sm: int
     max_ctas_per_sm: int
+    max_threads_per_block: int = OCCUPANCY_FIELDS["max_threads_per_block"]
+    max_registers_per_block: int = OCCUPANCY_FIELDS["max_registers_per_block"]
+    register_alloc_unit: int = OCCUPANCY_FIELDS["register_alloc_unit"]
+    sub_partitions_per_sm: int = OCCUPANCY_FIELDS["sub_partitions_per_sm"]
+    shared_alloc_unit: int = OCCUPANCY_FIELDS["shared_alloc_unit"]
     gpu: str | None = None
     peak_gbps: float | None = None
     peak_bf16_tflops: float | None = None
@@ -72,12 +97,10 @@ class Target:
 
 
 def conf_dir() -> Path:
-    """``conf/`` of the workspace: ``$DVC_ROOT/conf`` or ``./conf`` when present, else the one beside
-    the installed package."""
-    from kernelcamp.provenance import dvc_root
-
-    here = dvc_root() / "conf"
-    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "conf"
+    """``conf/`` of the working tree this code runs from (a queued experiment's temporary copy
+    included: never ``$DVC_ROOT``'s, which may have changed since it was queued), else ``./conf``."""
+    here = Path(__file__).resolve().parents[1] / "conf"
+    return here if here.is_dir() else Path.cwd() / "conf"
 
 
 def named_targets() -> list[str]:
@@ -99,7 +122,9 @@ def load_target(name_or_mapping: str | Mapping[str, Any]) -> Target:
     """A ``Target`` from a params.yaml ``target`` section, or from ``conf/target/<name>.yaml`` by name.
 
     ``"auto"`` (or a section with ``arch: auto``) reads the GPU in this machine (``resolve_target``).
-    Raises ``KernelcampError`` for an unknown name or a missing/non-integer limit.
+    ``OCCUPANCY_FIELDS`` a section leaves out take their defaults (older params.yaml files lack them).
+    Raises ``KernelcampError`` for an unknown name, a missing/non-integer limit, or a zero allocation
+    unit, sub-partition count or per-block maximum.
     """
     if isinstance(name_or_mapping, str):
         if name_or_mapping == "auto":
@@ -121,7 +146,12 @@ def load_target(name_or_mapping: str | Mapping[str, Any]) -> Target:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise KernelcampError(f"target {name!r}: {f} = {v!r}, expected a non-negative integer")
         limits[f] = v
-    known = {"name", "gpu", "peak_gbps", "peak_bf16_tflops", *LIMIT_FIELDS}
+    for f, default in OCCUPANCY_FIELDS.items():
+        v = raw.get(f, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise KernelcampError(f"target {name!r}: {f} = {v!r}, expected a positive integer (default {default})")
+        limits[f] = v
+    known = {"name", "gpu", "peak_gbps", "peak_bf16_tflops", *LIMIT_FIELDS, *OCCUPANCY_FIELDS}
     return Target(
         name=name,
         gpu=raw.get("gpu"),
@@ -184,32 +214,83 @@ def resolve_target(name: str = "auto", device_index: int = 0) -> Target:
     return load_target(base)
 
 
-def occupancy(target: Target, registers_per_thread: int | None, shared_bytes: int | None, num_warps: int) -> dict:
-    """Resident CTAs and warps per SM for a kernel on ``target``, and what limits them.
+def _round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
 
-    ``registers_per_thread``: from the cubin; ``shared_bytes``: dynamic shared memory per block
-    (Triton's ``metadata.shared``); ``num_warps``: warps per CTA. A figure that is ``None`` (could not
-    be read) is left out of the limits. Returns ``{"ctas_per_sm", "warps_per_sm", "limited_by"}``;
-    ``limited_by`` is one of ``registers``, ``shared_memory``, ``warps``, ``ctas`` (the first in that
-    order on a tie), or ``does_not_fit`` with 0 CTAs when one block exceeds a per-block limit.
 
-    Method (CUDA Occupancy Calculator): registers per warp = ceil(regs * 32 / 256) * 256, warps by
-    registers = floor(registers_per_sm / that), CTAs = floor(warps / num_warps); shared memory per
-    CTA = ceil((shared + reserved) / 128) * 128, CTAs = floor(shared_bytes_per_sm / that).
+def block_limit(
+    target: Target, registers_per_thread: int | None, shared_bytes: int | None, num_warps: int
+) -> str | None:
+    """Why one block of this kernel cannot be resident on ``target`` at all, or ``None`` when it can.
+
+    Checks, in order (CUDA Occupancy Calculator, ``cuda_occupancy.h``): threads per block
+    (``num_warps * 32`` against ``max_threads_per_block``), registers per thread
+    (``max_registers_per_thread``), registers per block (per-warp allocation times the warps rounded
+    up to the sub-partition count, against ``max_registers_per_block``), shared memory per block
+    (``shared_bytes`` plus the reserved 1 KB, rounded to the allocation unit, against the opt-in
+    limit plus the reserved 1 KB). Units: registers (32-bit), bytes, warps. A ``None`` figure (not
+    read) is not checked. Raises ``KernelcampError`` when ``num_warps < 1``.
     """
     if num_warps < 1:
         raise KernelcampError(f"num_warps = {num_warps}: must be >= 1")
-    limits: dict[str, int] = {}
+    threads = num_warps * WARP_SIZE
+    if threads > target.max_threads_per_block:
+        return (
+            f"num_warps={num_warps} is {threads} threads per block, {target.name} allows "
+            f"{target.max_threads_per_block}: the launch would fail"
+        )
     if registers_per_thread is not None:
         if registers_per_thread > target.max_registers_per_thread:
-            return {"ctas_per_sm": 0, "warps_per_sm": 0, "limited_by": "does_not_fit"}
-        per_warp = math.ceil(registers_per_thread * WARP_SIZE / REGISTER_ALLOC_UNIT) * REGISTER_ALLOC_UNIT
-        limits["registers"] = (target.registers_per_sm // per_warp) // num_warps if per_warp else target.max_ctas_per_sm
+            return (
+                f"needs {registers_per_thread} registers per thread, {target.name} allows "
+                f"{target.max_registers_per_thread}"
+            )
+        per_warp = _round_up(registers_per_thread * WARP_SIZE, target.register_alloc_unit)
+        per_block = per_warp * _round_up(num_warps, target.sub_partitions_per_sm)
+        if per_block > target.max_registers_per_block:
+            return (
+                f"needs {per_block} registers per block ({registers_per_thread} per thread, {per_warp} per warp "
+                f"allocated, {num_warps} warps), {target.name} allows {target.max_registers_per_block}"
+            )
     if shared_bytes is not None:
-        if shared_bytes > target.shared_bytes_per_block:
-            return {"ctas_per_sm": 0, "warps_per_sm": 0, "limited_by": "does_not_fit"}
-        per_cta = shared_bytes + target.shared_bytes_reserved_per_block
-        per_cta = math.ceil(per_cta / SHARED_ALLOC_UNIT) * SHARED_ALLOC_UNIT
+        allocated = _round_up(shared_bytes + target.shared_bytes_reserved_per_block, target.shared_alloc_unit)
+        if allocated > target.shared_bytes_per_block + target.shared_bytes_reserved_per_block:
+            limit = target.shared_bytes_per_block
+            return f"needs {shared_bytes} B shared memory, {target.name} allows {limit} B per block"
+    return None
+
+
+def occupancy(target: Target, registers_per_thread: int | None, shared_bytes: int | None, num_warps: int) -> dict:
+    """Resident CTAs and warps per SM for a kernel on ``target``, and what limits them.
+
+    ``registers_per_thread``: from the cubin; ``shared_bytes``: shared memory per block in bytes
+    (Triton's dynamic ``metadata.shared`` plus any static shared memory); ``num_warps``: warps per
+    CTA. A figure that is ``None`` (could not be read) is left out of the limits. Returns
+    ``{"ctas_per_sm", "warps_per_sm", "limited_by"}``; ``limited_by`` is one of ``registers``,
+    ``shared_memory``, ``warps``, ``ctas`` (the first in that order on a tie), or ``does_not_fit``
+    with 0 CTAs when one block exceeds a per-block limit (``block_limit`` says which).
+    Raises ``KernelcampError`` when ``num_warps < 1``.
+
+    Method (CUDA Occupancy Calculator, ``cuda_occupancy.h`` ``cudaOccMaxActiveBlocksPerMultiprocessor``):
+    registers per warp = ceil(regs * 32 / 256) * 256; warps by registers = floor(registers_per_sm /
+    4 sub-partitions / that) * 4, CTAs = floor(warps / num_warps); shared memory per CTA =
+    ceil((shared + 1024 reserved) / 128) * 128, CTAs = floor(shared_bytes_per_sm / that); CTAs by
+    warps = floor(max_warps_per_sm / num_warps); CTAs by the arch's max_ctas_per_sm. The result is
+    the smallest of these.
+    """
+    if block_limit(target, registers_per_thread, shared_bytes, num_warps) is not None:
+        return {"ctas_per_sm": 0, "warps_per_sm": 0, "limited_by": "does_not_fit"}
+    limits: dict[str, int] = {}
+    if registers_per_thread is not None:
+        per_warp = _round_up(registers_per_thread * WARP_SIZE, target.register_alloc_unit)
+        if per_warp:
+            parts = target.sub_partitions_per_sm
+            warps_by_registers = (target.registers_per_sm // parts // per_warp) * parts
+            limits["registers"] = warps_by_registers // num_warps
+        else:  # a kernel without registers is not limited by them
+            limits["registers"] = target.max_ctas_per_sm
+    if shared_bytes is not None:
+        per_cta = _round_up(shared_bytes + target.shared_bytes_reserved_per_block, target.shared_alloc_unit)
         limits["shared_memory"] = target.shared_bytes_per_sm // per_cta if per_cta else target.max_ctas_per_sm
     limits["warps"] = target.max_warps_per_sm // num_warps
     limits["ctas"] = target.max_ctas_per_sm
