@@ -135,6 +135,9 @@ class ServerSpec:
 @dataclass(kw_only=True)
 class KernelBenchSpec:
     rounds: int = _f(ge=2)
+    min_rounds: int = _f(10, ge=2)
+    look_every: int = _f(5, ge=1)
+    max_seconds: float = _f(300.0, gt=0)
     replays_per_round: int = _f(ge=1)
     warmup: int = _f(ge=0)
     cpu_rounds: int = _f(ge=2)
@@ -151,13 +154,19 @@ class ServingBenchSpec:
     enabled: bool = _f(True)
     concurrency: list[int] = _f(ge=1, unique=True, nonempty=True)
     max_tokens: int = _f(ge=1)
-    num_prompts_per_level: int | None = _f(None, ge=1)
     timeout_s: float = _f(gt=0)
     measure_baseline: bool = _f(True)
     baseline_port_offset: int = _f(1, ge=1, le=1000)
+    warmup_s: float = _f(5.0, ge=0)
+    window_s: float = _f(15.0, gt=0)
     repeats: int = _f(ge=1)
+    min_repeats: int = _f(3, ge=1)
+    max_seconds: float = _f(1800.0, gt=0)
     cpu_concurrency: list[int] = _f(ge=1, unique=True, nonempty=True)
     cpu_max_tokens: int = _f(ge=1)
+    cpu_warmup_s: float = _f(0.25, ge=0)
+    cpu_window_s: float = _f(1.0, gt=0)
+    cpu_repeats: int = _f(2, ge=1)
     # steady-state windows and sequential repeats (kernelcamp.serving.bench); repeats is the maximum
     min_repeats: int = _f(2, ge=2)
     max_seconds: float | None = _f(None, gt=0)
@@ -560,8 +569,6 @@ def spec_summary(spec: RunSpec) -> dict[str, Any]:
         **spec.hashes(),
         "variant": spec.variant.as_dict(),
         "baseline": spec.baseline.as_dict() if spec.baseline else None,
-        "target": spec.target.name,
-        "workload": spec.workload.name,
         "kernel_file": str(spec.kernel_file.relative_to(project_root())),
     }
 

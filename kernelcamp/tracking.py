@@ -447,10 +447,14 @@ def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) 
     """Tags every run carries: git commit/dirty, DVC experiment, variant/baseline names and hashes,
     GPU/driver/torch/triton (from ``extra`` when a stage measured them, else this process)."""
     from kernelcamp.provenance import git_info
+    from kernelcamp.spec import project_root
     from kernelcamp.variant import parse_variant
 
     tags: dict[str, Any] = {}
-    g = git_info(dvc_root())
+    # the commit of the tree that ran (a queued experiment's copy), not the workspace's ($DVC_ROOT)
+    g = git_info(project_root())
+    if g["git_commit"] is None:
+        g = git_info(dvc_root())
     tags["git_commit"] = g["git_commit"]
     tags["git_dirty"] = g["git_dirty"]
     tags["dvc_exp_name"] = os.environ.get("DVC_EXP_NAME") or ""

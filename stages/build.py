@@ -6,7 +6,8 @@ Reads params sections variant, baseline, target, workload, kernel and (optional)
 (extra target names reported beside the target). Writes one row per config x kernel x target with
 its role (variant/baseline), per role and target n_configs, n_fit, pruned, will_run, and the kernel
 source hash, variant hash and Triton version. Exits 2 with one line when no config of the variant
-fits the target; names every dead config on stderr ("PRUNED on sm120: ..."). Runs without a GPU.
+fits the target, writing nothing (the last finished run's records stay); names every dead config on
+stderr ("PRUNED on sm120: ..."). Runs without a GPU.
 """
 
 from __future__ import annotations
@@ -94,8 +95,6 @@ def main() -> int:
         for name, t in s["targets"].items():
             for p in t["pruned"]:
                 print(f"PRUNED on {name} ({role} {s['name']}): {p['config']}: {p['reason']}", file=sys.stderr)
-    write_json_atomic(args.out, report)
-    write_json_atomic(args.metrics, metrics(report))
     v = report["roles"]["variant"]
     if v["n_fit"] == 0:
         raise KernelcampError(
@@ -111,6 +110,9 @@ def main() -> int:
                     f"fits {run_as}, so nothing would run as it: "
                     + "; ".join(f"{p['config']}: {p['reason']}" for p in t.get("pruned") or [])
                 )
+    # Written only now: a failed build keeps the last finished run's records (the outputs are persist).
+    write_json_atomic(args.out, report)
+    write_json_atomic(args.metrics, metrics(report))
     print(f"build: variant {v['name']} {v['n_fit']}/{v['n_configs']} configs fit {target.name}", file=sys.stderr)
     return 0
 
