@@ -337,3 +337,28 @@ def test_a_server_tied_to_its_caller_dies_with_it_even_on_sigkill(tmp_path: Path
     if alive:
         os.kill(child, signal.SIGKILL)
     assert not alive, "the child outlived its SIGKILLed parent"
+
+
+CONF = ROOT / "conf"
+_OPTIONS = [
+    f"{g.name}={p.stem}"
+    for g in sorted(CONF.iterdir())
+    if g.is_dir() and g.name not in ("local",)
+    for p in sorted(g.glob("*.yaml"))
+    if f"{g.name}={p.stem}" not in ("target=auto", "deploy=command", "deploy=ssh")  # a GPU / ??? values
+]
+
+
+@pytest.mark.parametrize("override", _OPTIONS)
+def test_every_config_file_and_experiment_passes_the_run_spec(override: str) -> None:
+    from kernelcamp.compose import compose_text
+
+    spec = parse_spec(yaml.safe_load(compose_text(ROOT, [override])))
+    assert spec.variant_hash and spec.kernel_file.is_file()
+
+
+def test_a_deploy_with_required_values_unset_names_them() -> None:
+    from kernelcamp.compose import compose_text
+
+    with pytest.raises(KernelcampError, match=r"deploy\.kernel_dest is required \(\?\?\? in conf/\)"):
+        parse_spec(yaml.safe_load(compose_text(ROOT, ["deploy=command"])))
