@@ -15,7 +15,7 @@ from typing import Any
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import read_json
-from kernelcamp.stats import decision
+from kernelcamp.stats import DECISION_CODES, decision, resolution_text
 
 REQUIRED = {
     "build": ("target", "roles", "rows"),
@@ -164,6 +164,49 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
         plt.close(fig)
         made["serving_throughput"] = "serving_throughput.png"
 
+    with_ci = [e for e in levels if e.get("ci_lo") is not None and e.get("ratio") is not None]
+    if with_ci:
+        threshold = float(((sv.get("ab") or {}).get("overall") or {}).get("threshold") or 0.02)
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        xs = list(range(len(with_ci)))
+        r = [e["ratio"] for e in with_ci]
+        ax.errorbar(
+            xs,
+            r,
+            yerr=[
+                [x - e["ci_lo"] for x, e in zip(r, with_ci, strict=True)],
+                [e["ci_hi"] - x for x, e in zip(r, with_ci, strict=True)],
+            ],
+            fmt="o",
+            capsize=4,
+            color="tab:blue",
+            label="candidate/baseline steady tok/s, interval",
+        )
+        for x, e in zip(xs, with_ci, strict=True):
+            ax.annotate(
+                str(e.get("decision")),
+                (x, e["ci_hi"]),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=8,
+            )
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        for y in (1 - threshold, 1 + threshold):
+            ax.axhline(y, color="tab:gray", linestyle="--", linewidth=0.8)
+        ax.set_xticks(xs, [str(e["concurrency"]) for e in with_ci])
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel("throughput ratio candidate/baseline (higher is faster)")
+        ax.set_title(
+            f"Serving A/B per level (dashed: 1 +- threshold {threshold:.1%})" + (" (CPU)" if cpu else ""), fontsize=10
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / "serving_ratio.png", dpi=110)
+        plt.close(fig)
+        made["serving_ratio"] = "serving_ratio.png"
+
     sms = {i: m for i, m in serving_step_models(sv).items() if m.get("a_ms") is not None}
     if sms:
         fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -212,21 +255,52 @@ def _f(x: Any, fmt: str = ".3g") -> str:
 
 
 def headline(data: Mapping[str, Any], threshold: float) -> dict[str, Any]:
-    """The decision on the pooled kernel A/B (ratio candidate/baseline latency, lower is faster)."""
+    """The decision on the overall kernel A/B (ratio candidate/baseline latency, lower is faster).
+
+    The decision the benchmark's sequential rounds stopped on (``overall.decision``, at the per-look
+    confidence) when the record has one and was made at ``threshold``; otherwise (an older record,
+    or another threshold) :func:`kernelcamp.stats.decision` of the recorded interval. Adds
+    ``half_width`` (ratio units), ``n_rounds``, ``stop_reason`` and ``confidence_per_look``.
+    """
     o = data["benchmark"]["kernel"]["overall"]
     cpu = is_cpu(data["benchmark"])
+    recorded = o.get("decision") if o.get("threshold") == threshold else None
     # Interpreter timings on a CPU do not depend on the launch parameters (num_warps, num_stages, ...):
     # whatever interval they give, they decide nothing about the kernel on a GPU.
+    dec = "inconclusive" if cpu else recorded or decision(o["ratio"], o["ci_lo"], o["ci_hi"], threshold)
     return {
-        "decision": "inconclusive" if cpu else decision(o["ratio"], o["ci_lo"], o["ci_hi"], threshold),
+        "decision": dec,
         "ratio": o["ratio"],
         "ci_lo": o["ci_lo"],
         "ci_hi": o["ci_hi"],
+        "half_width": o.get("half_width", (o["ci_hi"] - o["ci_lo"]) / 2),
         "threshold": threshold,
         "confidence": o.get("confidence"),
+        "confidence_per_look": o.get("confidence_per_look", o.get("confidence")),
         "n_rounds": o.get("n_rounds"),
+        "max_rounds": o.get("max_rounds"),
+        "stop_reason": o.get("stop_reason"),
         "cpu": cpu,
     }
+
+
+def decision_line(d: Mapping[str, Any], what: str, unit_rounds: str = "rounds", note: str = "") -> str:
+    """One sentence: the decision (then ``note``) with ratio, interval (and its confidence), threshold,
+    resolution, rounds used of the maximum and why the rounds stopped."""
+    if d.get("ratio") is None or d.get("ci_lo") is None:
+        return f"**{d.get('decision') or 'no decision'}**: no interval"
+    conf = d.get("confidence_per_look") or d.get("confidence") or 0.95
+    hw = d.get("half_width")
+    if hw is None:
+        hw = (d["ci_hi"] - d["ci_lo"]) / 2
+    used = d.get("n_rounds", d.get("n_repeats"))
+    mx = d.get("max_rounds") or d.get("max_repeats")
+    of = f" of at most {mx}" if mx else ""
+    why = f", stopped: {d['stop_reason']}" if d.get("stop_reason") else ""
+    return (
+        f"**{d.get('decision')}**{note}: {what} {d['ratio']:.4f}, {conf:.2%} CI [{d['ci_lo']:.4f}, {d['ci_hi']:.4f}]; "
+        f"threshold {d.get('threshold', 0.02):.1%}; {resolution_text(hw)}; {used} {unit_rounds} used{of}{why}"
+    )
 
 
 def build_table(build: Mapping[str, Any]) -> list[str]:
@@ -279,12 +353,15 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
         if "serving_throughput" in plots:
             out += [f"![serving throughput]({plots_rel}/{plots['serving_throughput']})", ""]
         o = ab.get("overall") or {}
+        if "serving_ratio" in plots:
+            out += [f"![serving ratio per level]({plots_rel}/{plots['serving_ratio']})", ""]
         if o.get("ratio") is not None:
+            metric = ab.get("metric") or "output_tok_s"
+            od = {**o, "decision": _decision_of(o, threshold, True), "threshold": threshold}
             out += [
-                f"**Serving A/B: {o.get('decision')}**: output tok/s candidate/baseline {o['ratio']:.4f}, "
-                f"{int(round(100 * (o.get('confidence') or 0.95)))}% CI [{o['ci_lo']:.4f}, {o['ci_hi']:.4f}] over "
-                f"{o.get('n_pairs')} paired interleaved runs (valid levels x repeats pooled; higher is faster; "
-                f"threshold {o.get('threshold', threshold):.1%}).",
+                "**Serving A/B:** "
+                + decision_line(od, f"{metric} candidate/baseline", "repeats")
+                + f" ({o.get('n_pairs')} (level, repeat) pairs of the valid levels pooled; higher is faster).",
                 "",
             ]
         elif sv.get("baseline_measured") is False or not ab:
@@ -292,9 +369,11 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
             out += [f"**Baseline not measured** ({why}): candidate figures only, no serving A/B.", ""]
         else:
             out += [f"Serving A/B: no ratio ({o.get('note')}).", ""]
+        if any(e.get("ci_lo") is not None for e in levels):
+            out += serving_decisions_table(levels, threshold)
         out += [
             "| concurrency | impl | valid | ok / failed / incomplete | output tok/s | per-request tok/s | "
-            "TTFT p50 ms | TPOT p50 ms | ITL p50 ms | e2e p50 ms | repeats | ratio cand./base. | 95% CI |",
+            "TTFT p50 ms | TPOT p50 ms | ITL p50 ms | e2e p50 ms | repeats | ratio cand./base. | CI |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for e in levels:
@@ -356,6 +435,29 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
     else:
         out += ["Not fitted (no serving measurements).", ""]
     return out
+
+
+def serving_decisions_table(levels: list[dict[str, Any]], threshold: float) -> list[str]:
+    """Per concurrency level: the throughput ratio, its interval, decision and resolution."""
+    out = [
+        "| concurrency | ratio cand./base. (steady tok/s) | CI | decision | resolution | pairs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in levels:
+        if e.get("ci_lo") is None:
+            why = e.get("note") or "no interval"
+            out.append(
+                f"| {e.get('concurrency')} | {_f(e.get('ratio'), '.4f')} | n/a | n/a: {why} | n/a | "
+                f"{e.get('n_pairs', 0)} |"
+            )
+            continue
+        conf = e.get("confidence_per_look") or 0.95
+        out.append(
+            f"| {e.get('concurrency')} | {e['ratio']:.4f} | [{e['ci_lo']:.4f}, {e['ci_hi']:.4f}] ({conf:.2%}) | "
+            f"{_decision_of(e, threshold, True)} | "
+            f"+-{100 * e.get('half_width', (e['ci_hi'] - e['ci_lo']) / 2):.1f}% | {e.get('n_pairs')} |"
+        )
+    return out + [""]
 
 
 def attention_share_markdown(share: Any) -> list[str]:
@@ -450,30 +552,36 @@ def render_markdown(
     out += [
         "## Decision",
         "",
-        f"**{h['decision']}**{CPU_DECISION_NOTE if cpu else ''}: latency ratio candidate/baseline "
-        f"{h['ratio']:.4f}, {int(round(100 * (h['confidence'] or 0.95)))}% CI [{h['ci_lo']:.4f}, {h['ci_hi']:.4f}] "
-        f"over {h['n_rounds']} paired interleaved rounds (all batch sizes pooled); threshold "
-        f"{threshold:.1%} (`report.threshold`). Faster/slower needs the whole interval on one side of 1 and "
-        "|ratio - 1| above the threshold.",
+        decision_line(h, "latency ratio candidate/baseline", note=CPU_DECISION_NOTE if cpu else "") + ".",
+        "",
+        "Per round, the geometric mean over batch sizes of each side's latency, paired and interleaved. "
+        f"Faster / slower: the whole interval below {1 - threshold:.3f} / above {1 + threshold:.3f} "
+        f"(`report.threshold` {threshold:.1%}); equivalent: the whole interval inside "
+        f"[{1 - threshold:.3f}, {1 + threshold:.3f}] (two one-sided tests); inconclusive otherwise. The rounds "
+        "stop at the first planned look that decides; each look's interval is at the overall confidence "
+        f"({int(round(100 * (h['confidence'] or 0.95)))}%) split over the planned looks (Bonferroni), so the "
+        "error rates hold whichever look the run stops at (kernelcamp.stats).",
         "",
     ]
     out += ["## Kernel latency per batch size", ""]
     if "kernel_latency" in plots:
         out += [f"![kernel latency]({plots_rel}/{plots['kernel_latency']})", ""]
     out += [
-        "| batch | device | baseline p50 us | candidate p50 us | ratio | 95% CI | decision | cand. TFLOP/s | "
-        "cand. GB/s | cand. roofline % |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| batch | device | baseline p50 us | candidate p50 us | ratio | CI | decision | resolution | "
+        "cand. TFLOP/s | cand. GB/s | cand. roofline % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for b in sorted(bench["kernel"]["batch"], key=int):
         r = bench["kernel"]["batch"][b]
         ab = r.get("ab") or {}
-        dec = "n/a (CPU)" if cpu else decision(ab["ratio"], ab["ci_lo"], ab["ci_hi"], threshold) if ab else "n/a"
+        dec = "n/a (CPU)" if cpu else _decision_of(ab, threshold) if ab else "n/a"
+        hw = ab.get("half_width", (ab["ci_hi"] - ab["ci_lo"]) / 2) if ab else None
         c = r["candidate"]
         out.append(
             f"| {b} | {bench['device']} | {_f(r['baseline']['latency_us_p50'])} | "
             f"{_f(c['latency_us_p50'])} | {_f(ab.get('ratio'), '.4f')} | "
-            f"[{_f(ab.get('ci_lo'), '.4f')}, {_f(ab.get('ci_hi'), '.4f')}] | {dec} | {_f(c.get('tflops'))} | "
+            f"[{_f(ab.get('ci_lo'), '.4f')}, {_f(ab.get('ci_hi'), '.4f')}] | {dec} | "
+            f"{'n/a' if hw is None else f'+-{100 * hw:.1f}%'} | {_f(c.get('tflops'))} | "
             f"{_f(c.get('gbps'))} | {_f(c.get('roofline_pct'))} |"
         )
     out += ["", "Config lists that ran:", ""]
@@ -540,6 +648,15 @@ def render_markdown(
     return "\n".join(out) + "\n"
 
 
+def _decision_of(ab: Mapping[str, Any], threshold: float, higher_is_better: bool = False) -> str | None:
+    """The recorded decision when it was made at ``threshold``, else computed from the interval."""
+    if ab.get("ci_lo") is None:
+        return None
+    if ab.get("decision") and ab.get("threshold", threshold) == threshold:
+        return ab["decision"]
+    return decision(ab["ratio"], ab["ci_lo"], ab["ci_hi"], threshold, higher_is_better)
+
+
 def _who(note: Mapping[str, Any]) -> str:
     """A variant as the title names it: its name and its config, or how many (``bt16_w4
     [T16_H16_w8_s2_kauto]``, ``story_autotune [3 configs]``), so that an override of the variant file
@@ -570,7 +687,9 @@ def mlflow_points(data: Mapping[str, Any], threshold: float) -> list[tuple[str, 
         (f"{kp}.ratio", h["ratio"], 0),
         (f"{kp}.ratio_ci_lo", h["ci_lo"], 0),
         (f"{kp}.ratio_ci_hi", h["ci_hi"], 0),
-        (f"{kp}.decision_code", {"faster": -1, "inconclusive": 0, "slower": 1}[h["decision"]], 0),
+        (f"{kp}.decision_code", DECISION_CODES[h["decision"]], 0),
+        (f"{kp}.half_width", h["half_width"], 0),
+        (f"{kp}.rounds_used", h["n_rounds"], 0),
     ]
     for b, r in bench["kernel"]["batch"].items():
         step = int(b)
@@ -590,15 +709,17 @@ def mlflow_points(data: Mapping[str, Any], threshold: float) -> list[tuple[str, 
             for f, val in (e.get(impl) or {}).items():
                 if f != "concurrency" and isinstance(val, (int, float)) and not isinstance(val, bool):
                     pts.append((f"{prefix}{f}", val, c))
-        for f in ("ratio", "ci_lo", "ci_hi"):
+        for f in ("ratio", "ci_lo", "ci_hi", "half_width"):
             if e.get(f) is not None:
                 pts.append((f"serving.ab_{f}", e[f], c))
+        if e.get("ci_lo") is not None:
+            pts.append(("serving.ab_decision_code", DECISION_CODES[_decision_of(e, threshold, True)], c))
     o = (sv.get("ab") or {}).get("overall") or {}
-    for f in ("ratio", "ci_lo", "ci_hi"):
+    for f in ("ratio", "ci_lo", "ci_hi", "half_width", "n_repeats"):
         if o.get(f) is not None:
             pts.append((f"serving.ab_overall_{f}", o[f], 0))
-    if o.get("decision"):
-        pts.append(("serving.decision_code", {"faster": -1, "inconclusive": 0, "slower": 1}[o["decision"]], 0))
+    if o.get("ci_lo") is not None:
+        pts.append(("serving.decision_code", DECISION_CODES[_decision_of(o, threshold, True)], 0))
     sms = serving_step_models(sv)
     for f in ("a_ms", "b_ms_per_req", "r2"):
         pts.append((f"step_model.{f}", (sms.get("candidate") or {}).get(f), 0))

@@ -1,4 +1,5 @@
-"""A/B statistics for interleaved rounds and the decode step-time model.
+"""A/B statistics for interleaved rounds, the four-outcome decision, sequential stopping, and the
+decode step-time model.
 
 Method (paired_ratio_ci): each round times the baseline and the candidate back to back (order
 alternating), so one round gives one paired observation ``d_i = log(candidate_i / baseline_i)``;
@@ -8,19 +9,53 @@ interval is Student's t on the mean of the ``d_i`` (n - 1 degrees of freedom), m
 its two-sided ``confidence`` interval. The t interval is exact for normal log ratios and a standard
 approximation otherwise; it needs no random numbers, so the same rounds always give the same
 interval. Per-round figures should be a robust statistic of the round (the median of its replays).
+
+Decision (:func:`decision`), for a latency ratio candidate/baseline and a practical threshold t
+(``report.threshold``), four outcomes from the interval alone:
+
+* ``faster``: the whole interval below ``1 - t``;
+* ``slower``: the whole interval above ``1 + t``;
+* ``equivalent``: the whole interval inside ``[1 - t, 1 + t]``. With a ``1 - a`` two-sided interval
+  this is the two one-sided tests (TOST) procedure at level ``a / 2`` (Schuirmann 1987; Lakens,
+  "Equivalence Tests: A Practical Primer for t Tests, Correlations, and Meta-Analyses", Social
+  Psychological and Personality Science 8(4), 2017);
+* ``inconclusive``: anything else (the interval too wide to say, or straddling a margin).
+
+With a ``1 - a`` interval each claim is wrong with probability at most ``a / 2``: ``faster`` or
+``slower`` when the true ratio lies within the threshold (in particular in an A/A run), and
+``equivalent`` when it lies outside. ``half_width = (ci_hi - ci_lo) / 2`` is the run's resolution
+(in ratio units: 0.012 means it could detect about +-1.2%); every report states it beside the decision.
+
+Sequential stopping (:class:`SequentialPlan`): rounds are analysed at planned looks (after
+``min_rounds``, then every ``look_every`` rounds, and at ``max_rounds``; K looks in all); the run stops
+at the first look whose decision is faster, slower or equivalent, at ``max_rounds``, or at the
+first look after ``max_seconds``. Every look uses the interval at confidence ``1 - a / K``
+(``a = 1 - confidence``): a Bonferroni split of the error over the planned looks, so by the union
+bound the interval holds at every look at once with probability >= ``1 - a`` and each wrong claim
+keeps its rate <= ``a / 2`` whatever look the run stops at (a conservative alpha spending; Jennison &
+Turnbull, "Group Sequential Methods with Applications to Clinical Trials", Chapman & Hall/CRC 2000,
+ch. 2 and 7, on repeated confidence intervals). A run stopped by ``max_seconds`` stops at a look,
+so it spends no more than planned. :func:`simulate_sequential` checks the rates
+(tests/test_stats.py).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as _st
 
 from kernelcamp.errors import KernelcampError
 
-DECISIONS = ("faster", "slower", "inconclusive")
+DECISIONS = ("faster", "slower", "equivalent", "inconclusive")
+#: Numeric codes for metrics files and MLflow (numbers only there; the words go in tags and reports).
+#: Not an ordinal scale: inconclusive is 2, not "between" faster and slower.
+DECISION_CODES = {"faster": -1, "equivalent": 0, "slower": 1, "inconclusive": 2}
+#: Why a sequential run stopped.
+STOP_REASONS = ("decided", "max_rounds", "max_seconds")
 
 
 def paired_ratio_ci(
@@ -29,8 +64,9 @@ def paired_ratio_ci(
     """Ratio candidate/baseline of paired rounds with its confidence interval.
 
     Args: per-round latencies (any unit, both the same, > 0), one pair per round, at least 2 rounds.
-    Returns ``{"ratio", "ci_lo", "ci_hi", "n_rounds", "confidence"}``. With zero spread in the log
-    ratios the interval collapses to the ratio.
+    Returns ``{"ratio", "ci_lo", "ci_hi", "half_width", "n_rounds", "confidence"}`` (``half_width``
+    = (ci_hi - ci_lo) / 2, ratio units). With zero spread in the log ratios the interval collapses to
+    the ratio.
     Raises ``KernelcampError`` for unequal lengths, fewer than 2 rounds or a non-positive value.
     """
     b = np.asarray(baseline_per_round, dtype=np.float64)
@@ -48,28 +84,170 @@ def paired_ratio_ci(
     mean = float(d.mean())
     sem = float(d.std(ddof=1) / math.sqrt(n))
     half = float(_st.t.ppf(0.5 + confidence / 2, n - 1)) * sem
+    lo, hi = math.exp(mean - half), math.exp(mean + half)
     return {
         "ratio": math.exp(mean),
-        "ci_lo": math.exp(mean - half),
-        "ci_hi": math.exp(mean + half),
+        "ci_lo": lo,
+        "ci_hi": hi,
+        "half_width": (hi - lo) / 2,
         "n_rounds": n,
         "confidence": confidence,
     }
 
 
-def decision(ratio: float, lo: float, hi: float, threshold: float) -> str:
-    """``"faster"``, ``"slower"`` or ``"inconclusive"`` for a latency ratio candidate/baseline.
+def decision(ratio: float, lo: float, hi: float, threshold: float, higher_is_better: bool = False) -> str:
+    """One of :data:`DECISIONS` for a ratio candidate/baseline with its interval ``[lo, hi]``.
 
-    Faster: the whole interval is below 1 and the ratio is below ``1 - threshold``. Slower: the
-    whole interval is above 1 and the ratio is above ``1 + threshold``. Anything else is
-    inconclusive (an interval that straddles 1, or a real difference smaller than the threshold).
-    For throughput ratios (higher is better) swap the words.
+    Latency (``higher_is_better`` false): ``faster`` when ``hi < 1 - threshold``, ``slower`` when
+    ``lo > 1 + threshold``, ``equivalent`` when ``1 - threshold <= lo`` and ``hi <= 1 + threshold``
+    (TOST, module docstring), else ``inconclusive``. Throughput (higher is better): the words
+    faster/slower swapped. ``ratio`` is checked to lie in the interval, not otherwise used.
+    Raises ``KernelcampError`` for a negative threshold or a ratio outside ``[lo, hi]``.
     """
-    if hi < 1.0 and ratio < 1.0 - threshold:
-        return "faster"
-    if lo > 1.0 and ratio > 1.0 + threshold:
-        return "slower"
-    return "inconclusive"
+    if threshold < 0:
+        raise KernelcampError(f"report.threshold={threshold}: expected >= 0")
+    if not lo <= ratio <= hi:
+        raise KernelcampError(f"ratio {ratio} outside its interval [{lo}, {hi}]")
+    if hi < 1.0 - threshold:
+        d = "faster"
+    elif lo > 1.0 + threshold:
+        d = "slower"
+    elif lo >= 1.0 - threshold and hi <= 1.0 + threshold:
+        d = "equivalent"
+    else:
+        d = "inconclusive"
+    if higher_is_better:
+        d = {"faster": "slower", "slower": "faster"}.get(d, d)
+    return d
+
+
+def resolution_text(half_width: float | None) -> str:
+    """``"resolution: could detect +-1.2%"`` for a half-width in ratio units (``"n/a"`` for None)."""
+    return "resolution: n/a" if half_width is None else f"resolution: could detect \u00b1{100 * half_width:.1f}%"
+
+
+@dataclass(frozen=True)
+class SequentialPlan:
+    """Planned looks of a sequential A/B (module docstring: Bonferroni over the looks).
+
+    ``min_rounds`` >= 2 and <= ``max_rounds``; ``look_every`` >= 1 (rounds between looks);
+    ``max_seconds`` (None: no time budget) is checked at each look; ``confidence`` is the overall
+    level (``report.confidence``), ``threshold`` the practical margin (``report.threshold``).
+    Raises ``KernelcampError`` for an unusable plan, naming ``what`` (the params prefix).
+    """
+
+    min_rounds: int
+    max_rounds: int
+    look_every: int = 1
+    max_seconds: float | None = None
+    confidence: float = 0.95
+    threshold: float = 0.02
+    higher_is_better: bool = False
+    what: str = "rounds"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_rounds, int) and self.max_rounds >= 2):
+            raise KernelcampError(f"{self.what}: maximum rounds {self.max_rounds!r}: expected an integer >= 2")
+        if not (isinstance(self.min_rounds, int) and 2 <= self.min_rounds <= self.max_rounds):
+            raise KernelcampError(
+                f"{self.what}: minimum rounds {self.min_rounds!r}: expected an integer in 2..{self.max_rounds}"
+            )
+        if not (isinstance(self.look_every, int) and self.look_every >= 1):
+            raise KernelcampError(f"{self.what}: look_every {self.look_every!r}: expected an integer >= 1")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise KernelcampError(f"{self.what}: max_seconds {self.max_seconds!r}: expected > 0 or null")
+        if not 0 < self.confidence < 1:
+            raise KernelcampError(f"report.confidence={self.confidence}: expected in (0, 1)")
+        if self.threshold < 0:
+            raise KernelcampError(f"report.threshold={self.threshold}: expected >= 0")
+
+    @property
+    def looks(self) -> list[int]:
+        """Round counts at which the rounds are analysed (ascending, the last is ``max_rounds``)."""
+        return sorted(set(range(self.min_rounds, self.max_rounds, self.look_every)) | {self.max_rounds})
+
+    @property
+    def confidence_per_look(self) -> float:
+        """``1 - (1 - confidence) / K`` for K planned looks (Bonferroni)."""
+        return 1.0 - (1.0 - self.confidence) / len(self.looks)
+
+    def analyse(self, baseline: Sequence[float], candidate: Sequence[float]) -> dict:
+        """The paired interval at the per-look confidence and its decision, with the plan's figures.
+
+        Returns :func:`paired_ratio_ci`'s keys (``confidence`` := the overall level) plus
+        ``confidence_per_look``, ``looks_planned``, ``threshold``, ``decision``. Raises what
+        :func:`paired_ratio_ci` raises.
+        """
+        ci = paired_ratio_ci(baseline, candidate, self.confidence_per_look)
+        return {
+            **ci,
+            "confidence": self.confidence,
+            "confidence_per_look": self.confidence_per_look,
+            "looks_planned": len(self.looks),
+            "max_rounds": self.max_rounds,
+            "threshold": self.threshold,
+            "decision": decision(ci["ratio"], ci["ci_lo"], ci["ci_hi"], self.threshold, self.higher_is_better),
+        }
+
+    def stop_reason(self, n_rounds: int, decided: str | None, elapsed_s: float) -> str | None:
+        """Why to stop after ``n_rounds`` (one of :data:`STOP_REASONS`), or None to go on.
+
+        Only at a planned look: ``decided`` (``decided`` is faster/slower/equivalent), else
+        ``max_rounds``, else ``max_seconds`` once ``elapsed_s`` (seconds of rounds so far) reaches it.
+        """
+        if n_rounds not in self.looks:
+            return None
+        if decided in ("faster", "slower", "equivalent"):
+            return "decided"
+        if n_rounds >= self.max_rounds:
+            return "max_rounds"
+        if self.max_seconds is not None and elapsed_s >= self.max_seconds:
+            return "max_seconds"
+        return None
+
+
+def simulate_sequential(
+    plan: SequentialPlan, true_ratio: float, noise: float, n_sims: int = 2000, seed: int = 0
+) -> dict[str, float]:
+    """Monte Carlo of :class:`SequentialPlan` (no time budget): outcome rates and mean rounds used.
+
+    Each simulated round draws baseline and candidate figures ``x * exp(noise * z)`` with independent
+    standard normal ``z`` per impl (``noise``: per-impl, per-round relative noise, e.g. 0.03 for 3%;
+    a drift shared by both cancels in the paired ratio, so none is drawn) and the candidate scaled by
+    ``true_ratio``. Seeded (numpy ``default_rng(seed)``): the same arguments give the same rates.
+    Returns ``{decision: rate for each of DECISIONS, "mean_rounds": ..., "n_sims": ...}``.
+    """
+    rng = np.random.default_rng(seed)
+    n = plan.max_rounds
+    d = math.log(true_ratio) + noise * (rng.standard_normal((n_sims, n)) - rng.standard_normal((n_sims, n)))
+    out = np.full(n_sims, "", dtype=object)
+    used = np.zeros(n_sims)
+    q = plan.confidence_per_look
+    t_thr = math.log1p(-plan.threshold) if plan.threshold < 1 else -math.inf
+    u_thr = math.log1p(plan.threshold)
+    cs, cs2 = np.cumsum(d, axis=1), np.cumsum(d * d, axis=1)
+    for k in plan.looks:
+        open_ = out == ""
+        if not open_.any():
+            break
+        m = cs[:, k - 1] / k
+        var = np.maximum(cs2[:, k - 1] - k * m * m, 0.0) / (k - 1)
+        h = float(_st.t.ppf(0.5 + q / 2, k - 1)) * np.sqrt(var / k)
+        lo, hi = m - h, m + h
+        dec = np.where(
+            hi < t_thr,
+            "faster",
+            np.where(lo > u_thr, "slower", np.where((lo >= t_thr) & (hi <= u_thr), "equivalent", "")),
+        )
+        if plan.higher_is_better:
+            dec = np.where(dec == "faster", "slower", np.where(dec == "slower", "faster", dec))
+        if k == plan.max_rounds:
+            dec = np.where(dec == "", "inconclusive", dec)
+        stop = open_ & (dec != "")
+        out[stop] = dec[stop]
+        used[stop] = k
+    rates = {x: float(np.mean(out == x)) for x in DECISIONS}
+    return {**rates, "mean_rounds": float(used.mean()), "n_sims": n_sims}
 
 
 def fit_step_model(batch: Sequence[float], step_ms: Sequence[float]) -> dict[str, float | int]:

@@ -210,7 +210,7 @@ def test_cpu_timings_decide_nothing_even_with_an_interval_clear_of_one():
     """A new user's CPU run said `slower` for num_warps, which the interpreter ignores."""
     d = copy.deepcopy(_data())
     assert kr.is_cpu(d["benchmark"])
-    d["benchmark"]["kernel"]["overall"].update(ratio=1.03, ci_lo=1.01, ci_hi=1.05)
+    d["benchmark"]["kernel"]["overall"].update(ratio=1.035, ci_lo=1.025, ci_hi=1.05)
     h = kr.headline(d, 0.02)
     assert h["decision"] == "inconclusive" and h["cpu"]
     md = kr.render_markdown(d, {}, 0.02)

@@ -1,10 +1,20 @@
-"""kernelcamp.stats: A/A comes out inconclusive, a planted slowdown comes out slower, step model."""
+"""kernelcamp.stats: the four-outcome decision, the sequential plan's error rates by seeded simulation
+(A/A, a real difference under the threshold, a planted slowdown), a planted slowdown comes out
+slower, step model."""
 
 import numpy as np
 import pytest
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.stats import decision, fit_step_model, paired_ratio_ci
+from kernelcamp.stats import (
+    DECISION_CODES,
+    DECISIONS,
+    SequentialPlan,
+    decision,
+    fit_step_model,
+    paired_ratio_ci,
+    simulate_sequential,
+)
 
 
 def _rounds(n, rng, base=100.0, drift=0.05, noise=0.01):
@@ -14,14 +24,15 @@ def _rounds(n, rng, base=100.0, drift=0.05, noise=0.01):
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_aa_is_inconclusive(seed):
+def test_aa_is_never_faster_or_slower(seed):
     rng = np.random.default_rng(seed)
     _, draw = _rounds(30, rng)
     a, b = draw(), draw()
     r = paired_ratio_ci(a, b)
-    # A planted-equal pair must not be called faster or slower at a 2% threshold.
-    assert decision(r["ratio"], r["ci_lo"], r["ci_hi"], 0.02) == "inconclusive"
-    assert r["n_rounds"] == 30
+    # A planted-equal pair must not be called faster or slower at a 2% threshold; with 1% noise over
+    # 30 rounds the interval is narrow enough to show equivalence.
+    assert decision(r["ratio"], r["ci_lo"], r["ci_hi"], 0.02) == "equivalent"
+    assert r["n_rounds"] == 30 and r["half_width"] == pytest.approx((r["ci_hi"] - r["ci_lo"]) / 2)
 
 
 def test_planted_slowdown_is_slower_with_ci_clear_of_one():
@@ -38,11 +49,91 @@ def test_planted_slowdown_is_slower_with_ci_clear_of_one():
     assert decision(r2["ratio"], r2["ci_lo"], r2["ci_hi"], 0.02) == "faster"
 
 
-def test_small_real_difference_below_threshold_is_inconclusive():
-    # 1% faster with a tight interval: real, but under the 2% threshold.
-    assert decision(0.99, 0.985, 0.995, 0.02) == "inconclusive"
-    assert decision(0.97, 0.96, 0.98, 0.02) == "faster"
+def test_four_outcomes_from_the_interval():
+    # 1% faster with a tight interval: real, but inside the 2% margin: equivalent.
+    assert decision(0.99, 0.985, 0.995, 0.02) == "equivalent"
+    assert decision(0.97, 0.96, 0.975, 0.02) == "faster"
+    # the whole interval must clear the margin, not just the ratio
+    assert decision(0.97, 0.96, 0.985, 0.02) == "inconclusive"
     assert decision(0.97, 0.90, 1.01, 0.02) == "inconclusive"
+    assert decision(1.05, 1.03, 1.07, 0.02) == "slower"
+    assert decision(1.015, 1.005, 1.025, 0.02) == "inconclusive"  # straddles 1 + threshold
+    # throughput (higher is better): the words swap, equivalent and inconclusive stay
+    assert decision(1.05, 1.03, 1.07, 0.02, higher_is_better=True) == "faster"
+    assert decision(1.0, 0.99, 1.01, 0.02, higher_is_better=True) == "equivalent"
+    assert set(DECISION_CODES) == set(DECISIONS) and len(set(DECISION_CODES.values())) == 4
+    with pytest.raises(KernelcampError):
+        decision(1.2, 0.9, 1.1, 0.02)  # a ratio outside its interval is a bug upstream
+
+
+# ---- the sequential plan: simulated error rates (CPU, seeded) -------------------------------------------
+#: The default kernel plan (conf/benchmark/default.yaml): looks at 10, 15, ..., 60 rounds.
+PLAN = SequentialPlan(min_rounds=10, max_rounds=60, look_every=5, confidence=0.95, threshold=0.02)
+NOISE = 0.03  # 3% per impl per round (the issue's model: the old rule gave 26% faster/slower at 1.015)
+
+
+def test_plan_looks_and_bonferroni_level():
+    assert PLAN.looks == [10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60]
+    assert PLAN.confidence_per_look == pytest.approx(1 - 0.05 / 11)
+    assert SequentialPlan(3, 3).looks == [3] and SequentialPlan(3, 3).confidence_per_look == pytest.approx(0.95)
+    assert SequentialPlan(4, 10, 4).looks == [4, 8, 10]
+    assert PLAN.stop_reason(12, "slower", 0.0) is None  # not a look
+    assert PLAN.stop_reason(15, "equivalent", 0.0) == "decided"
+    assert PLAN.stop_reason(15, "inconclusive", 0.0) is None
+    assert SequentialPlan(10, 60, 5, max_seconds=5.0).stop_reason(15, "inconclusive", 6.0) == "max_seconds"
+    assert PLAN.stop_reason(60, "inconclusive", 0.0) == "max_rounds"
+    for bad in (
+        {"min_rounds": 1, "max_rounds": 5},
+        {"min_rounds": 6, "max_rounds": 5},
+        {"min_rounds": 2, "max_rounds": 5, "look_every": 0},
+    ):
+        with pytest.raises(KernelcampError):
+            SequentialPlan(**bad)
+
+
+def test_old_rule_reproduces_the_issue_and_the_new_one_fixes_it():
+    """The issue's figure: with the old rule (ratio beyond the threshold and CI excluding 1), a true
+    1.015 with 3% noise over 30 fixed rounds is called faster/slower about 26% of the time."""
+    from scipy import stats as st
+
+    rng = np.random.default_rng(7)
+    n, sims = 30, 4000
+    d = np.log(1.015) + NOISE * (rng.standard_normal((sims, n)) - rng.standard_normal((sims, n)))
+    m, se = d.mean(1), d.std(1, ddof=1) / np.sqrt(n)
+    h = st.t.ppf(0.975, n - 1) * se
+    old = ((m + h < 0) & (np.exp(m) < 0.98)) | ((m - h > 0) & (np.exp(m) > 1.02))
+    assert 0.22 < old.mean() < 0.30
+    fixed = simulate_sequential(SequentialPlan(30, 30), 1.015, NOISE, n_sims=4000, seed=7)
+    assert fixed["faster"] + fixed["slower"] <= 0.05
+
+
+def test_simulated_aa_is_never_faster_or_slower():
+    r = simulate_sequential(PLAN, 1.0, NOISE, n_sims=4000, seed=1)
+    assert r["faster"] + r["slower"] <= 0.05
+    assert r["equivalent"] > 0.3  # and the plan can show equivalence at this noise
+
+
+def test_simulated_difference_under_the_threshold_is_not_faster_or_slower():
+    r = simulate_sequential(PLAN, 1.015, NOISE, n_sims=4000, seed=2)
+    assert r["faster"] + r["slower"] <= 0.05
+
+
+@pytest.mark.parametrize("true,word", [(1.05, "slower"), (1 / 1.05, "faster")])
+def test_simulated_planted_difference_is_found_within_the_round_budget(true, word):
+    r = simulate_sequential(PLAN, true, NOISE, n_sims=4000, seed=3)
+    assert r[word] >= 0.95
+    assert r["mean_rounds"] < 40  # and usually well before the maximum
+
+
+def test_large_difference_stops_at_the_first_look_and_throughput_swaps_words():
+    r = simulate_sequential(PLAN, 1.3, NOISE, n_sims=500, seed=4)
+    assert r["slower"] == 1.0 and r["mean_rounds"] == PLAN.min_rounds
+    tp = SequentialPlan(10, 60, 5, higher_is_better=True)
+    assert simulate_sequential(tp, 1.3, NOISE, n_sims=500, seed=4)["faster"] == 1.0
+
+
+def test_simulation_is_seeded():
+    assert simulate_sequential(PLAN, 1.01, NOISE, 300, seed=5) == simulate_sequential(PLAN, 1.01, NOISE, 300, seed=5)
 
 
 def test_pairing_cancels_shared_drift():
