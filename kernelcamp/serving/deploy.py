@@ -23,6 +23,14 @@ process group), its port freed, and a one-line ``KernelcampError`` raised.
 
 A deploy whose state file shows the same variant hash and flags, against a live server that passes
 the ready check, is a no-op (``reused: true``).
+
+``server.host``: the embedded server binds exactly that address; the recorded ``url`` is one a client
+on this machine can use (a wildcard such as ``0.0.0.0`` is recorded as ``http://127.0.0.1:port``), and
+a host that is not loopback gets a warning on stderr. API key: with ``KERNELCAMP_API_KEY`` set, the
+embedded server inherits it from the environment (never on its command line) and requires it, and
+the readiness probe sends it; a command/ssh server must be started with the same key by its own
+launch/restart line. ssh: host, user and remote_dir may not start with ``-`` (ssh would take them as
+options), and ``--`` ends ssh's and scp's options before the destination.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.io import pid_alive, write_json_atomic, write_text_atomic
 from kernelcamp.provenance import dvc_root, now_utc, sha256_file
 from kernelcamp.serving import INFO_PATH, kernel_module_path, kernel_source_hash, server_flags, variant_hash
+from kernelcamp.serving.client import auth_headers, client_url, exposure_warning
 from kernelcamp.sweep import in_sweep, worker_port, worker_slot
 from kernelcamp.variant import parse_variant
 
@@ -148,7 +157,7 @@ def probe_ready(
     """
     facts: dict[str, Any] = {"health": None, "completion_ok": False, "info": None, "hash_verified": None}
     try:
-        with httpx.Client(base_url=url, timeout=timeout_s) as c:
+        with httpx.Client(base_url=url, timeout=timeout_s, headers=auth_headers()) as c:
             h = c.get("/health")
             facts["health"] = h.status_code
             if h.status_code != 200:
@@ -319,9 +328,12 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
             "set server.overlap_scheduling=false for the embedded server"
         )
     variant, khash, flags, vhash, kpath = _variant_facts(params)
-    host = server.get("host") or "127.0.0.1"
+    host = str(server.get("host") or "127.0.0.1")
     port = worker_port(int(server.get("port", 8765)))
-    url = f"http://{host}:{port}"
+    url = client_url(host, port)  # what a client uses: never http://0.0.0.0:port
+    warn = exposure_warning(host, port)
+    if warn:
+        print(f"deploy: {warn}", file=sys.stderr, flush=True)
     sdir = state_dir(root)
     sdir.mkdir(parents=True, exist_ok=True)
     spath, log = sdir / "server.json", sdir / "server.log"
@@ -380,7 +392,7 @@ def start_embedded(
     server = params.get("server") or {}
     flags = server_flags(server)
     spath, log = sdir / f"{stem}.json", sdir / f"{stem}.log"
-    url = f"http://{host}:{port}"
+    url = client_url(host, port)
     params_file = sdir / f"{stem}-params.yaml"
     write_text_atomic(params_file, yaml.safe_dump(params, sort_keys=False))
     cmd = [
@@ -559,6 +571,7 @@ class SshRunner:
         options: list[str] | None = None,
         timeout_s: float = 120.0,
     ):
+        check_ssh_args(host, user)
         self.target = f"{user}@{host}" if user else host
         self.port, self.timeout_s = int(port), timeout_s
         self.opts = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=15"]
@@ -568,7 +581,7 @@ class SshRunner:
 
     def run(self, cmd: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["ssh", "-p", str(self.port), *self.opts, self.target, cmd],
+            ["ssh", "-p", str(self.port), *self.opts, "--", self.target, cmd],
             capture_output=True,
             text=True,
             timeout=self.timeout_s,
@@ -576,13 +589,34 @@ class SshRunner:
         )
 
     def put(self, local: str | Path, remote_path: str) -> subprocess.CompletedProcess:
+        """scp ``local`` to ``remote_path`` on the host (neither may start with ``-``)."""
+        check_ssh_args(remote_path=remote_path)
         return subprocess.run(
-            ["scp", "-q", "-P", str(self.port), *self.opts, str(local), f"{self.target}:{remote_path}"],
+            ["scp", "-q", "-P", str(self.port), *self.opts, "--", str(local), f"{self.target}:{remote_path}"],
             capture_output=True,
             text=True,
             timeout=self.timeout_s,
             stdin=subprocess.DEVNULL,
         )
+
+
+def check_ssh_args(
+    host: str | None = None, user: str | None = None, remote_path: str | None = None, prefix: str = ""
+) -> None:
+    """Refuse a host, user or remote path that ssh/scp would read as an option (``-oProxyCommand=...``
+    runs a command on this machine) or that is empty; one ``KernelcampError`` line naming the key
+    (``prefix``: e.g. ``"deploy."``)."""
+    for key, val in (("host", host), ("user", user), ("remote_dir", remote_path)):
+        if val is None:
+            continue
+        v = str(val)
+        if not v.strip() or v.startswith("-") or any(c in v for c in "\n\r\0"):
+            raise KernelcampError(
+                f"{prefix}{key}={v!r}: must not be empty, start with '-' (ssh would read it as an option) "
+                "or hold a newline; put ssh options in deploy.ssh_options"
+            )
+        if key != "remote_dir" and any(c.isspace() for c in v):
+            raise KernelcampError(f"{prefix}{key}={v!r}: must not contain whitespace")
 
 
 def remote_sha256(runner: Any, remote_dir: str, names: list[str]) -> dict[str, str]:
@@ -618,6 +652,7 @@ def deploy_ssh(params: dict[str, Any], root: str | Path | None = None, runner: A
     for key in ("host", "remote_dir", "restart", "url"):
         if not cfg.get(key) or cfg.get(key) == "???":
             raise KernelcampError(f"deploy.{key} is not set: conf/deploy/ssh.yaml needs host, remote_dir, restart, url")
+    check_ssh_args(str(cfg["host"]), cfg.get("user"), str(cfg["remote_dir"]), prefix="deploy.")
     variant, khash, flags, vhash, kpath = _variant_facts(params)
     runner = runner or SshRunner(
         cfg["host"], cfg.get("port", 22), cfg.get("user"), cfg.get("identity_file"), cfg.get("ssh_options")

@@ -25,6 +25,10 @@ send to last end), output_tok_s (tokens of ok requests / wall_s), per_request_to
 tokens / e2e), ttft_ms, tpot_ms ((e2e - ttft)/(tokens - 1), requests with one token skipped),
 itl_ms (a chunk carrying k tokens after a gap g contributes k gaps of g/k), e2e_ms (send to end of
 stream); each latency as _p50/_p90/_p99 (numpy percentiles, linear) and _mean, over ok requests.
+
+API key: every request (and the ``/v1/models`` lookup) sends ``Authorization: Bearer <key>`` when
+``KERNELCAMP_API_KEY`` is set (:func:`kernelcamp.serving.client.auth_headers`), as a server started
+with ``kernelcamp serve --api-key`` (or vLLM's / SGLang's ``--api-key``) requires.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+
+from kernelcamp.serving.client import auth_headers
 
 DEFAULT_LEVELS = (48, 64, 80, 96, 8, 1)
 _WORDS = (
@@ -129,7 +135,7 @@ async def run_request(
     state = {"usage_total": None, "done": False, "counted": True}
 
     async def _do() -> None:
-        async with session.post(url, json=payload) as resp:
+        async with session.post(url, json=payload, headers=auth_headers()) as resp:
             if resp.status != 200:
                 await resp.read()
                 r.status = f"http_{resp.status}"
@@ -258,7 +264,9 @@ def make_payload(prompt: str, max_tokens: int, chat: bool, model: str, extra: di
 
 async def _model_id(session: aiohttp.ClientSession, base: str) -> str:
     try:
-        async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
+        async with session.get(
+            base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10), headers=auth_headers()
+        ) as r:
             data = await r.json()
             return data["data"][0]["id"]
     except Exception:  # noqa: BLE001 - a server without /v1/models gets a placeholder name
