@@ -6,7 +6,21 @@ is loaded and warmed up, 503 before), ``/v1/kernelcamp/info`` (variant name and 
 the launcher actually ran, server flags, attention implementation, per-step statistics, attention
 share, pid; ``?steps=N`` returns the last N step records, ``?since=I`` those with index > I),
 ``POST /v1/kernelcamp/profile`` (see :data:`PROFILE_PATH`: a torch.profiler / Kineto profile of the
-next N decode steps the scheduler runs, with a per-kernel time table and an optional gzipped trace).
+next N decode steps the scheduler runs, with a per-kernel time table; the gzipped trace stays in the
+server's own folder, ``--trace-dir`` or a private temporary one, and is downloaded by the id the
+answer gives from ``GET /v1/kernelcamp/profile/traces/{id}``: a request never names a server path;
+:func:`kernelcamp.serving.client.request_profile` does both steps).
+
+Requests (both the real server and the fake): bodies are checked by pydantic models
+(:class:`CompletionRequest`, :class:`ChatRequest`, :class:`ProfileRequest`) with strict types (``"stream":
+"false"`` is refused, not truthy); every refusal is a 4xx with an OpenAI error object ``{"error":
+{"message", "type", "param", "code"}}``, FastAPI's own validation errors included (400, not 422).
+A POST whose ``Content-Type`` is not JSON is 415 (a cross-site ``text/plain`` request never runs);
+a ``model`` other than :data:`MODEL_NAME` is 404 ``model_not_found``; chat content may be a string or
+a list of text parts (joined by newlines; other part types are 400); a prompt that does not fit
+``server.max_context_tokens`` with its ``max_tokens`` is 400 ``context_length_exceeded`` (never cut).
+``--api-key KEY`` (or ``KERNELCAMP_API_KEY``): ``Authorization: Bearer KEY`` is required on
+everything but ``/health`` (401 otherwise), as with vLLM's and SGLang's ``--api-key``.
 
 Token accounting for clients: every streamed chunk carries ``"kernelcamp_tokens": k``, the number
 of tokens whose text it holds (the engine sends one token per chunk). Decoding is greedy;
@@ -19,7 +33,8 @@ each new one, then runs one decode step for every running request; model work ru
 thread so the event loop keeps serving. ``server.overlap_scheduling`` is not implemented
 (``overlap_scheduling_active: false`` in info); the embedded deploy refuses it (kernelcamp.serving.deploy).
 
-    kernelcamp serve --params params.yaml [--host 127.0.0.1] [--port N] [--device cuda:0]
+    kernelcamp serve --params params.yaml [--host 127.0.0.1] [--port N] [--device cuda:0] [--api-key KEY]
+                     [--trace-dir DIR]
     kernelcamp serve --fake ttft_ms=50,itl_ms=10,chunk=2 [--port N]     # fixed-rate fake (tests)
 """
 
