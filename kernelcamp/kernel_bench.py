@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernelcamp.errors import KernelcampError
+from kernelcamp.stats import SequentialPlan
 
 
 def _log(msg: str) -> None:
@@ -36,11 +37,12 @@ def kept_configs(build: dict, sec: str, target: str, n_configs: int) -> list[int
 def check_kernel_params(params: dict, device: str) -> None:
     """Refuse, before any measurement, what the kernel rounds cannot use.
 
-    Checks the keys the run on ``device`` reads: ``benchmark.kernel.rounds`` (GPU) or ``cpu_rounds``
-    (CPU) >= 2 (a paired ratio's interval needs two rounds), ``replays_per_round`` /
-    ``cpu_replays_per_round`` >= 1, ``warmup`` >= 0, and the batch sizes (``benchmark.kernel.
-    batch_sizes`` on a GPU, ``workload.cpu.batch_sizes`` on a CPU) a non-empty list of positive
-    integers. Raises ``KernelcampError`` naming the key and its value.
+    Checks the keys the run on ``device`` reads: on a GPU ``benchmark.kernel.rounds`` (the maximum)
+    >= 2, ``min_rounds`` in 2..rounds (default: rounds), ``look_every`` >= 1 (default 1),
+    ``max_seconds`` > 0 or null, ``replays_per_round`` >= 1, ``warmup`` >= 0; on a CPU ``cpu_rounds``
+    >= 2 (a paired ratio's interval needs two rounds) and ``cpu_replays_per_round`` >= 1; and the
+    batch sizes (``benchmark.kernel.batch_sizes`` on a GPU, ``workload.cpu.batch_sizes`` on a CPU) a
+    non-empty list of distinct positive integers. Raises ``KernelcampError`` naming the key and its value.
     """
     bk = params["benchmark"]["kernel"]
     gpu = device == "cuda"
@@ -50,10 +52,48 @@ def check_kernel_params(params: dict, device: str) -> None:
         val = bk.get(key)
         if not isinstance(val, int) or isinstance(val, bool) or val < least:
             raise KernelcampError(f"benchmark.kernel.{key}={val!r}: expected an integer >= {least}")
+    if gpu:
+        mn, ev, ms = bk.get("min_rounds", bk["rounds"]), bk.get("look_every", 1), bk.get("max_seconds")
+        if not isinstance(mn, int) or isinstance(mn, bool) or not 2 <= mn <= bk["rounds"]:
+            raise KernelcampError(
+                f"benchmark.kernel.min_rounds={mn!r}: expected an integer in 2..{bk['rounds']} "
+                "(benchmark.kernel.rounds is the maximum)"
+            )
+        if not isinstance(ev, int) or isinstance(ev, bool) or ev < 1:
+            raise KernelcampError(f"benchmark.kernel.look_every={ev!r}: expected an integer >= 1")
+        if ms is not None and (isinstance(ms, bool) or not isinstance(ms, (int, float)) or ms <= 0):
+            raise KernelcampError(f"benchmark.kernel.max_seconds={ms!r}: expected a number of seconds > 0, or null")
     where = "benchmark.kernel.batch_sizes" if gpu else "workload.cpu.batch_sizes"
     sizes = run_batch_sizes(params, device)
     if not isinstance(sizes, list) or not sizes or not all(isinstance(b, int) and b > 0 for b in sizes):
         raise KernelcampError(f"{where}={sizes!r}: expected a non-empty list of positive integers")
+    dup = sorted({b for b in sizes if sizes.count(b) > 1})
+    if dup:
+        raise KernelcampError(f"{where}={sizes!r}: batch size {dup[0]} appears more than once")
+    kernel_plan(params, device)
+
+
+def kernel_plan(params: dict, device: str) -> SequentialPlan:
+    """The sequential plan of the kernel rounds (kernelcamp.stats.SequentialPlan).
+
+    GPU: ``benchmark.kernel.min_rounds`` .. ``rounds`` (the maximum), a look every ``look_every``
+    rounds, stopping at the first look after ``max_seconds`` of rounds. CPU (interpreter timings decide
+    nothing): a fixed ``cpu_rounds`` (one look). Confidence and threshold from ``report``.
+    Raises ``KernelcampError`` for an unusable plan.
+    """
+    bk, rep = params["benchmark"]["kernel"], params.get("report") or {}
+    common = {"confidence": float(rep.get("confidence", 0.95)), "threshold": float(rep.get("threshold", 0.02))}
+    if device == "cuda":
+        ms = bk.get("max_seconds")
+        return SequentialPlan(
+            min_rounds=bk.get("min_rounds", bk["rounds"]),
+            max_rounds=bk["rounds"],
+            look_every=bk.get("look_every", 1),
+            max_seconds=None if ms is None else float(ms),
+            what="benchmark.kernel",
+            **common,
+        )
+    return SequentialPlan(bk["cpu_rounds"], bk["cpu_rounds"], 1, None, what="benchmark.kernel.cpu_rounds", **common)
 
 
 def run_shape(params: dict, device: str) -> dict:
@@ -95,67 +135,123 @@ def launch_args(params: dict, device: str, B: int, seed: int) -> tuple:
 
 
 def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[list[dict], dict]:
-    """The kernel-level A/B: interleaved baseline/candidate rounds at every batch size.
+    """The kernel-level A/B: interleaved baseline/candidate rounds over every batch size, stopped
+    sequentially (:func:`kernel_plan`, :class:`kernelcamp.stats.SequentialPlan`).
 
-    ``variants``: ``{"baseline": Variant, "candidate": Variant}``. On ``device == "cuda"``: CUDA-graph
-    replays with L2 flushed before each (kernelcamp.timing), ``benchmark.kernel.rounds`` rounds of
-    ``replays_per_round`` at the workload's shapes; otherwise the interpreter at ``workload.cpu``
-    shapes, timed with perf_counter and labelled ``cpu_interpreter_perf_counter``. Returns
-    ``(rows, summary)``: one row per (batch, round, impl) with ``latency_us`` (microseconds), and per
-    batch size each impl's percentiles, TFLOP/s, GB/s, % of roofline (GPU only: peaks from
-    ``params.target``) and the paired ratio candidate/baseline with its CI (``report.confidence``),
-    plus the ratio over every round pooled, and on a GPU the SM clock sampled while the rounds ran
-    (``sm_clock_during_rounds``: min/p50/max MHz, kernelcamp.provenance.ClockSampler).
-    Raises what the kernel launcher raises on bad input (``ValueError``) or an unlaunchable config
-    (Triton's ``OutOfResources``).
+    ``variants``: ``{"baseline": Variant, "candidate": Variant}``. One round times every batch size,
+    baseline and candidate back to back (the order of the whole round reversed every other round:
+    kernelcamp.timing.round_order). On ``device == "cuda"``: CUDA-graph replays with L2 flushed
+    before each (kernelcamp.timing.GraphTimer, one per batch size and impl, captured before the
+    first round), ``replays_per_round`` per round, the round's figure the median; otherwise the
+    interpreter at ``workload.cpu`` shapes, timed with perf_counter and labelled
+    ``cpu_interpreter_perf_counter``. At each planned look the overall figure is analysed: per round
+    the geometric mean over batch sizes of each impl's latency (every batch size weighs the same),
+    paired candidate/baseline; the rounds stop when it decides (faster, slower, equivalent at the
+    per-look confidence), at ``benchmark.kernel.rounds``, or at the first look after
+    ``benchmark.kernel.max_seconds`` seconds of rounds.
+
+    Returns ``(rows, summary)``: one row per (batch, round, impl) with ``latency_us`` (microseconds),
+    and per batch size each impl's percentiles, TFLOP/s, GB/s, % of roofline (GPU only: peaks from
+    ``params.target``) and ``ab`` (the paired ratio candidate/baseline at the per-look confidence, its
+    decision and ``half_width``); ``overall`` (the same for the geometric-mean figure, plus
+    ``n_rounds``, ``stop_reason``, ``elapsed_s`` and ``looks``: one entry per look taken); ``plan``;
+    and on a GPU the SM clock sampled while the rounds ran (``sm_clock_during_rounds``: min/p50/max MHz,
+    kernelcamp.provenance.ClockSampler). Raises what the kernel launcher raises on bad input
+    (``ValueError``) or an unlaunchable config (Triton's ``OutOfResources``), ``KernelcampError`` for
+    an unusable plan.
     """
+    import contextlib
+    import statistics
+    import time
+
     import torch
 
     from kernelcamp import timing
     from kernelcamp.provenance import ClockSampler, smi_index
     from kernelcamp.spec import import_kernel
-    from kernelcamp.stats import paired_ratio_ci
 
     k = import_kernel(params["kernel"]["module"])
 
     wl, bk, tgt = params["workload"], params["benchmark"]["kernel"], params["target"]
     shape, dot = run_shape(params, device), dot_dtype(params, device)
+    gpu = device == "cuda"
+    plan = kernel_plan(params, device)
     launchers = {name: k.SparseMLADecode(v, dot_dtype=dot) for name, v in variants.items()}
-    rows, per_batch = [], {}
     batch_sizes = run_batch_sizes(params, device)
-    # the SM clock while the rounds run (one sampler across every batch size's rounds)
-    clocks = ClockSampler(smi_index(torch.cuda.current_device())) if device == "cuda" else None
+    log(
+        f"batch sizes {batch_sizes}: H={shape['num_heads']} topk={shape['topk']} on {device}; rounds "
+        f"{plan.min_rounds}..{plan.max_rounds}, looks at {plan.looks} (each at {plan.confidence_per_look:.2%}"
+        f" confidence), time budget {plan.max_seconds or 'none'} s"
+    )
+    calls, configs = {}, {}
     for bi, B in enumerate(batch_sizes):
-        log(f"batch {B} ({bi + 1}/{len(batch_sizes)}): H={shape['num_heads']} topk={shape['topk']} on {device}")
         args = launch_args(params, device, B, seed=bi)
-        impls = {name: (lambda fn=fn, a=args: fn(*a, check_indices=False)) for name, fn in launchers.items()}
-        if device == "cuda":
-            with clocks:
-                got = timing.interleaved_rounds(
-                    impls,
-                    rounds=bk["rounds"],
-                    replays_per_round=bk["replays_per_round"],
-                    warmup=bk["warmup"],
-                    progress=log,
-                )
-        else:
-            got = []
-            for r in range(bk["cpu_rounds"]):
-                for pos, name in enumerate(timing.round_order(list(impls), r)):
-                    us = timing.bench_cpu(impls[name], replays=bk["cpu_replays_per_round"], warmup=int(r == 0))
-                    got.append({"round": r, "impl": name, "position": pos, "latency_us": sorted(us)[len(us) // 2]})
-                log(
-                    f"round {r + 1}/{bk['cpu_rounds']}: "
-                    + ", ".join(f"{g['impl']} {g['latency_us']:.0f} us" for g in got[-2:])
-                )
+        for name, fn in launchers.items():
+            calls[(B, name)] = lambda fn=fn, a=args: fn(*a, check_indices=False)
+    if gpu:
+        timers = {}
+        for (B, name), fn in calls.items():
+            log(f"capturing {name} at batch {B}")
+            timers[(B, name)] = timing.GraphTimer(fn, warmup=bk["warmup"])
+            configs[(B, name)] = launchers[name].last_config
+
+        def sample(key: tuple, r: int) -> float:
+            return statistics.median(timers[key].sample(bk["replays_per_round"]))
+    else:
+
+        def sample(key: tuple, r: int) -> float:
+            us = timing.bench_cpu(calls[key], replays=bk["cpu_replays_per_round"], warmup=int(r == 0))
+            configs[key] = launchers[key[1]].last_config
+            return sorted(us)[len(us) // 2]
+
+    # the SM clock while the rounds run
+    clocks = ClockSampler(smi_index(torch.cuda.current_device())) if gpu else None
+    got: list[dict] = []
+    looks: list[dict] = []
+    overall: dict = {}
+    keys = list(calls)
+    t0 = time.perf_counter()
+    with clocks if clocks is not None else contextlib.nullcontext():
+        r = 0
+        while True:
+            pos: dict[int, int] = {}
+            for B, name in timing.round_order(keys, r):
+                p = pos[B] = pos.get(B, -1) + 1
+                got.append({"batch": B, "round": r, "impl": name, "position": p, "latency_us": sample((B, name), r)})
+            r += 1
+            geo = _geomeans(got, batch_sizes)
+            log(f"round {r}/{plan.max_rounds}: geometric-mean latency candidate/baseline {geo[1][-1] / geo[0][-1]:.4f}")
+            if r not in plan.looks:
+                continue
+            elapsed = time.perf_counter() - t0
+            overall = plan.analyse(*geo)
+            reason = plan.stop_reason(r, overall["decision"], elapsed)
+            looks.append({k_: overall[k_] for k_ in ("n_rounds", "ratio", "ci_lo", "ci_hi", "half_width", "decision")})
+            looks[-1]["elapsed_s"] = round(elapsed, 3)
+            log(
+                f"look {len(looks)}/{len(plan.looks)} after {r} rounds ({elapsed:.1f} s): ratio {overall['ratio']:.4f} "
+                f"[{overall['ci_lo']:.4f}, {overall['ci_hi']:.4f}] ({overall['confidence_per_look']:.2%} CI), "
+                f"resolution +-{100 * overall['half_width']:.2f}%: {overall['decision']}"
+                + (f"; stop ({reason})" if reason else "")
+            )
+            if reason:
+                overall.update(stop_reason=reason, elapsed_s=round(elapsed, 3))
+                break
+    fl_by = {
+        B: (
+            k.flops(wl["layout"], B, shape["num_heads"], shape["topk"]),
+            k.bytes_moved(wl["layout"], B, shape["num_heads"], shape["topk"]),
+        )
+        for B in batch_sizes
+    }
+    rows, per_batch = [], {}
+    for B in batch_sizes:
         res: dict[str, Any] = {}
+        fl, by = fl_by[B]
         for name in launchers:
-            lat = [g["latency_us"] for g in got if g["impl"] == name]
-            s = timing.summarize(lat)
+            s = timing.summarize([g["latency_us"] for g in got if g["impl"] == name and g["batch"] == B])
             t = s["latency_us_p50"] * 1e-6
-            fl = k.flops(wl["layout"], B, shape["num_heads"], shape["topk"])
-            by = k.bytes_moved(wl["layout"], B, shape["num_heads"], shape["topk"])
-            gpu = device == "cuda"
+            cfg = configs.get((B, name))
             res[name] = {
                 **s,
                 "tflops": fl / t / 1e12,
@@ -163,34 +259,71 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
                 "roofline_pct": 100 * max(by / (tgt["peak_gbps"] * 1e9), fl / (tgt["peak_bf16_tflops"] * 1e12)) / t
                 if gpu
                 else None,
-                "config_ran": launchers[name].last_config.label() if launchers[name].last_config else None,
+                "config_ran": cfg.label() if cfg else None,
             }
-        base = [g["latency_us"] for g in got if g["impl"] == "baseline"]
-        cand = [g["latency_us"] for g in got if g["impl"] == "candidate"]
-        res["ab"] = paired_ratio_ci(base, cand, params["report"]["confidence"]) if len(base) > 1 else None
+        base = [g["latency_us"] for g in got if g["impl"] == "baseline" and g["batch"] == B]
+        cand = [g["latency_us"] for g in got if g["impl"] == "candidate" and g["batch"] == B]
+        res["ab"] = plan.analyse(base, cand)
         per_batch[str(B)] = res
-        for g in got:
-            rows.append(
-                {
-                    "batch": B,
-                    "round": g["round"],
-                    "impl": g["impl"],
-                    "position": g["position"],
-                    "latency_us": g["latency_us"],
-                    "device": device,
-                    "config": res[g["impl"]]["config_ran"],
-                    "timing": "cuda_graph_l2_flushed" if device == "cuda" else "cpu_interpreter_perf_counter",
-                }
-            )
-    # Overall A/B: every (batch, round) pair pooled (each batch size weighs by its rounds).
-    base = [r["latency_us"] for r in rows if r["impl"] == "baseline"]
-    cand = [r["latency_us"] for r in rows if r["impl"] == "candidate"]
-    overall = paired_ratio_ci(base, cand, params["report"]["confidence"])
+    for g in got:
+        rows.append(
+            {
+                **g,
+                "device": device,
+                "config": per_batch[str(g["batch"])][g["impl"]]["config_ran"],
+                "timing": "cuda_graph_l2_flushed" if gpu else "cpu_interpreter_perf_counter",
+            }
+        )
+    overall |= {
+        "looks": looks,
+        "what": "per round, the geometric mean over batch sizes of each impl's latency; paired candidate/baseline",
+    }
     return rows, {
         "batch": per_batch,
         "overall": overall,
+        "plan": {
+            "min_rounds": plan.min_rounds,
+            "max_rounds": plan.max_rounds,
+            "look_every": plan.look_every,
+            "max_seconds": plan.max_seconds,
+            "looks": plan.looks,
+            "confidence": plan.confidence,
+            "confidence_per_look": plan.confidence_per_look,
+            "threshold": plan.threshold,
+            "method": "Bonferroni over the planned looks (kernelcamp.stats)",
+        },
         "dot_dtype": dot,
         "sm_clock_during_rounds": clocks.summary() if clocks is not None else {},
         "shape": {k_: shape[k_] for k_ in ("num_heads", "topk", "page_size", "num_cache_tokens")}
         | {"layout": wl["layout"]},
     }
+
+
+def _geomeans(got: list[dict], batch_sizes: list[int]) -> tuple[list[float], list[float]]:
+    """Per complete round, the geometric mean over ``batch_sizes`` of each impl's latency:
+    ``(baseline per round, candidate per round)``."""
+    import math
+
+    out = []
+    for impl in ("baseline", "candidate"):
+        by_round: dict[int, list[float]] = {}
+        for g in got:
+            if g["impl"] == impl:
+                by_round.setdefault(g["round"], []).append(math.log(g["latency_us"]))
+        out.append([math.exp(sum(v) / len(v)) for _, v in sorted(by_round.items()) if len(v) == len(batch_sizes)])
+    return out[0], out[1]
+
+
+def decision_metrics(ab: dict) -> dict:
+    """Flat numeric figures of a sequential A/B result for a metrics file: ``decision_code``
+    (kernelcamp.stats.DECISION_CODES), ``half_width`` (ratio units), ``rounds_used``, and
+    ``stopped_early`` (1 when the decision stopped the rounds before their maximum). None left out."""
+    from kernelcamp.stats import DECISION_CODES
+
+    m = {
+        "decision_code": DECISION_CODES.get(ab.get("decision")),
+        "half_width": ab.get("half_width"),
+        "rounds_used": ab.get("n_rounds"),
+        "stopped_early": None if "stop_reason" not in ab else int(ab["stop_reason"] == "decided"),
+    }
+    return {k: v for k, v in m.items() if v is not None}

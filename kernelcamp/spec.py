@@ -143,10 +143,6 @@ class KernelBenchSpec:
     cpu_rounds: int = _f(ge=2)
     cpu_replays_per_round: int = _f(ge=1)
     batch_sizes: list[int] = _f(ge=1, unique=True, nonempty=True)
-    # sequential stopping (kernelcamp.kernel_bench.kernel_plan); rounds is the maximum
-    min_rounds: int = _f(10, ge=2)
-    look_every: int = _f(1, ge=1)
-    max_seconds: float | None = _f(None, gt=0)
 
 
 @dataclass(kw_only=True)
@@ -167,14 +163,6 @@ class ServingBenchSpec:
     cpu_warmup_s: float = _f(0.25, ge=0)
     cpu_window_s: float = _f(1.0, gt=0)
     cpu_repeats: int = _f(2, ge=1)
-    # steady-state windows and sequential repeats (kernelcamp.serving.bench); repeats is the maximum
-    min_repeats: int = _f(2, ge=2)
-    max_seconds: float | None = _f(None, gt=0)
-    warmup_s: float = _f(5.0, ge=0)
-    window_s: float = _f(15.0, gt=0)
-    cpu_warmup_s: float = _f(0.25, ge=0)
-    cpu_window_s: float = _f(1.0, gt=0)
-    cpu_repeats: int = _f(2, ge=2)
 
 
 @dataclass(kw_only=True)

@@ -30,6 +30,11 @@ def params() -> dict:
         ("cuda", ("benchmark", "kernel", "replays_per_round"), 0, "benchmark.kernel.replays_per_round=0"),
         ("cpu", ("workload", "cpu", "batch_sizes"), [], "workload.cpu.batch_sizes=[]: expected a non-empty list"),
         ("cuda", ("benchmark", "kernel", "batch_sizes"), [1, -8], "benchmark.kernel.batch_sizes=[1, -8]"),
+        ("cuda", ("benchmark", "kernel", "min_rounds"), 1, "benchmark.kernel.min_rounds=1"),
+        ("cuda", ("benchmark", "kernel", "min_rounds"), 61, "benchmark.kernel.min_rounds=61"),
+        ("cuda", ("benchmark", "kernel", "look_every"), 0, "benchmark.kernel.look_every=0"),
+        ("cuda", ("benchmark", "kernel", "max_seconds"), 0, "benchmark.kernel.max_seconds=0"),
+        ("cuda", ("benchmark", "kernel", "batch_sizes"), [8, 1, 8], "batch size 8 appears more than once"),
     ],
 )
 def test_unusable_round_counts_and_batch_sizes_are_refused(params, device, path, value, needle):
@@ -62,3 +67,20 @@ def test_busy_baseline_port_is_found_before_the_rounds(params, tmp_path):
             check_baseline_port(p, record, tmp_path)
     check_baseline_port(p, record, tmp_path)  # free again: passes
     check_baseline_port(p, {"kind": "command", "url": record["url"]}, tmp_path)  # no baseline server there
+
+
+def test_kernel_plan_gpu_sequential_cpu_fixed(params):
+    from kernelcamp.kernel_bench import decision_metrics, kernel_plan
+
+    bk = params["benchmark"]["kernel"]
+    g = kernel_plan(params, "cuda")
+    assert (g.min_rounds, g.max_rounds, g.look_every, g.max_seconds) == (
+        bk["min_rounds"],
+        bk["rounds"],
+        bk["look_every"],
+        bk["max_seconds"],
+    )
+    assert g.threshold == params["report"]["threshold"] and g.confidence == params["report"]["confidence"]
+    assert kernel_plan(params, "cpu").looks == [bk["cpu_rounds"]]
+    m = decision_metrics({"decision": "equivalent", "half_width": 0.004, "n_rounds": 15, "stop_reason": "decided"})
+    assert m == {"decision_code": 0, "half_width": 0.004, "rounds_used": 15, "stopped_early": 1}
