@@ -20,6 +20,7 @@ from kernelcamp.serving.bench import baseline_params, serving_benchmark
 from kernelcamp.serving.deploy import _alive
 from kernelcamp.serving.server import FakeSpec, build_state, make_app, make_fake_app
 from kernelcamp.serving.testing import ServerThread, free_port_block, port_is_free
+from kernelcamp.stats import DECISIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +35,9 @@ def params():
     p = load_params(ROOT / "params.yaml")
     p["server"] = {**p["server"], "max_running_requests": 8}
     p["benchmark"] = copy.deepcopy(p["benchmark"])
-    p["benchmark"]["serving"].update(cpu_concurrency=[4, 1], cpu_max_tokens=6, num_prompts_per_level=8, repeats=2)
+    p["benchmark"]["serving"].update(
+        cpu_concurrency=[4, 1], cpu_max_tokens=6, cpu_warmup_s=0.2, cpu_window_s=0.8, cpu_repeats=2
+    )
     p["deploy"] = {"kind": "embedded", "health_timeout_s": 90, "poll_interval_s": 0.2, "port_free_timeout_s": 2}
     assert params_variant_hash(baseline_params(p)) != params_variant_hash(p)
     return p
@@ -93,21 +96,28 @@ def test_ab_interleaved_both_impls_ratios_step_models(params, candidate_app, env
             mine = [r for r in rows if r["concurrency"] == c and r["impl"] == impl]
             assert [r["repeat"] for r in mine] == [0, 1]
             assert all(r["valid"] and r["output_tok_s"] > 0 and r["variant_hash"] for r in mine)
+            # a steady-state window: warm-up excluded, the window measured, load kept at the level
+            assert all(r["steady_output_tok_s"] > 0 and r["window_s"] == 0.8 and r["warmup_s"] == 0.2 for r in mine)
+            assert all(0.5 * c <= r["window_mean_in_flight"] <= c + 1e-6 for r in mine), mine
     assert {r["variant"] for r in rows if r["impl"] == "baseline"} == {params["baseline"]["name"]}
     bhash = params_variant_hash(baseline_params(params))
     assert {r["variant_hash"] for r in rows if r["impl"] == "baseline"} == {bhash}
-    # interleaved: the first impl alternates round by round; levels in the configured order
+    # interleaved: the first impl alternates round by round
     firsts = [r["impl"] for r in rows if r["position"] == 0]
     assert firsts == ["baseline", "candidate", "baseline", "candidate"]
-    assert [r["concurrency"] for r in rows if r["position"] == 0] == [4, 4, 1, 1]
+    # a repeat runs every level in the configured order, then the next repeat (pairs: (level, repeat))
+    assert [(r["concurrency"], r["repeat"]) for r in rows if r["position"] == 0] == [(4, 0), (1, 0), (4, 1), (1, 1)]
     ab = res["ab"]
     assert [e["concurrency"] for e in ab["per_level"]] == [4, 1]
     for e in ab["per_level"]:
         assert e["valid"] and e["n_pairs"] == 2 and e["ci_lo"] <= e["ratio"] <= e["ci_hi"]
-        assert e["baseline"]["output_tok_s"] > 0 and e["candidate"]["requests_ok"] == 16
+        assert e["baseline"]["steady_output_tok_s"] > 0 and e["candidate"]["requests_ok"] > 0
+        assert e["decision"] in DECISIONS and e["half_width"] == pytest.approx((e["ci_hi"] - e["ci_lo"]) / 2)
     o = ab["overall"]
     assert o["n_pairs"] == 4 and o["ci_lo"] <= o["ratio"] <= o["ci_hi"]
-    assert o["decision"] in ("faster", "slower", "inconclusive")
+    assert o["decision"] in DECISIONS and o["half_width"] > 0
+    # CPU: a fixed number of repeats (one look), stated with the reason the repeats stopped
+    assert o["n_repeats"] == 2 and o["stop_reason"] in ("decided", "max_rounds") and len(o["looks"]) == 1
     for impl in ("baseline", "candidate"):
         sm = res["step_models"][impl]
         assert set(sm) >= {"a_ms", "b_ms_per_req", "r2", "n_points"}, (impl, sm)
@@ -125,9 +135,12 @@ def _check_report(serving, tmp_path):
     data = kr.load_inputs({n: fix / f"{n}.json" for n in ("build", "deploy", "benchmark", "verify")})
     data["benchmark"]["serving"] = json.loads(json.dumps(serving))
     plots = kr.make_plots(data, tmp_path / "plots")
-    assert {"serving_throughput", "step_model"} <= set(plots)
+    assert {"serving_throughput", "serving_ratio", "step_model"} <= set(plots)
     md = kr.render_markdown(data, plots, 0.02)
-    assert "**Serving A/B: " in md and "| 4 | baseline | yes |" in md and "| 4 | candidate | yes |" in md
+    assert "**Serving A/B:** **" in md and "| 4 | baseline | yes |" in md and "| 4 | candidate | yes |" in md
+    assert "resolution: could detect \u00b1" in md and "2 repeats used of at most 2, stopped: " in md
+    lv = serving["ab"]["per_level"][0]
+    assert f"| 4 | {lv['ratio']:.4f} | [{lv['ci_lo']:.4f}, {lv['ci_hi']:.4f}]" in md  # per-level decision row
     assert "- baseline: `step_ms = " in md and "- candidate: `step_ms = " in md
     keys = {k for k, _, _ in kr.mlflow_points(data, 0.02)}
     assert {
@@ -142,7 +155,7 @@ def test_candidate_dies_mid_run_baseline_still_stopped(params, candidate_app, en
     seen = _spy_baseline(monkeypatch)
     port = _port_pair()
     server = ServerThread(candidate_app, port=port)
-    real_load = bench.run_load
+    real_load = bench.run_window_sync
     calls = {"n": 0}
 
     def dying_load(url, *a, **kw):
@@ -151,9 +164,9 @@ def test_candidate_dies_mid_run_baseline_still_stopped(params, candidate_app, en
             server.stop()
         return real_load(url, *a, **kw)
 
-    monkeypatch.setattr(bench, "run_load", dying_load)
+    monkeypatch.setattr(bench, "run_window_sync", dying_load)
     p = copy.deepcopy(params)
-    p["benchmark"]["serving"].update(cpu_concurrency=[1], repeats=1)
+    p["benchmark"]["serving"].update(cpu_concurrency=[1])
     url = server.__enter__()
     try:
         with pytest.raises(KernelcampError, match="does not answer"):
@@ -174,7 +187,7 @@ def test_interrupt_stops_baseline(params, env, monkeypatch, how):
             time.sleep(5)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bench, "run_load", interrupted)
+    monkeypatch.setattr(bench, "run_window_sync", interrupted)
     fake = make_fake_app(FakeSpec(variant_hash=params_variant_hash(params)))
     with ServerThread(fake, port=port) as url, pytest.raises(KeyboardInterrupt):
         serving_benchmark(params, _record(params, url), progress=False, root=env)
@@ -190,3 +203,39 @@ def test_command_deploy_measures_candidate_only(params, env):
     assert {r["impl"] for r in res["levels"]} == {"candidate"} and len(res["levels"]) == 4
     assert all(e["ratio"] is None and "baseline not measured" in e["note"] for e in res["ab"]["per_level"])
     assert not (env / ".kernelcamp" / "baseline-server.json").exists()
+
+
+@pytest.mark.parametrize("key", ["concurrency", "cpu_concurrency"])
+def test_duplicate_levels_are_refused_naming_the_key(params, key):
+    p = copy.deepcopy(params)
+    p["benchmark"]["serving"][key] = [1, 4, 1]
+    with pytest.raises(KernelcampError, match=rf"^benchmark\.serving\.{key}=\[1, 4, 1\]: level 1 is listed twice"):
+        bench.check_serving_params(p)
+    with pytest.raises(KernelcampError, match=key):
+        bench.serving_plan(p, on_cpu=key.startswith("cpu"))
+
+
+@pytest.mark.parametrize(
+    "upd,needle",
+    [
+        ({"min_repeats": 1}, "benchmark.serving.min_repeats=1"),
+        ({"repeats": 3, "min_repeats": 4}, "benchmark.serving.min_repeats=4"),
+        ({"window_s": 0}, "benchmark.serving.window_s=0"),
+        ({"max_seconds": -1}, "benchmark.serving.max_seconds=-1"),
+    ],
+)
+def test_unusable_repeat_plans_are_refused(params, upd, needle):
+    p = copy.deepcopy(params)
+    p["benchmark"]["serving"].update(upd)
+    with pytest.raises(KernelcampError, match=needle):
+        bench.check_serving_params(p)
+
+
+def test_gpu_plan_is_sequential_and_cpu_plan_fixed(params):
+    gpu = bench.serving_plan(params, on_cpu=False)
+    seq = bench.repeat_plan(gpu, params)
+    sv = params["benchmark"]["serving"]
+    assert (seq.min_rounds, seq.max_rounds, seq.higher_is_better) == (sv["min_repeats"], sv["repeats"], True)
+    assert gpu["window_s"] == sv["window_s"] and gpu["warmup_s"] == sv["warmup_s"]
+    cpu = bench.repeat_plan(bench.serving_plan(params, on_cpu=True), params)
+    assert cpu.looks == [2]

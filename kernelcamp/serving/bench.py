@@ -15,22 +15,33 @@ pid we started) and is always stopped at the end (process group, port freed), al
 KeyboardInterrupt or SIGTERM. ``command``/``ssh`` deploys serve a foreign server: the candidate alone
 is measured, with ``baseline_measured: false`` and the reason.
 
-Order: for each level (configured order) and each of ``benchmark.serving.repeats`` repeats (default
-2) one round runs the level against both servers, the first alternating round by round (baseline
-first in even rounds). One row per (impl, level, repeat): ``impl``, ``variant``, ``variant_hash``,
-``repeat``, ``round``, ``position`` and every loadgen metric with ``valid``. A/B (``ab``): per level,
-ratio candidate/baseline of ``output_tok_s`` with a paired 95% CI over the repeats
-(:func:`kernelcamp.stats.paired_ratio_ci`; one repeat: the ratio, CI null, and why); overall, the
-same over all (level, repeat) pairs of the valid levels, with the decision (throughput: higher is
-faster). A level with any failed or incomplete run of either impl is excluded and marked.
+Order and windows: a repeat runs every level (configured order; a level listed twice is refused,
+:func:`check_serving_params`); at each level one round runs a short steady-state window against each
+server, the first alternating round by round (baseline first in even rounds). A window
+(:func:`kernelcamp.serving.loadgen.run_window`) is closed-loop load at the level for ``warmup_s``
+(not measured) + ``window_s`` (measured) seconds, then a drain, so neither server runs while the
+other is measured (they share the GPU). One row per (impl, level, repeat): ``impl``, ``variant``,
+``variant_hash``, ``repeat``, ``round``, ``position`` and every loadgen metric with ``valid``. A/B
+(``ab``, :func:`ab_summary`): pairs are (level, repeat); per level, the ratio candidate/baseline of
+``steady_output_tok_s`` over its repeats; overall, over every (level, repeat) pair of the valid
+levels; each with its interval, decision (faster / slower / equivalent / inconclusive; throughput:
+higher is faster) and ``half_width``. A level with any failed or incomplete window of either impl
+is excluded and marked.
+
+Stopping (:class:`kernelcamp.stats.SequentialPlan`, Bonferroni over the planned looks): after every
+repeat from ``min_repeats`` on, the overall interval is analysed at the per-look confidence; the
+repeats stop when it decides, at ``repeats`` (the maximum), or at the first look after
+``benchmark.serving.max_seconds`` seconds. ``ab.overall`` records ``n_repeats`` and ``stop_reason``.
 
 Step model ``step_ms = a_ms + b_ms_per_req * batch`` per impl, fitted from that server's decode
 steps during its own runs only (the info endpoint's ``since=<step index before the run>`` window).
 
 CPU scaling: when the server runs on a CPU (its info says ``device: cpu``; or, for a server without
 the info endpoint, when this machine has no GPU) the levels come from ``benchmark.serving.cpu``
-(``{concurrency, max_tokens, num_prompts_per_level}``) or the flat keys ``cpu_concurrency`` /
-``cpu_max_tokens``, else concurrency [4, 1] and max_tokens 16; the result says ``scaled_for_cpu``.
+(``{concurrency, max_tokens, warmup_s, window_s, repeats}``) or the flat keys ``cpu_concurrency`` /
+``cpu_max_tokens`` / ``cpu_warmup_s`` / ``cpu_window_s`` / ``cpu_repeats``, else concurrency [4, 1],
+max_tokens 16, a 0.25 + 1 s window and 2 repeats; on a CPU the repeats are fixed (min = max); the
+result says ``scaled_for_cpu``.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,15 +62,21 @@ import httpx
 from kernelcamp.errors import KernelcampError
 from kernelcamp.provenance import device_info, git_info, now_utc
 from kernelcamp.serving import INFO_PATH, params_variant_hash
-from kernelcamp.serving.loadgen import default_prompts, progress_line, run_load
-from kernelcamp.stats import decision, fit_step_model, paired_ratio_ci
+from kernelcamp.serving.loadgen import default_prompts, progress_line, run_load, run_window_sync
+from kernelcamp.stats import SequentialPlan, decision, fit_step_model
 
-CPU_DEFAULT = {"concurrency": [4, 1], "max_tokens": 16}
+CPU_DEFAULT = {"concurrency": [4, 1], "max_tokens": 16, "warmup_s": 0.25, "window_s": 1.0, "repeats": 2}
 
 
 #: How to recover when the deployed server is gone or replaced: DVC cannot see a server that stopped,
 #: so it considers the deploy stage up to date; force it.
 REDEPLOY = "redeploy with `dvc repro -f -s deploy` (DVC cannot see that a server stopped), then run again"
+
+
+def _fmt_ci(o: dict[str, Any]) -> str:
+    if o.get("ratio") is None or o.get("ci_lo") is None:
+        return "(no interval)"
+    return f"{o['ratio']:.4f} [{o['ci_lo']:.4f}, {o['ci_hi']:.4f}], resolution +-{100 * o['half_width']:.1f}%"
 
 
 def fetch_info(url: str, **query: Any) -> dict[str, Any] | None:
@@ -106,27 +124,116 @@ def require_deployed_server(deploy_record: dict[str, Any]) -> None:
     check_server(deploy_record, fetch_info(url))
 
 
-def serving_plan(params: dict[str, Any], on_cpu: bool) -> dict[str, Any]:
-    """Levels, max_tokens, prompts per level and timeout from ``benchmark.serving`` (CPU-scaled)."""
+def check_serving_params(params: dict[str, Any]) -> None:
+    """Refuse, before any measurement, serving levels and a repeat plan the A/B cannot use.
+
+    ``benchmark.serving.concurrency`` and ``cpu_concurrency`` (when set): positive integers, none listed
+    twice (pairs are matched by (level, repeat)); ``repeats`` (the maximum) >= 2, ``min_repeats`` in
+    2..repeats, ``cpu_repeats`` >= 2, ``max_seconds`` > 0 or null, ``warmup_s`` >= 0, ``window_s`` > 0
+    (and their ``cpu_`` forms). Raises ``KernelcampError`` with one line naming the key.
+    """
     sv = (params.get("benchmark") or {}).get("serving") or {}
+    for key in ("concurrency", "cpu_concurrency"):
+        lv = sv.get(key)
+        if lv is None and key == "cpu_concurrency":
+            continue
+        if (
+            not isinstance(lv, list)
+            or not lv
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in lv)
+        ):
+            raise KernelcampError(f"benchmark.serving.{key}={lv!r}: expected a non-empty list of positive integers")
+        dup = [c for i, c in enumerate(lv) if c in lv[:i]]
+        if dup:
+            raise KernelcampError(
+                f"benchmark.serving.{key}={lv!r}: level {dup[0]} is listed twice (pairs are matched by level and "
+                "repeat; repeating a level is what benchmark.serving.repeats does)"
+            )
+    for key in ("repeats", "cpu_repeats"):
+        v = sv.get(key, 2)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 2:
+            raise KernelcampError(
+                f"benchmark.serving.{key}={v!r}: expected an integer >= 2 (an interval needs 2 pairs)"
+            )
+    mx = sv.get("repeats", 2)
+    mn = sv.get("min_repeats", mx)
+    if not isinstance(mn, int) or isinstance(mn, bool) or not 2 <= mn <= mx:
+        raise KernelcampError(
+            f"benchmark.serving.min_repeats={mn!r}: expected an integer in 2..{mx} (benchmark.serving.repeats is "
+            "the maximum)"
+        )
+    for key, gt0 in (
+        ("max_seconds", True),
+        ("warmup_s", False),
+        ("window_s", True),
+        ("cpu_warmup_s", False),
+        ("cpu_window_s", True),
+    ):
+        v = sv.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (gt0 and v == 0):
+            raise KernelcampError(f"benchmark.serving.{key}={v!r}: expected seconds {'>' if gt0 else '>='} 0")
+
+
+def serving_plan(params: dict[str, Any], on_cpu: bool) -> dict[str, Any]:
+    """Levels, max_tokens, window (seconds), repeat plan and timeout from ``benchmark.serving`` (CPU-scaled).
+
+    Raises ``KernelcampError`` as :func:`check_serving_params` does.
+    """
+    check_serving_params(params)
+    sv = (params.get("benchmark") or {}).get("serving") or {}
+    n_max = int(sv.get("repeats", 2))
+    ms = sv.get("max_seconds")
     plan = {
         "concurrency": list(sv.get("concurrency") or [48, 64, 80, 96, 8, 1]),
         "max_tokens": int(sv.get("max_tokens") or 256),
-        "num_prompts_per_level": sv.get("num_prompts_per_level"),
+        "warmup_s": float(sv.get("warmup_s", 5.0)),
+        "window_s": float(sv.get("window_s", 15.0)),
+        "repeats": n_max,
+        "min_repeats": int(sv.get("min_repeats", n_max)),
+        "max_seconds": None if ms is None else float(ms),
         "timeout_s": float(sv.get("timeout_s") or 300),
         "scaled_for_cpu": False,
     }
     if on_cpu:
         cpu = dict(CPU_DEFAULT)
-        if sv.get("cpu_concurrency"):
-            cpu["concurrency"] = list(sv["cpu_concurrency"])
-        if sv.get("cpu_max_tokens"):
-            cpu["max_tokens"] = int(sv["cpu_max_tokens"])
+        for flat, key in (
+            ("cpu_concurrency", "concurrency"),
+            ("cpu_max_tokens", "max_tokens"),
+            ("cpu_warmup_s", "warmup_s"),
+            ("cpu_window_s", "window_s"),
+            ("cpu_repeats", "repeats"),
+        ):
+            if sv.get(flat) is not None:
+                cpu[key] = sv[flat]
         cpu.update({k: v for k, v in (sv.get("cpu") or {}).items() if v is not None})
-        plan.update(concurrency=list(cpu["concurrency"]), max_tokens=int(cpu["max_tokens"]), scaled_for_cpu=True)
-        if "num_prompts_per_level" in cpu:
-            plan["num_prompts_per_level"] = cpu["num_prompts_per_level"]
+        plan.update(
+            concurrency=list(cpu["concurrency"]),
+            max_tokens=int(cpu["max_tokens"]),
+            warmup_s=float(cpu["warmup_s"]),
+            window_s=float(cpu["window_s"]),
+            repeats=int(cpu["repeats"]),
+            min_repeats=int(cpu["repeats"]),
+            scaled_for_cpu=True,
+        )
     return plan
+
+
+def repeat_plan(plan: dict[str, Any], params: dict[str, Any]) -> SequentialPlan:
+    """The sequential plan of the repeats: a look after every repeat from ``min_repeats`` to ``repeats``,
+    confidence and threshold from ``report``, higher throughput is faster."""
+    rep = params.get("report") or {}
+    return SequentialPlan(
+        min_rounds=plan["min_repeats"],
+        max_rounds=plan["repeats"],
+        look_every=1,
+        max_seconds=plan["max_seconds"],
+        confidence=float(rep.get("confidence", 0.95)),
+        threshold=float(rep.get("threshold", 0.02)),
+        higher_is_better=True,
+        what="benchmark.serving (repeats)",
+    )
 
 
 def server_on_cpu(info: dict[str, Any] | None) -> bool:
@@ -192,7 +299,7 @@ def attention_share(info: dict[str, Any] | None) -> dict[str, Any] | None:
 
 # ---- baseline beside the candidate ---------------------------------------------------------------------
 IMPLS = ("baseline", "candidate")
-AB_METRIC = "output_tok_s"
+AB_METRIC = "steady_output_tok_s"
 BASELINE_STEM = "baseline-server"
 _SUM_KEYS = ("num_requests", "requests_ok", "requests_failed", "incomplete", "output_tokens")
 
@@ -375,9 +482,8 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def throughput_decision(ratio: float, lo: float, hi: float, threshold: float) -> str:
-    """:func:`kernelcamp.stats.decision` for a throughput ratio (higher is better): the words swapped."""
-    d = decision(ratio, lo, hi, threshold)
-    return {"faster": "slower", "slower": "faster"}.get(d, d)
+    """:func:`kernelcamp.stats.decision` for a throughput ratio (higher is better): faster/slower swapped."""
+    return decision(ratio, lo, hi, threshold, higher_is_better=True)
 
 
 def ab_summary(
@@ -387,12 +493,20 @@ def ab_summary(
     confidence: float = 0.95,
     threshold: float = 0.02,
     why_not: str | None = None,
+    plan: SequentialPlan | None = None,
 ) -> dict[str, Any]:
-    """Per level and overall ratio candidate/baseline of ``output_tok_s`` with a paired CI.
+    """Per level and overall ratio candidate/baseline of ``steady_output_tok_s`` with its interval and decision.
 
-    Pairs are (level, repeat): the baseline and candidate runs of one repeat of one level. A level
-    with any invalid run (either impl, any repeat) is excluded from every ratio and marked.
+    Pairs are (level, repeat): the baseline and candidate windows of one repeat of one level. A level
+    with any invalid window (either impl, any repeat) is excluded from every ratio and marked. The
+    intervals are at ``plan.confidence_per_look`` (the sequential plan's Bonferroni level; without a
+    plan, a single look at ``confidence``). Per level and overall: ``ratio``, ``ci_lo``, ``ci_hi``,
+    ``half_width`` (ratio units), ``decision`` (faster / slower / equivalent / inconclusive, higher is
+    faster; None without an interval), ``n_pairs`` and ``note``.
     """
+    if plan is None:
+        n = max([int(r.get("repeat", 0)) + 1 for r in rows] + [2])
+        plan = SequentialPlan(n, n, 1, None, confidence, threshold, higher_is_better=True)
     per_level, pooled_b, pooled_c = [], [], []
     for c in levels:
         lr = [r for r in rows if r["concurrency"] == c]
@@ -405,6 +519,8 @@ def ab_summary(
             "ratio": None,
             "ci_lo": None,
             "ci_hi": None,
+            "half_width": None,
+            "decision": None,
             "n_pairs": 0,
             "note": None,
         }
@@ -418,36 +534,42 @@ def ab_summary(
         elif not valid:
             e["note"] = "excluded from ratios: invalid level (failed or incomplete requests)"
         elif len(pairs) >= 2:
-            e.update(paired_ratio_ci([p[0] for p in pairs], [p[1] for p in pairs], confidence), n_pairs=len(pairs))
-            e.pop("n_rounds", None)
+            a = plan.analyse([p[0] for p in pairs], [p[1] for p in pairs])
+            e.update({k: a[k] for k in ("ratio", "ci_lo", "ci_hi", "half_width", "decision", "confidence_per_look")})
+            e["n_pairs"] = len(pairs)
         elif pairs:
             e.update(ratio=pairs[0][1] / pairs[0][0], n_pairs=1)
-            e["note"] = "1 paired repeat: no confidence interval (set benchmark.serving.repeats >= 2)"
+            e["note"] = "1 paired repeat: no confidence interval"
         else:
-            e["note"] = "no paired runs with throughput"
+            e["note"] = "no paired windows with throughput"
         if baseline_measured and valid:
             pooled_b += [p[0] for p in pairs]
             pooled_c += [p[1] for p in pairs]
         per_level.append(e)
-    overall: dict[str, Any] = {"ratio": None, "ci_lo": None, "ci_hi": None, "n_pairs": len(pooled_b)}
+    overall: dict[str, Any] = {
+        "ratio": None,
+        "ci_lo": None,
+        "ci_hi": None,
+        "half_width": None,
+        "decision": None,
+        "n_pairs": len(pooled_b),
+        "threshold": threshold,
+        "confidence": confidence,
+    }
     if not baseline_measured:
-        overall.update(decision=None, note=f"baseline not measured: {why_not}")
+        overall.update(note=f"baseline not measured: {why_not}")
     elif len(pooled_b) >= 2:
-        ci = paired_ratio_ci(pooled_b, pooled_c, confidence)
+        a = plan.analyse(pooled_b, pooled_c)
         overall.update(
-            ratio=ci["ratio"],
-            ci_lo=ci["ci_lo"],
-            ci_hi=ci["ci_hi"],
-            confidence=confidence,
-            decision=throughput_decision(ci["ratio"], ci["ci_lo"], ci["ci_hi"], threshold),
-            threshold=threshold,
+            {k: a[k] for k in ("ratio", "ci_lo", "ci_hi", "half_width", "decision", "confidence_per_look")},
+            looks_planned=a["looks_planned"],
             note="pooled over (level, repeat) pairs of the valid levels",
         )
     else:
-        overall.update(decision=None, note=f"{len(pooled_b)} valid paired runs: a confidence interval needs 2")
+        overall.update(note=f"{len(pooled_b)} valid paired windows: an interval needs 2")
     return {
         "metric": AB_METRIC,
-        "ratio_is": "candidate / baseline output_tok_s (higher is faster)",
+        "ratio_is": f"candidate / baseline {AB_METRIC} (steady-state window; higher is faster)",
         "baseline_measured": baseline_measured,
         "per_level": per_level,
         "overall": overall,
@@ -472,10 +594,7 @@ def serving_benchmark(
     hash_checked = check_server(deploy_record, info)
     plan = serving_plan(params, server_on_cpu(info))
     sv = (params.get("benchmark") or {}).get("serving") or {}
-    repeats = int(sv.get("repeats", 2))
-    if repeats < 1:
-        raise KernelcampError(f"benchmark.serving.repeats={repeats}: expected >= 1")
-    plan["repeats"] = repeats
+    seq = repeat_plan(plan, params)
     rep = params.get("report") or {}
     why_not = None
     if deploy_record.get("kind") != "embedded":
@@ -488,6 +607,9 @@ def serving_benchmark(
     elif not params.get("baseline"):
         why_not = "params.yaml has no baseline section"
     measured_at = now_utc()
+    levels = [int(c) for c in plan["concurrency"]]
+    stop: dict[str, Any] = {}
+    looks: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         base = None if why_not else stack.enter_context(baseline_server(params, url, root))
         targets: dict[str, dict[str, Any]] = {
@@ -510,22 +632,23 @@ def serving_benchmark(
         steps: dict[str, list[dict[str, Any]]] = {i: [] for i in impls}
         last_info: dict[str, Any] | None = None
         rnd = 0
-        for li, c in enumerate(plan["concurrency"]):
-            for r in range(repeats):
+        t0 = time.monotonic()
+        for r in range(seq.max_rounds):
+            for li, c in enumerate(levels):
                 order = impls if rnd % 2 == 0 else impls[::-1]
                 for pos, impl in enumerate(order):
                     t = targets[impl]
                     before = fetch_info(t["url"])
                     t["check"](before)
                     start = ((before or {}).get("counts") or {}).get("step_index", 0)
-                    (row,) = run_load(
+                    row = run_window_sync(
                         t["url"],
-                        [c],
+                        c,
                         prompts=default_prompts(),
+                        warmup_s=plan["warmup_s"],
+                        window_s=plan["window_s"],
                         max_tokens=plan["max_tokens"],
-                        num_prompts_per_level=plan["num_prompts_per_level"],
                         timeout_s=plan["timeout_s"],
-                        progress=False,
                     )
                     after = fetch_info(t["url"], since=start)
                     t["check"](after)
@@ -546,8 +669,38 @@ def serving_benchmark(
                     }
                     rows.append(row)
                     if progress:
-                        print(f"[{impl} {t['variant']} r{r}] {progress_line(row)}", file=sys.stderr, flush=True)
+                        print(
+                            f"[{impl} {t['variant']} r{r}] {progress_line(row)}; steady "
+                            f"{row['steady_output_tok_s'] or 0:.1f} tok/s in {plan['window_s']:g} s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 rnd += 1
+            n = r + 1
+            if base is None:  # candidate only: nothing to decide; the minimum number of repeats
+                if n >= seq.min_rounds:
+                    stop = {"stop_reason": "no_baseline", "n_repeats": n}
+                    break
+                continue
+            if n not in seq.looks:
+                continue
+            elapsed = time.monotonic() - t0
+            o = ab_summary(rows, levels, True, seq.confidence, seq.threshold, None, seq)["overall"]
+            reason = seq.stop_reason(n, o.get("decision"), elapsed)
+            looks.append(
+                {"n_repeats": n, "elapsed_s": round(elapsed, 3)}
+                | {k: o.get(k) for k in ("ratio", "ci_lo", "ci_hi", "half_width", "decision")}
+            )
+            if progress:
+                print(
+                    f"[serving A/B] look {len(looks)}/{len(seq.looks)} after {n} repeats ({elapsed:.0f} s): "
+                    f"{o.get('decision')} {_fmt_ci(o)}" + (f"; stop ({reason})" if reason else ""),
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if reason:
+                stop = {"stop_reason": reason, "n_repeats": n, "elapsed_s": round(elapsed, 3)}
+                break
         step_models = {
             i: (step_model_from_steps(steps[i]) if steps[i] or i == "baseline" else {"skipped": "no info endpoint"})
             for i in impls
@@ -559,12 +712,14 @@ def serving_benchmark(
         baseline_rec["stopped"] = True
     ab = ab_summary(
         rows,
-        [int(c) for c in plan["concurrency"]],
+        levels,
         base is not None,
         float(rep.get("confidence", 0.95)),
         float(rep.get("threshold", 0.02)),
         why_not,
+        seq,
     )
+    ab["overall"].update(stop, looks=looks, max_repeats=seq.max_rounds, min_repeats=seq.min_rounds)
     return {
         "levels": rows,
         "all_levels_valid": all(r["valid"] for r in rows),

@@ -323,6 +323,81 @@ async def run_level(
     return row, results
 
 
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+async def run_window(
+    base_url: str,
+    prompts: Sequence[str],
+    concurrency: int,
+    warmup_s: float,
+    window_s: float,
+    max_tokens: int = 256,
+    timeout_s: float = 300.0,
+    chat: bool = False,
+    model: str | None = None,
+    extra_body: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[RequestResult]]:
+    """One steady-state window at ``concurrency``: closed-loop load, warm-up excluded.
+
+    ``concurrency`` workers each send one streamed request after another (prompts cycled from
+    ``prompts``) from t0 until ``t0 + warmup_s + window_s``; then no new request starts and the ones in
+    flight run to their end (the drain, each bounded by ``timeout_s``), so the next window (of the
+    other server, on the same GPU) starts from an idle server. Only ``[t0 + warmup_s, t0 + warmup_s +
+    window_s]`` is measured: ``steady_output_tok_s`` = tokens (of requests that did not fail) whose
+    chunk arrived inside it, over ``window_s``; ``window_mean_in_flight`` = time-averaged requests in
+    flight in it (should be close to ``concurrency``). Latency percentiles (ttft/tpot/itl/e2e) are
+    over the ok requests that started inside the window (all ok requests when none did: stated in
+    ``latency_from``). Counts, ``valid`` and the DESIGN.md ``output_tok_s`` (ok tokens / wall, ramp and
+    drain included) cover every request of the window, warm-up and drain included: any failed or
+    incomplete request makes the window invalid. Seconds throughout. Returns (row, records).
+    """
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    results: list[RequestResult] = []
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        mid = model or await _model_id(session, base_url)
+        t0 = time.perf_counter()
+        ws, we = t0 + warmup_s, t0 + warmup_s + window_s
+        counter = iter(range(1 << 30))
+
+        async def worker() -> None:
+            while time.perf_counter() < we:
+                i = next(counter)
+                payload = make_payload(prompts[i % len(prompts)], max_tokens, chat, mid, extra_body)
+                results.append(await run_request(session, base_url + path, payload, i, timeout_s))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    results.sort(key=lambda r: r.index)
+    row = level_metrics(results, concurrency, max_tokens)
+    counted = [r for r in results if not r.failed]
+    steady_tokens = sum(k for r in counted for t, k in r.chunks if ws <= t <= we)
+    in_window = [r for r in results if r.ok and ws <= r.start < we]
+    if in_window:
+        lat = level_metrics(in_window, concurrency, max_tokens)
+        row.update({k: v for k, v in lat.items() if k.split("_")[0] in ("ttft", "tpot", "itl", "e2e")})
+        row["per_request_tok_s"] = lat["per_request_tok_s"]
+    row.update(
+        num_prompts=len(results),
+        warmup_s=warmup_s,
+        window_s=window_s,
+        steady_output_tokens=steady_tokens,
+        steady_output_tok_s=steady_tokens / window_s if window_s > 0 else None,
+        window_mean_in_flight=sum(_overlap(r.start, r.end, ws, we) for r in results) / window_s if window_s else None,
+        latency_from="requests started in the window" if in_window else "all ok requests (none started in the window)",
+    )
+    return row, results
+
+
+def run_window_sync(base_url: str, concurrency: int, **kw: Any) -> dict[str, Any]:
+    """Synchronous :func:`run_window` (its own event loop) with :func:`default_prompts`; the row only."""
+    prompts = list(kw.pop("prompts", None) or default_prompts())
+    row, _ = asyncio.run(run_window(base_url.rstrip("/"), prompts, int(concurrency), **kw))
+    return row
+
+
 def progress_line(row: dict[str, Any]) -> str:
     """One line per level: counts, throughput, p50 latencies, validity."""
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelcamp.stats import DECISION_CODES
+
 
 def serving_metrics(serving: dict) -> dict:
     """Flat, numeric serving figures for benchmark_metrics.json (units in the names); None left out."""
@@ -21,12 +23,15 @@ def serving_metrics(serving: dict) -> dict:
         m[f"serving_c{c}_ratio_output_tok_s"] = e.get("ratio")
         m[f"serving_c{c}_ratio_output_tok_s_ci_lo"] = e.get("ci_lo")
         m[f"serving_c{c}_ratio_output_tok_s_ci_hi"] = e.get("ci_hi")
+        m[f"serving_c{c}_ratio_half_width"] = e.get("half_width")
+        m[f"serving_c{c}_decision_code"] = DECISION_CODES.get(e.get("decision"))
     o = ab.get("overall") or {}
     m["serving_ratio_output_tok_s"] = o.get("ratio")
     m["serving_ratio_output_tok_s_ci_lo"] = o.get("ci_lo")
     m["serving_ratio_output_tok_s_ci_hi"] = o.get("ci_hi")
-    if o.get("decision"):
-        m["serving_decision_code"] = {"faster": -1, "inconclusive": 0, "slower": 1}[o["decision"]]  # as kernel_*
+    m["serving_ratio_half_width"] = o.get("half_width")
+    m["serving_repeats_used"] = o.get("n_repeats")
+    m["serving_decision_code"] = DECISION_CODES.get(o.get("decision"))  # kernelcamp.stats.DECISION_CODES
     for impl, sm in (serving.get("step_models") or {}).items():
         for f in ("a_ms", "b_ms_per_req", "r2"):
             m[f"serving_step_{f}_{impl}"] = (sm or {}).get(f)
@@ -45,6 +50,8 @@ def serving_summary(serving: dict, device: str) -> list[dict]:
                 "ratio": e.get("ratio"),
                 "ci_lo": e.get("ci_lo"),
                 "ci_hi": e.get("ci_hi"),
+                "half_width": e.get("half_width"),
+                "decision": e.get("decision"),
                 "valid": e.get("valid"),
                 "device": device,
             }
