@@ -378,7 +378,14 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
 
 
 def start_embedded(
-    params: dict[str, Any], host: str, port: int, vhash: str, sdir: Path, stem: str, cfg: dict[str, Any] | None = None
+    params: dict[str, Any],
+    host: str,
+    port: int,
+    vhash: str,
+    sdir: Path,
+    stem: str,
+    cfg: dict[str, Any] | None = None,
+    die_with_caller: bool = False,
 ) -> tuple[subprocess.Popen, float, dict[str, Any]]:
     """Start ``kernelcamp serve`` detached (own session) with ``params`` on host:port and wait until it
     is ready for ``vhash`` (:func:`wait_ready`, pid checked). State ``sdir/<stem>.json``, params
@@ -386,8 +393,10 @@ def start_embedded(
     failure or interrupt the process group is killed, the state file removed and the port waited
     free before the error propagates. Returns (process, seconds to ready, ready facts).
 
-    Used by :func:`deploy_embedded` (stem ``server``) and by the serving benchmark for its temporary
-    baseline server (stem ``baseline-server``; stopped with :func:`stop_state`)."""
+    Used by :func:`deploy_embedded` (stem ``server``, which outlives the stage on purpose) and by the
+    serving benchmark for its temporary baseline server (stem ``baseline-server``; stopped with
+    :func:`stop_state`). ``die_with_caller``: Linux sends the server SIGTERM when the calling process
+    dies, also by SIGKILL, which no ``finally`` block sees (``prctl(PR_SET_PDEATHSIG)``)."""
     cfg = cfg or {}
     server = params.get("server") or {}
     flags = server_flags(server)
@@ -424,6 +433,7 @@ def start_embedded(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_pdeathsig if die_with_caller else None,  # only a prctl call: safe between fork and exec
         )
     try:
         write_json_atomic(
@@ -457,6 +467,14 @@ def start_embedded(
         _wait_port_free(port, host, 10.0)
         raise
     return proc, seconds, facts
+
+
+def _pdeathsig() -> None:
+    """In the child before exec: SIGTERM when the parent dies (see :func:`kernelcamp.io.die_with_parent`)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
 
 
 def stop_state(path: Path, grace_s: float = 15.0) -> bool:
