@@ -236,6 +236,8 @@ def _bad_params(tmp_path: Path, kind: str) -> str:
         p.mkdir()
     elif kind == "list":
         p.write_text("- 1\n- 2\n")
+    elif kind == "good":
+        return str(ROOT / "params.yaml")
     elif kind == "bad_port":
         params = load_params(ROOT / "params.yaml")
         params["server"]["port"] = "eighty"
@@ -255,7 +257,8 @@ CLI_ROWS = [
     ("port_0", ["--fake", "chunk=1", "--port", "0"], "--port"),
     ("port_negative", ["--fake", "chunk=1", "--port", "-1"], "--port"),
     ("port_word", ["--fake", "chunk=1", "--port", "http"], "--port"),
-    ("device_bogus", ["--device", "bogus"], "--device"),
+    ("device_bogus", ["--params", "@good", "--device", "bogus"], "--device"),
+    ("device_cuda_x", ["--params", "@good", "--device", "cuda:x"], "--device"),
     ("params_broken_yaml", ["--params", "@broken"], "--params"),
     ("params_binary", ["--params", "@binary"], "--params"),
     ("params_folder", ["--params", "@folder"], "--params"),

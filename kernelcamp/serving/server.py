@@ -202,6 +202,17 @@ class ProfileRequest(BaseModel):
     eager: StrictBool = False
     trace: StrictBool = True
     timeout_s: StrictFloat | StrictInt = Field(default=60, gt=0, le=3600)
+    trace_path: Any = None  # refused below, with what to do instead
+
+    @field_validator("trace_path")
+    @classmethod
+    def _no_server_path(cls, v: Any) -> None:
+        if v is not None:
+            raise ValueError(
+                f'a request cannot choose where the server writes; send "trace": true and download the trace '
+                f"from the answer's trace_url ({TRACE_PATH}; kernelcamp.serving.client.request_profile does both)"
+            )
+        return None
 
 
 def _error(
