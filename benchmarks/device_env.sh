@@ -22,5 +22,10 @@ PY
 fi
 git config --global user.email >/dev/null 2>&1 || git config --global user.email device@kernelcamp 2>/dev/null
 git config --global user.name >/dev/null 2>&1 || git config --global user.name device 2>/dev/null
+# The copied tree can arrive with the .git of an older commit and the newer files as changes: queued
+# experiments run from a commit and would miss new untracked files, so commit the tree as it is.
+if command -v git >/dev/null && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+  git add -A && git commit -qm "device: the copied working tree" || return 1
+fi
 echo "device env: $(python3 -c 'import torch, triton, dvc.version, mlflow; print("torch", torch.__version__, "triton", triton.__version__, "dvc", dvc.version.__version__, "mlflow", mlflow.__version__)')"
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
