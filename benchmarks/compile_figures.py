@@ -3,6 +3,9 @@ shared bytes and SASS instruction counts (whole kernel and the main loop body).
 
     env -u TRITON_INTERPRET python benchmarks/compile_figures.py [--arch 90] [--dump DIR]
 
+"local B" is the per-thread local memory of the cubin (cuobjdump STACK + LOCAL, what the driver
+reports as the local size; kernelcamp.inspect's ``local_bytes``), not ptxas's "spill stores".
+
 The "loop" count is the number of SASS instructions between the first and last instruction of the
 largest backward branch (the top-k tile loop); a proxy only, not a timing.
 """
@@ -72,7 +75,7 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--shapes", default="v32,v4,v32_tp8")
     a = ap.parse_args()
-    print("| shape | config | regs | spill B | shared B | SASS total | SASS loop |")
+    print("| shape | config | regs | local B | shared B | SASS total | SASS loop |")
     print("|---|---|---|---|---|---|---|")
     for fam, layout, H, topk in SHAPES:
         if fam not in a.shapes.split(","):
@@ -97,7 +100,7 @@ def main() -> None:
                 Path(a.dump).mkdir(parents=True, exist_ok=True)
                 (Path(a.dump) / f"{fam}_{label}.sass").write_text(text)
                 (Path(a.dump) / f"{fam}_{label}.ttgir").write_text(k.asm["ttgir"])
-            row = [fam, label, fig["registers"], fig["spill_bytes"], k.metadata.shared, total, loop]
+            row = [fam, label, fig["registers"], fig["local_bytes"], k.metadata.shared, total, loop]
             print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
 
 

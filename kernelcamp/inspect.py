@@ -10,12 +10,19 @@ from (never from Triton's cache JSON, whose fields move between versions):
   that makes its autotuner drop a config (``OutOfResources``) without a word.
 - ``registers`` (per thread), ``stack_bytes`` (per-thread stack frame), ``static_shared_bytes``:
   ``cuobjdump --dump-resource-usage`` on the cubin (``REG``, ``STACK``, ``SHARED``); cuobjdump ships
-  in Triton's wheel (``triton/backends/nvidia/bin``).
-- ``spill_bytes``: per-thread local memory, ``STACK + LOCAL`` of the same dump. Triton kernels have
-  no local arrays or recursion, so local memory holds only register spills; this is the figure
-  Triton reads after loading a kernel as ``n_spills`` (``CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES / 4``),
-  here in bytes. (ptxas's "spill stores" is traffic, not footprint, and is not in the cubin.)
-- ``ctas_per_sm``, ``warps_per_sm``, ``limited_by``: ``kernelcamp.targets.occupancy``.
+  in Triton's wheel (``triton/backends/nvidia/bin``). ``local_bytes`` = ``STACK + LOCAL``: the
+  per-thread local memory the driver reports after loading (``CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES``,
+  which Triton calls ``n_spills`` and reads in units of 4 bytes).
+- ``spill_bytes`` / ``spill_load_bytes``: ptxas's "bytes spill stores" / "bytes spill loads" for the
+  kernel, read from the ``ptxas -v`` log of the very ptxas run that produced the cubin (Triton runs
+  ptxas with ``-v`` and prints the log under ``TRITON_DUMP_PTXAS_LOG=1``; the compile child sets it
+  and ``TRITON_ALWAYS_COMPILE=1`` so the log is never skipped by Triton's own cache). ptxas reports
+  the stack frame and the spills separately ("32 bytes stack frame, 0 bytes spill stores"): a
+  ``tl.sin`` needs a stack frame without spilling, so the two are never added. The log's stack
+  frame and register count must equal cuobjdump's, else the spill figures are ``unreadable``.
+- ``ctas_per_sm``, ``warps_per_sm``, ``limited_by`` and the per-block limits of ``fits``:
+  ``kernelcamp.targets.occupancy`` and ``kernelcamp.targets.block_limit`` (CUDA Occupancy
+  Calculator).
 
 A figure that a tool cannot give is ``None`` and named in the row's ``unreadable`` with the reason.
 
@@ -25,14 +32,29 @@ accepts the PTX version it emits for sm120 (DESIGN.md, known traps). Versions wi
 ``TRITON_PTXAS_PATH`` for every arch, so for arch >= 100 both variables point at the wheel's
 ``ptxas-blackwell`` during the compile (unless the user set them) and are restored afterwards.
 
-Compiles are cached on disk (``cache_dir()``), keyed by the kernel's source hash (the
-JITFunction's source and Triton's dependency hash of the functions it calls), signature,
-constexprs, attrs, num_warps, num_stages, target arch and Triton version; a warm inspection does
-not call ``triton.compile``.
+Compiles run in a child process (``_compile_in_child``), never in the caller: Triton's compiler
+runs in C++ for as long as a pass takes (minutes for ``num_stages=100000``), and Python runs a
+signal handler only between bytecodes, so an in-process compile would hold off SIGTERM/SIGINT. The
+child has its own process group and dies with its parent (``PR_SET_PDEATHSIG``); the parent waits
+for it interruptibly and, on any exception (the ``KeyboardInterrupt`` of SIGINT, the exception
+``kernelcamp.tracking.tracked_stage`` raises on SIGTERM) or on a SIGTERM it would otherwise die of,
+kills the child's whole group (ptxas included) before the signal takes its course. Kernels must
+therefore be importable by module and name (defined at module level, not in ``__main__``).
 
-Under ``TRITON_INTERPRET=1`` ``@triton.jit`` yields interpreter functions; the inspector compiles
-a fresh ``JITFunction`` of the same Python function (kernels that call other ``@triton.jit``
-helpers cannot be inspected in that mode).
+Compiles are cached on disk (``cache_dir()``), keyed (``compile_keys``) by Triton's own cache key
+of the compile (``triton.runtime.cache.get_cache_key``: Triton's build, the kernel's
+``JITFunction.cache_key`` which hashes the source of every ``@triton.jit`` function it reaches in
+any module and the constexpr globals it reads, signature, constexprs, attrs, the backend (ptxas
+version and arch) and the parsed options), the environment variables that change what Triton
+compiles (Triton's ``get_cache_invalidating_env_vars``), the ptxas binary, the kernel name,
+num_warps, num_stages, target arch and Triton version. Only clean results are cached: a compile
+error or a figure a tool could not read is compiled again next time. ``TRITON_OVERRIDE_ARCH`` set
+to another arch than the target's is refused (it would silently compile for that arch). A warm
+inspection does not call ``triton.compile``.
+
+Under ``TRITON_INTERPRET=1`` (read when triton is imported) ``@triton.jit`` yields interpreter
+functions, whose dependencies Triton cannot hash; the keys are then computed in a child started
+without ``TRITON_INTERPRET`` too.
 """
 
 from __future__ import annotations
@@ -42,26 +64,36 @@ import base64
 import contextlib
 import hashlib
 import importlib
-import inspect as pyinspect
 import io
 import json
 import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.targets import Target, load_target, occupancy
+from kernelcamp.targets import Target, block_limit, load_target, occupancy
 from kernelcamp.variant import LaunchConfig, Variant
 
-FIGURES = ("shared_bytes", "registers", "spill_bytes", "stack_bytes", "static_shared_bytes")
-CACHE_VERSION = 1
+FIGURES = (
+    "shared_bytes",
+    "registers",
+    "spill_bytes",
+    "spill_load_bytes",
+    "stack_bytes",
+    "local_bytes",
+    "static_shared_bytes",
+)
+CACHE_VERSION = 2  # 2: spill_bytes is ptxas's spill stores (was STACK + LOCAL); keys hash dependencies and env
+CHILD_KILL_GRACE_S = 2.0  # seconds a killed compile child gets to exit after SIGKILL before we stop waiting
 
 
 class KernelSpecLike(Protocol):
@@ -84,6 +116,7 @@ Progress = Callable[[str], None]
 
 
 def triton_version() -> str:
+    """``triton.__version__`` of this process."""
     import triton
 
     return triton.__version__
@@ -119,12 +152,49 @@ def ptxas_for(arch: int) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def check_target_env(arch: int) -> None:
+    """Refuse an environment that would make Triton compile for another arch than ``arch``.
+
+    ``TRITON_OVERRIDE_ARCH`` (Triton's ``knobs.runtime.override_arch``) replaces the target's arch
+    in the compile options, so ``inspect --target sm90`` with ``TRITON_OVERRIDE_ARCH=sm80`` would
+    report sm80 figures as sm90's. Raises ``KernelcampError`` (one line naming the variable) unless
+    it is unset, empty or equal to ``sm<arch>``.
+    """
+    value = os.environ.get("TRITON_OVERRIDE_ARCH", "").strip()
+    if value and value != f"sm{arch}":
+        raise KernelcampError(
+            f"TRITON_OVERRIDE_ARCH={value} would make Triton compile for {value}, not the target sm{arch}: "
+            "unset TRITON_OVERRIDE_ARCH (the target's arch comes from --target / params.yaml's target)"
+        )
+
+
+_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "NVPTX_", "AMDGCN_", "DISABLE_", "USE_", "ALLOW_")
+_ENV_NOT_COMPILE = ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_INTERPRET", "TRITON_DUMP_DIR", "TRITON_PRINT_AUTOTUNING")
+
+
+def compile_env() -> dict[str, str]:
+    """The environment variables set now that change what Triton compiles, with their values.
+
+    Source: Triton's own list, ``triton._C.libtriton.get_cache_invalidating_env_vars()`` (Triton
+    3.x; the variables it folds into its cache key, e.g. ``TRITON_DEFAULT_FP_FUSION``,
+    ``TRITON_OVERRIDE_ARCH``, ``DISABLE_LLVM_OPT``). A Triton without that function falls back to
+    every set variable whose name starts with one of Triton's prefixes (over-inclusive on purpose).
+    """
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+    except ImportError:
+        return {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES) and k not in _ENV_NOT_COMPILE
+        }
+    return {str(k): str(v) for k, v in sorted(get_cache_invalidating_env_vars().items())}
+
+
 _JIT_COPIES: dict[int, Any] = {}
 
 
 def as_jit(fn: Any) -> Any:
     """The ``JITFunction`` to compile: ``fn`` itself, or a JITFunction of an interpreter function's
-    Python function (``TRITON_INTERPRET=1``)."""
+    Python function (``TRITON_INTERPRET=1``). Raises ``KernelcampError`` for anything else."""
     from triton.runtime.jit import JITFunction
 
     if isinstance(fn, JITFunction):
@@ -137,17 +207,6 @@ def as_jit(fn: Any) -> Any:
     raise KernelcampError(f"{fn!r} is not a @triton.jit function")
 
 
-def source_hash(fn: Any) -> str:
-    """sha256 (hex) of a kernel's source and of the file that defines it (so an edited helper in the
-    same module changes it too). The same in interpreter mode and out of it."""
-    jit = as_jit(fn)
-    h = hashlib.sha256(jit.src.encode())
-    raw = getattr(jit, "fn", None)
-    with contextlib.suppress(OSError, TypeError):
-        h.update(Path(pyinspect.getsourcefile(raw)).read_bytes())
-    return h.hexdigest()
-
-
 def _jsonable(v: Any) -> Any:
     if isinstance(v, (bool, int, float, str)) or v is None:
         return v
@@ -158,11 +217,14 @@ def _jsonable(v: Any) -> Any:
     return repr(v)
 
 
-def compile_key(spec: KernelSpecLike, arch: int) -> str:
-    """Disk-cache key (sha256 hex) of one kernel compile for one arch."""
-    payload = {
+def _key_in_process(spec: KernelSpecLike, arch: int) -> str:
+    """``compile_key`` computed here; needs a Triton imported without ``TRITON_INTERPRET``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    payload: dict[str, Any] = {
         "v": CACHE_VERSION,
-        "source": source_hash(spec.fn),
         "name": spec.name,
         "signature": _jsonable(dict(spec.signature)),
         "constexprs": _jsonable(dict(spec.constexprs)),
@@ -170,9 +232,57 @@ def compile_key(spec: KernelSpecLike, arch: int) -> str:
         "num_warps": spec.num_warps,
         "num_stages": spec.num_stages,
         "arch": arch,
-        "triton": triton_version(),
+        "triton": triton.__version__,
     }
+    with ptxas_for(arch):
+        env = compile_env()
+        payload["env"] = env
+        fn = as_jit(spec.fn)
+        src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), getattr(spec, "attrs", None))
+        try:  # Triton's own key of this compile (3.x): build, sources reached, backend, options, env
+            from triton.backends.nvidia.compiler import get_ptxas
+            from triton.compiler.compiler import make_backend
+            from triton.runtime.cache import get_cache_key
+
+            backend = make_backend(GPUTarget("cuda", arch, 32))
+            options = backend.parse_options(
+                dict({"num_warps": spec.num_warps, "num_stages": spec.num_stages}, **src.parse_options())
+            )
+            payload["triton_key"] = hashlib.sha256(get_cache_key(src, backend, options, env).encode()).hexdigest()
+            payload["ptxas"] = str(get_ptxas(arch).path)
+        except ImportError:  # another Triton layout: the dependency hash and the version still key it
+            payload["source"] = fn.cache_key
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def compile_keys(jobs: Sequence[tuple[KernelSpecLike, int]]) -> list[str | None]:
+    """Disk-cache key (sha256 hex) of each ``(spec, arch)`` compile, ``None`` where it cannot be
+    computed (that compile is then never cached; its error shows when it is compiled).
+
+    The key covers every input that changes the compiled kernel: the source of the kernel and of
+    every ``@triton.jit`` function it reaches in any module (Triton's ``JITFunction.cache_key``,
+    through ``get_cache_key``), Triton's build (``triton_key``), the compile-affecting environment
+    (``compile_env``), the ptxas binary and version, signature, constexprs, attrs, num_warps,
+    num_stages and arch. Under ``TRITON_INTERPRET`` the keys are computed in a child process
+    without it (interpreter functions have no dependency hash); that raises ``KernelcampError``
+    when a kernel cannot be imported there or the child fails as a whole.
+    """
+    if any(_interpreted(spec.fn) for spec, _ in jobs):
+        return _run_child("keys", jobs)
+    keys: list[str | None] = []
+    for spec, arch in jobs:
+        try:
+            keys.append(_key_in_process(spec, arch))
+        except KernelcampError:
+            raise
+        except Exception:  # noqa: BLE001 - e.g. an unsupported global: the compile will name it
+            keys.append(None)
+    return keys
+
+
+def compile_key(spec: KernelSpecLike, arch: int) -> str | None:
+    """Disk-cache key (sha256 hex) of one kernel compile for one arch (see ``compile_keys``)."""
+    return compile_keys([(spec, arch)])[0]
 
 
 def cache_dir() -> Path:
@@ -219,12 +329,38 @@ def parse_resource_usage(text: str, kernel: str) -> dict[str, int]:
     raise ValueError(f"no resource line for function {kernel!r} in cuobjdump output")
 
 
+def parse_ptxas_log(text: str, kernel: str) -> dict[str, int]:
+    """``{"stack_bytes", "spill_bytes", "spill_load_bytes", "registers"}`` of ``kernel`` from a
+    ``ptxas -v`` log (bytes per thread; registers per thread when ptxas printed them).
+
+    ptxas prints, per function: ``Function properties for <name>`` then ``N bytes stack frame, S
+    bytes spill stores, L bytes spill loads``, and for an entry function ``Used R registers``.
+    ``spill_bytes`` is ptxas's "spill stores". Raises ``ValueError`` when the kernel is not there.
+    """
+    props = re.search(
+        rf"Function properties for {re.escape(kernel)}\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+        r"(\d+) bytes spill loads",
+        text,
+    )
+    if not props:
+        raise ValueError(f"no 'Function properties for {kernel}' in the ptxas log")
+    out = {
+        "stack_bytes": int(props.group(1)),
+        "spill_bytes": int(props.group(2)),
+        "spill_load_bytes": int(props.group(3)),
+    }
+    used = re.search(r"Used (\d+) registers", text[props.end() :])
+    if used:
+        out["registers"] = int(used.group(1))
+    return out
+
+
 def read_cubin(cubin: bytes, kernel: str) -> tuple[dict[str, int | None], dict[str, str]]:
-    """Registers, stack, spill and static shared bytes of ``kernel`` in ``cubin`` via cuobjdump.
+    """Registers, stack, local and static shared bytes of ``kernel`` in ``cubin`` via cuobjdump.
 
     Returns ``(figures, unreadable)``; a figure that cannot be read is ``None`` with its reason.
     """
-    names = ("registers", "stack_bytes", "spill_bytes", "static_shared_bytes")
+    names = ("registers", "stack_bytes", "local_bytes", "static_shared_bytes")
     tool = tool_path("cuobjdump")
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -241,10 +377,24 @@ def read_cubin(cubin: bytes, kernel: str) -> tuple[dict[str, int | None], dict[s
     figures: dict[str, int | None] = {
         "registers": usage.get("REG"),
         "stack_bytes": usage.get("STACK"),
-        "spill_bytes": usage["STACK"] + usage.get("LOCAL", 0) if "STACK" in usage else None,
+        "local_bytes": usage["STACK"] + usage.get("LOCAL", 0) if "STACK" in usage else None,
         "static_shared_bytes": usage.get("SHARED"),
     }
     return figures, {k: "not in cuobjdump's resource line" for k, v in figures.items() if v is None}
+
+
+def _spills(log: str, kernel: str, figures: Mapping[str, Any]) -> tuple[dict[str, int | None], dict[str, str]]:
+    """Spill stores/loads from the ptxas log, checked against the cubin's registers and stack."""
+    names = ("spill_bytes", "spill_load_bytes")
+    try:
+        got = parse_ptxas_log(log, kernel)
+    except ValueError as e:
+        return dict.fromkeys(names), dict.fromkeys(names, f"ptxas -v log: {e}")
+    for k in ("registers", "stack_bytes"):
+        if k in got and figures.get(k) is not None and got[k] != figures[k]:
+            why = f"the ptxas log's {k} ({got[k]}) differs from the cubin's ({figures[k]}): not this cubin's log"
+            return dict.fromkeys(names), dict.fromkeys(names, why)
+    return {k: got[k] for k in names}, {}
 
 
 def _short_error(e: BaseException) -> str:
@@ -256,7 +406,10 @@ def _short_error(e: BaseException) -> str:
 
 
 def _compile_one(spec: KernelSpecLike, arch: int) -> tuple[dict, bytes | None]:
-    """Compile in this process; figures (without ``cached``) and the cubin."""
+    """Compile in this process (the compile child); figures (without ``cached``) and the cubin.
+
+    Spill figures need the ptxas log: run with ``TRITON_DUMP_PTXAS_LOG=1`` and
+    ``TRITON_ALWAYS_COMPILE=1`` (``_child_main`` sets both)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -266,10 +419,12 @@ def _compile_one(spec: KernelSpecLike, arch: int) -> tuple[dict, bytes | None]:
     figures: dict[str, Any] = dict.fromkeys(FIGURES)
     unreadable: dict[str, str] = {}
     error = None
+    log = io.StringIO()
     try:
+        check_target_env(arch)
         src = ASTSource(as_jit(spec.fn), dict(spec.signature), dict(spec.constexprs), getattr(spec, "attrs", None))
-        # Triton prints the whole PTX to stdout when ptxas fails; keep that out of our output.
-        with ptxas_for(arch), contextlib.redirect_stdout(io.StringIO()):
+        # Triton prints the whole PTX to stdout when ptxas fails, and the ptxas -v log: keep both here.
+        with ptxas_for(arch), contextlib.redirect_stdout(log):
             compiled = triton.compile(
                 src,
                 target=GPUTarget("cuda", arch, 32),
@@ -291,6 +446,9 @@ def _compile_one(spec: KernelSpecLike, arch: int) -> tuple[dict, bytes | None]:
             cub_figures, cub_unreadable = read_cubin(cubin, name)
             figures.update(cub_figures)
             unreadable.update(cub_unreadable)
+            spill_figures, spill_unreadable = _spills(log.getvalue(), name, figures)
+            figures.update(spill_figures)
+            unreadable.update(spill_unreadable)
     result = {
         **figures,
         "unreadable": unreadable,
@@ -308,53 +466,150 @@ def _interpreted(fn: Any) -> bool:
     return not isinstance(fn, JITFunction)
 
 
-def _compile_in_child(jobs: Sequence[tuple[KernelSpecLike, int]]) -> list[tuple[dict, bytes | None]]:
-    """Compile in a child Python without ``TRITON_INTERPRET`` (interpreter mode replaces Triton's own
-    ``@jit`` helpers such as ``tl.cdiv`` with interpreter functions, which the compiler cannot call).
-    The child imports each kernel by module and name, so kernels must live at module level."""
-    payload = []
-    for spec, arch in jobs:
-        raw = getattr(as_jit(spec.fn), "fn", None)
-        payload.append(
-            {
-                "module": raw.__module__,
-                "qualname": raw.__qualname__,
-                "name": spec.name,
-                "signature": dict(spec.signature),
-                "constexprs": dict(spec.constexprs),
-                "attrs": getattr(spec, "attrs", None),
-                "num_warps": spec.num_warps,
-                "num_stages": spec.num_stages,
-                "arch": arch,
-            }
+def _locate(spec: KernelSpecLike) -> tuple[str, str]:
+    """Module and qualified name by which a child process imports ``spec.fn``; ``KernelcampError``
+    when it cannot (defined in ``__main__`` or inside a function)."""
+    raw = getattr(as_jit(spec.fn), "fn", None)
+    module, qualname = getattr(raw, "__module__", None), getattr(raw, "__qualname__", "")
+    if not module or module == "__main__" or "<locals>" in qualname:
+        raise KernelcampError(
+            f"kernel {spec.name} ({module}.{qualname}) cannot be imported by a compile subprocess: "
+            "define the @triton.jit function at module level in an importable module"
         )
+    return module, qualname
+
+
+def _job_payload(spec: KernelSpecLike, arch: int) -> dict:
+    module, qualname = _locate(spec)
+    return {
+        "module": module,
+        "qualname": qualname,
+        "name": spec.name,
+        "signature": dict(spec.signature),
+        "constexprs": dict(spec.constexprs),
+        "attrs": getattr(spec, "attrs", None),
+        "num_warps": spec.num_warps,
+        "num_stages": spec.num_stages,
+        "arch": arch,
+    }
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (the child and what it started, e.g. ptxas) and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=CHILD_KILL_GRACE_S)
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while waiting for a compile child and nobody else handles SIGTERM."""
+
+
+def _wait_child(cmd: list[str], env: dict[str, str], stderr: Any) -> int:
+    """Run ``cmd`` in its own process group and wait for it; return its exit status.
+
+    The wait is interruptible: an exception raised by a signal handler (``KeyboardInterrupt``,
+    ``tracked_stage``'s SIGTERM exception) propagates after the child's group is killed. Where
+    SIGTERM has its default action (a plain ``kernelcamp inspect``), it is caught for the wait, the
+    child's group is killed, and the signal is delivered again so the process still dies of it.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    old_term = signal.getsignal(signal.SIGTERM) if main else None
+    take_term = main and old_term == signal.SIG_DFL
+
+    def on_term(signum, _frame):
+        raise _Terminated(signum)
+
+    proc = subprocess.Popen(
+        cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+    )
+    try:
+        if take_term:
+            signal.signal(signal.SIGTERM, on_term)
+        return proc.wait()
+    except _Terminated:
+        _kill_group(proc)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise  # not reached: the default action ends the process
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+        if take_term:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _run_child(mode: str, jobs: Sequence[tuple[KernelSpecLike, int]]) -> list:
+    """Run ``_child_main`` in a Python without ``TRITON_INTERPRET``: ``mode`` ``"keys"`` returns
+    ``compile_keys``' list, ``"compile"`` the ``(figures, cubin)`` of each job."""
+    payload = {"mode": mode, "jobs": [_job_payload(spec, arch) for spec, arch in jobs]}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    with tempfile.TemporaryDirectory() as tmp:
-        inp, out = Path(tmp) / "jobs.pkl", Path(tmp) / "figures.json"
+    with tempfile.TemporaryDirectory(prefix="kernelcamp-inspect-") as tmp:
+        inp, out, err = Path(tmp) / "jobs.pkl", Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
         inp.write_bytes(pickle.dumps(payload))
-        code = f"from kernelcamp.inspect import _child_main; _child_main({str(inp)!r}, {str(out)!r})"
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-        if r.returncode != 0 or not out.exists():
-            tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
-            raise KernelcampError(f"the compile subprocess (run without TRITON_INTERPRET) failed: {tail}")
+        code = f"from kernelcamp.inspect import _child_main; _child_main({str(inp)!r}, {str(out)!r}, {os.getpid()})"
+        with open(err, "wb") as errf:
+            rc = _wait_child([sys.executable, "-c", code], env, errf)
+        if rc != 0 or not out.exists():
+            lines = err.read_text(errors="replace").strip().splitlines()
+            tail = lines[-1] if lines else (f"killed by {signal.Signals(-rc).name}" if rc < 0 else "no output")
+            raise KernelcampError(f"the compile subprocess ({mode}, run without TRITON_INTERPRET) failed: {tail}")
         results = json.loads(out.read_text())
+    if mode == "keys":
+        return results
     return [(fig, base64.b64decode(cubin) if cubin else None) for fig, cubin in results]
 
 
-def _child_main(jobs_path: str, out_path: str) -> None:
-    """Entry point of ``_compile_in_child``'s subprocess."""
+def _compile_in_child(jobs: Sequence[tuple[KernelSpecLike, int]]) -> list[tuple[dict, bytes | None]]:
+    """Compile each ``(spec, arch)`` in a child process (see the module docstring: signals, and
+    interpreter mode replacing Triton's own ``@jit`` helpers such as ``tl.cdiv``). The child imports
+    each kernel by module and name. Raises ``KernelcampError`` when the child fails as a whole."""
+    return _run_child("compile", jobs)
+
+
+def _die_with_parent(parent_pid: int | None) -> None:
+    """In the compile child: SIGKILL when the parent dies (Linux ``PR_SET_PDEATHSIG``); exit at once
+    when the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _child_main(jobs_path: str, out_path: str, parent_pid: int | None = None) -> None:
+    """Entry point of ``_run_child``'s subprocess."""
     from types import SimpleNamespace
 
-    results = []
-    for job in pickle.loads(Path(jobs_path).read_bytes()):
+    _die_with_parent(parent_pid)
+    request = pickle.loads(Path(jobs_path).read_bytes())
+    if request["mode"] == "compile":  # the ptxas -v log of every compile (spill figures); not in the key
+        os.environ["TRITON_ALWAYS_COMPILE"] = "1"
+        os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
+    results: list = []
+    for job in request["jobs"]:
         fn = importlib.import_module(job.pop("module"))
         for part in job.pop("qualname").split("."):
             fn = getattr(fn, part)
         arch = job.pop("arch")
-        fig, cubin = _compile_one(SimpleNamespace(fn=fn, **job), arch)
-        results.append([fig, base64.b64encode(cubin).decode() if cubin else None])
-    Path(out_path).write_text(json.dumps(results))
+        spec = SimpleNamespace(fn=fn, **job)
+        if request["mode"] == "keys":
+            try:
+                results.append(_key_in_process(spec, arch))
+            except Exception:  # noqa: BLE001 - the compile names the problem
+                results.append(None)
+        else:
+            fig, cubin = _compile_one(spec, arch)
+            results.append([fig, base64.b64encode(cubin).decode() if cubin else None])
+    tmp = Path(out_path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(results))
+    tmp.replace(out_path)
 
 
 def compile_many(
@@ -363,36 +618,40 @@ def compile_many(
     """Figures of each ``(spec, arch)`` job, from the disk cache or compiled (identical jobs once).
 
     Each result has the ``FIGURES``, ``unreadable`` ({figure: reason}), ``error`` (None, or why it did
-    not compile), ``compile_s`` (of the compile that made the figures) and ``cached``. Never raises
-    for a compile error: the caller names the config.
+    not compile), ``compile_s`` (of the compile that made the figures) and ``cached``. A compile error
+    is never raised: the caller names the config. Raises ``KernelcampError`` for an environment that
+    retargets the compile (``check_target_env``), a kernel a child process cannot import, or a
+    compile subprocess that fails as a whole. Compiles run in a child process (``_compile_in_child``);
+    only results without error and without unreadable figures are written to the cache.
     """
+    for arch in sorted({arch for _, arch in jobs}):
+        check_target_env(arch)
     root = cache_dir() if root is None else root
-    keys = [compile_key(spec, arch) for spec, arch in jobs]
-    found: dict[str, dict] = {}
-    todo: dict[str, tuple[KernelSpecLike, int]] = {}
-    for key, job in zip(keys, jobs, strict=True):
-        if key in found or key in todo:
+    keys = compile_keys(jobs)
+    found: dict[Any, dict] = {}
+    todo: dict[Any, tuple[KernelSpecLike, int]] = {}
+    ids = [key if key is not None else ("uncached", i) for i, key in enumerate(keys)]
+    for ident, job in zip(ids, jobs, strict=True):
+        if ident in found or ident in todo:
             continue
-        hit = _cache_read(key, root) if use_cache else None
+        hit = _cache_read(ident, root) if use_cache and isinstance(ident, str) else None
         if hit is not None:
-            found[key] = {**hit, "cached": True}
+            found[ident] = {**hit, "cached": True}
         else:
-            todo[key] = job
+            todo[ident] = job
     if todo:
         items = list(todo.items())
-        if any(_interpreted(spec.fn) for _, (spec, _a) in items):
-            compiled = _compile_in_child([job for _, job in items])
-        else:
-            compiled = [_compile_one(*job) for _, job in items]
-        for (key, _job), (fig, cubin) in zip(items, compiled, strict=True):
-            if use_cache and not (fig["unreadable"] and fig["error"] is None):  # never cache a tool failure
-                _cache_write(key, root, fig, cubin)
-            found[key] = {**fig, "cached": False}
-    seen: set[str] = set()
+        compiled = _compile_in_child([job for _, job in items])
+        for (ident, _job), (fig, cubin) in zip(items, compiled, strict=True):
+            clean = fig["error"] is None and not fig["unreadable"]
+            if use_cache and clean and isinstance(ident, str):  # never cache an error or a tool failure
+                _cache_write(ident, root, fig, cubin)
+            found[ident] = {**fig, "cached": False}
+    seen: set = set()
     out = []
-    for key in keys:  # a job repeated in one call is compiled once; its repeats read as cached
-        out.append(found[key] if key not in seen else {**found[key], "cached": True})
-        seen.add(key)
+    for ident in ids:  # a job repeated in one call is compiled once; its repeats read as cached
+        out.append(found[ident] if ident not in seen else {**found[ident], "cached": True})
+        seen.add(ident)
     return out
 
 
@@ -405,7 +664,9 @@ def compile_figures(spec: KernelSpecLike, arch: int, use_cache: bool = True, roo
 # Configs x kernels x targets
 
 
-def _fit(fig: dict, target: Target, config_is_list: bool) -> tuple[bool, str | None]:
+def _fit(fig: dict, target: Target, config_is_list: bool, num_warps: int) -> tuple[bool, str | None]:
+    """Whether one kernel of a config can launch on ``target``, and why not: the per-block limits of
+    ``kernelcamp.targets.block_limit`` (threads, registers per thread and per block, shared memory)."""
     if fig["error"]:
         return False, f"does not compile for {target.name}: {fig['error']}"
     shared, static, regs = fig["shared_bytes"], fig.get("static_shared_bytes") or 0, fig["registers"]
@@ -420,8 +681,9 @@ def _fit(fig: dict, target: Target, config_is_list: bool) -> tuple[bool, str | N
             f"needs {shared} B dynamic + {static} B static shared memory, {target.name} allows {limit} B "
             "per block: Triton's check passes but the driver refuses the launch"
         )
-    if regs is not None and regs > target.max_registers_per_thread:
-        return False, f"needs {regs} registers per thread, {target.name} allows {target.max_registers_per_thread}"
+    why = block_limit(target, regs, None if shared is None else shared + static, num_warps)
+    if why:
+        return False, why
     return True, None  # a figure that could not be read is named in `unreadable`, not guessed
 
 
@@ -441,9 +703,14 @@ def inspect_configs(
     ``specs_for(config)`` returns the kernels of one config (e.g. ``compile_specs`` bound to a
     shape). A config whose specs cannot be built or whose kernel does not compile gets rows with
     ``error`` and ``fits: False`` naming it; with ``strict`` that raises ``KernelcampError`` instead.
-    Row keys: target, arch, config_index, config (label), the launch fields, kernel, the figures,
-    ctas_per_sm, warps_per_sm, limited_by, fits, reason, error, unreadable, compile_s, cached.
+    Raises ``KernelcampError`` for ``TRITON_OVERRIDE_ARCH`` set to another arch (``check_target_env``)
+    and as ``compile_many`` does. Figures are in bytes (per block for shared memory, per thread for
+    stack, local memory and spills) and registers per thread. Row keys: target, arch, config_index,
+    config (label), the launch fields, kernel, the figures, ctas_per_sm, warps_per_sm, limited_by,
+    fits, reason, error, unreadable, compile_s, cached.
     """
+    for target in targets:  # before any work: an environment that retargets the compile is one line
+        check_target_env(target.arch)
     is_list = len(configs) > 1 if is_list is None else is_list
     built: list[tuple[Target, int, LaunchConfig, list | str]] = []  # specs, or why they cannot be built
     for target in targets:
@@ -486,7 +753,7 @@ def inspect_configs(
                 took = "cached" if fig["cached"] else f"compiled in {fig['compile_s']:.2f} s"
                 failed = f": ERROR {fig['error']}" if fig["error"] else ""
                 progress(f"{target.name}  {cfg.label()}  {spec.name}  {took}{failed}")
-            fits, reason = _fit(fig, target, is_list)
+            fits, reason = _fit(fig, target, is_list, spec.num_warps)
             if fig["error"]:
                 reason = f"config {cfg.label()} kernel {spec.name}: {reason}"
                 if strict:
@@ -600,10 +867,12 @@ def module_source_hash(module: Any) -> str | None:
 
 
 def live_figures_from_jit(fn: Any) -> list[dict]:
-    """Registers and spill bytes of every kernel the JIT has compiled for ``fn`` on this GPU,
-    as the driver reports them after loading (``CompiledKernel.n_regs``, ``n_spills * 4``).
+    """Registers and local memory of every kernel the JIT has compiled for ``fn`` on this GPU,
+    as the driver reports them after loading (``CompiledKernel.n_regs``; ``n_spills * 4``, which is
+    ``CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES``: the stack frame, not ptxas's spill stores).
 
-    Rows: device, name, num_warps, num_stages, shared_bytes, registers, spill_bytes, constexprs.
+    Rows: device, name, num_warps, num_stages, shared_bytes, registers, local_bytes (bytes per
+    thread), constexprs.
     """
     rows = []
     for device, entry in getattr(as_jit(fn), "device_caches", {}).items():
@@ -620,7 +889,7 @@ def live_figures_from_jit(fn: Any) -> list[dict]:
                     "num_stages": md.num_stages,
                     "shared_bytes": md.shared,
                     "registers": kernel.n_regs,
-                    "spill_bytes": kernel.n_spills * 4,
+                    "local_bytes": kernel.n_spills * 4,
                     "constexprs": {str(k): v for k, v in getattr(kernel.src, "constants", {}).items()},
                 }
             )
@@ -629,7 +898,8 @@ def live_figures_from_jit(fn: Any) -> list[dict]:
 
 def live_figures(spec: KernelSpecLike, device: int = 0) -> dict:
     """Compile ``spec`` for the local GPU, load it there and read what the driver reports:
-    ``{"arch", "shared_bytes", "registers", "spill_bytes"}``. Needs a CUDA GPU."""
+    ``{"arch", "shared_bytes", "registers", "local_bytes"}`` (bytes per block / registers per thread
+    / local memory bytes per thread, ``n_spills * 4``). Raises ``KernelcampError`` without a CUDA GPU."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -651,15 +921,16 @@ def live_figures(spec: KernelSpecLike, device: int = 0) -> dict:
         "arch": arch,
         "shared_bytes": compiled.metadata.shared,
         "registers": compiled.n_regs,
-        "spill_bytes": compiled.n_spills * 4,
+        "local_bytes": compiled.n_spills * 4,
     }
 
 
 def compare_live(cross: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
-    """Mismatches (empty when equal) between cross-compiled and live figures."""
+    """Mismatches (empty when equal) between cross-compiled and live figures (shared memory,
+    registers, local memory: the figures the driver reports)."""
     return [
         f"{k}: cross-compiled {cross.get(k)} != live {live.get(k)}"
-        for k in ("shared_bytes", "registers", "spill_bytes")
+        for k in ("shared_bytes", "registers", "local_bytes")
         if cross.get(k) != live.get(k)
     ]
 

@@ -11,8 +11,10 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,13 @@ def _tiny_dot(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
     tl.store(c_ptr + offs[:, None] * BLOCK + offs[None, :], tl.dot(a, b))
 
 
+# tl.sin needs a 32-byte stack frame but spills nothing (ptxas: "32 bytes stack frame, 0 bytes spill stores").
+@triton.jit
+def _sin_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.sin(tl.load(x_ptr + offs)))
+
+
 @dataclasses.dataclass(frozen=True)
 class TinySpec:
     name: str
@@ -62,6 +71,11 @@ class TinySpec:
 def tiny_specs(cfg: LaunchConfig) -> list[TinySpec]:
     sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp32", "BLOCK": "constexpr"}
     return [TinySpec("tiny_dot", _tiny_dot, sig, {"BLOCK": cfg.BLOCK_T}, cfg.num_warps, cfg.num_stages)]
+
+
+def sin_specs(cfg: LaunchConfig) -> list[TinySpec]:
+    sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "BLOCK": "constexpr"}
+    return [TinySpec("sin", _sin_kernel, sig, {"BLOCK": 128}, cfg.num_warps, cfg.num_stages)]
 
 
 @pytest.fixture(scope="session")
@@ -97,6 +111,7 @@ def child_story_rows(cache_root: str, forbid_compile: bool = False) -> list[dict
             raise AssertionError("triton.compile called on a warm inspection")
 
         triton.compile = boom
+        ki._compile_in_child = boom  # compiles run in a child process, where the patch above cannot reach
     m = _kernel_module()
     targets = [load_target("sm120"), load_target("sm90")]
     specs_for = ki.specs_for_workload(m, V4_FLASH)
@@ -171,8 +186,32 @@ def fresh_figures(spec, arch: int, triton_cache: Path) -> dict:
         "shared_bytes": k.metadata.shared,
         "registers": usage["REG"],
         "stack_bytes": usage["STACK"],
-        "spill_bytes": usage["STACK"] + usage["LOCAL"],
+        "local_bytes": usage["STACK"] + usage["LOCAL"],
+        **ptxas_verbose(k.asm["ptx"], k.metadata.name, arch, triton_cache),
     }
+
+
+def ptxas_verbose(ptx: str, name: str, arch: int, tmp: Path) -> dict:
+    """Independent of kernelcamp.inspect: run the wheel's ptxas -v on the PTX (for the PTX's own
+    .target) and read the kernel's "bytes spill stores" / "bytes spill loads" / "bytes stack frame"."""
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = bin_dir / ("ptxas-blackwell" if arch >= 100 else "ptxas")
+    gpu = re.search(r"^\.target\s+(\w+)", ptx, re.M).group(1)
+    src = tmp / f"{name}_{arch}.ptx"
+    src.write_text(ptx)
+    log = subprocess.run(
+        [str(ptxas), "-lineinfo", "-v", f"--gpu-name={gpu}", str(src), "-o", str(src.with_suffix(".o"))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    m = re.search(
+        rf"Function properties for {name}\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+        r"(\d+) bytes spill loads",
+        log,
+    )
+    assert m, log
+    return {"stack_bytes": int(m.group(1)), "spill_bytes": int(m.group(2)), "spill_load_bytes": int(m.group(3))}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -251,11 +290,57 @@ def test_uncompilable_config_is_named_not_a_traceback(cache_root):
 
 
 def test_tiny_kernel_dot_below_16_fails_cleanly(tmp_path):
-    # in-process: under TRITON_INTERPRET the inspector compiles in a child process by module and name
+    # under TRITON_INTERPRET the inspector computes keys and compiles in child processes by module and name
     rows = ki.inspect_configs([LaunchConfig(8, 16, 4, 1)], [load_target("sm90")], tiny_specs, cache_root=tmp_path)
     assert rows[0]["error"].startswith("CompilationError") and "T8_H16_w4_s1" in rows[0]["reason"]
+    again = ki.inspect_configs([LaunchConfig(8, 16, 4, 1)], [load_target("sm90")], tiny_specs, cache_root=tmp_path)
+    assert again[0]["error"] and not again[0]["cached"], "a compile error was served from the cache"
     ok = ki.inspect_configs([LaunchConfig(32, 16, 4, 1)], [load_target("sm90")], tiny_specs, cache_root=tmp_path)
     assert ok[0]["fits"] and ok[0]["shared_bytes"] > 0 and ok[0]["registers"] > 0
+
+
+@pytest.mark.parametrize("num_warps", [64, 1024])
+def test_more_than_1024_threads_never_fits(tmp_path, num_warps):
+    """num_warps=64 is 2048 threads per block: no arch launches it, whatever its shared memory."""
+    cfg = LaunchConfig(16, 16, num_warps, 1)
+    rows = ki.inspect_configs([cfg], [load_target("sm90")], sin_specs, cache_root=tmp_path)
+    (r,) = rows
+    assert not r["fits"] and r["ctas_per_sm"] == 0 and r["limited_by"] == "does_not_fit"
+    assert f"{num_warps * 32} threads per block, sm90 allows 1024" in r["reason"], r
+
+
+def test_spill_bytes_are_ptxas_spill_stores_not_the_stack_frame(tmp_path):
+    """tl.sin: ptxas says "32 bytes stack frame, 0 bytes spill stores"; the row says the same."""
+    rows = ki.inspect_configs(
+        [LaunchConfig(16, 16, 4, 1)], [load_target("sm90"), load_target("sm120")], sin_specs, cache_root=tmp_path
+    )
+    for r in rows:
+        assert r["error"] is None and r["unreadable"] == {}, r
+        assert (r["stack_bytes"], r["spill_bytes"], r["spill_load_bytes"], r["local_bytes"]) == (32, 0, 0, 32), r
+    fresh = in_child(f"T.child_fresh_sin({str(tmp_path / 'fresh')!r})")
+    for r, f in zip(rows, fresh, strict=True):
+        assert {k: r[k] for k in f} == f
+
+
+def child_fresh_sin(triton_cache: str) -> list[dict]:
+    Path(triton_cache).mkdir(parents=True, exist_ok=True)
+    (s,) = sin_specs(LaunchConfig(16, 16, 4, 1))
+    return [fresh_figures(s, arch, Path(triton_cache)) for arch in (90, 120)]
+
+
+def test_parse_ptxas_log():
+    log = (
+        "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+        "ptxas info    : Function properties for helper\n"
+        "    8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n"
+        "ptxas info    : Function properties for k\n"
+        "    40 bytes stack frame, 24 bytes spill stores, 16 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, used 1 barriers, 40 bytes cumulative stack size\n"
+    )
+    got = ki.parse_ptxas_log(log, "k")
+    assert got == {"stack_bytes": 40, "spill_bytes": 24, "spill_load_bytes": 16, "registers": 255}
+    with pytest.raises(ValueError):
+        ki.parse_ptxas_log(log, "other")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -264,14 +349,102 @@ def test_tiny_kernel_dot_below_16_fails_cleanly(tmp_path):
 
 def test_cache_key_covers_config_arch_and_source():
     (s,) = tiny_specs(LaunchConfig(32, 16, 4, 1))
-    keys = {
-        ki.compile_key(s, 90),
-        ki.compile_key(s, 120),
-        ki.compile_key(dataclasses.replace(s, num_warps=8), 90),
-        ki.compile_key(dataclasses.replace(s, constexprs={"BLOCK": 64}), 90),
-    }
-    assert len(keys) == 4
-    assert ki.compile_key(s, 90) == ki.compile_key(tiny_specs(LaunchConfig(32, 16, 4, 1))[0], 90)
+    jobs = [
+        (s, 90),
+        (s, 120),
+        (dataclasses.replace(s, num_warps=8), 90),
+        (dataclasses.replace(s, constexprs={"BLOCK": 64}), 90),
+        (tiny_specs(LaunchConfig(32, 16, 4, 1))[0], 90),
+    ]
+    keys = ki.compile_keys(jobs)
+    assert None not in keys and len(set(keys[:4])) == 4 and keys[4] == keys[0]
+
+
+# A kernel whose @triton.jit helper lives in another module (written per test into tmp_path).
+HELPER_V1 = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def helper(x):
+    return x * 2.0
+"""
+HELPER_V2 = HELPER_V1.replace("return x * 2.0", "return tl.sin(x)")  # needs a 32-byte stack frame
+KERNEL_SRC = """
+import triton
+import triton.language as tl
+
+from {helper} import helper
+
+
+@triton.jit
+def kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, helper(tl.load(x_ptr + offs)))
+"""
+
+
+def test_cache_key_covers_a_helper_in_another_module(tmp_path, monkeypatch):
+    """Editing a @triton.jit helper the kernel calls from another module must miss a warm cache."""
+    import importlib
+
+    tag = tmp_path.name.replace("-", "_")
+    helper, kernel = f"kc_helper_{tag}", f"kc_kernel_{tag}"
+    (tmp_path / f"{helper}.py").write_text(HELPER_V1)
+    (tmp_path / f"{kernel}.py").write_text(KERNEL_SRC.format(helper=helper))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # the child processes must read the edited file
+    fn = importlib.import_module(kernel).kernel
+    sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "BLOCK": "constexpr"}
+    spec = TinySpec("kernel", fn, sig, {"BLOCK": 128}, 4, 1)
+    cache = tmp_path / "cache"
+    first = ki.compile_figures(spec, 90, root=cache)
+    assert first["error"] is None and not first["cached"] and first["stack_bytes"] == 0, first
+    assert ki.compile_figures(spec, 90, root=cache)["cached"]
+    (tmp_path / f"{helper}.py").write_text(HELPER_V2)
+    edited = ki.compile_figures(spec, 90, root=cache)
+    assert not edited["cached"], "a warm cache returned the figures of the old helper"
+    assert edited["stack_bytes"] == 32, edited
+
+
+def test_cache_key_covers_compile_env_and_triton_version(monkeypatch, tmp_path):
+    (s,) = sin_specs(LaunchConfig(16, 16, 4, 1))
+    base = ki.compile_key(s, 90)
+    cold = ki.compile_figures(s, 90, root=tmp_path)
+    assert not cold["cached"] and ki.compile_figures(s, 90, root=tmp_path)["cached"]
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # in Triton's get_cache_invalidating_env_vars
+    assert ki.compile_key(s, 90) != base
+    assert not ki.compile_figures(s, 90, root=tmp_path)["cached"], "old figures served with fp fusion off"
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    assert ki.compile_key(s, 90) == base
+    assert in_child("T.child_key_with_triton_version('9.9.9')") != in_child("T.child_key_with_triton_version(None)")
+
+
+def child_key_with_triton_version(version: str | None) -> str:
+    (s,) = sin_specs(LaunchConfig(16, 16, 4, 1))
+    if version:
+        triton.__version__ = version
+    return ki.compile_key(s, 90)
+
+
+def test_override_arch_is_refused_in_one_line_and_errors_are_never_cached(monkeypatch, tmp_path):
+    (s,) = sin_specs(LaunchConfig(16, 16, 4, 1))
+    monkeypatch.setenv("TRITON_OVERRIDE_ARCH", "sm80")
+    with pytest.raises(KernelcampError) as e:
+        ki.inspect_configs([LaunchConfig(16, 16, 4, 1)], [load_target("sm90")], sin_specs, cache_root=tmp_path)
+    assert "TRITON_OVERRIDE_ARCH=sm80" in str(e.value) and "\n" not in str(e.value)
+    r = run_cli("--variant", "story_autotune", "--target", "sm90", cache_root=tmp_path, TRITON_OVERRIDE_ARCH="sm80")
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "TRITON_OVERRIDE_ARCH=sm80" in err[0], r.stderr
+    monkeypatch.setenv("TRITON_OVERRIDE_ARCH", "sm90")  # the target's own arch changes nothing
+    assert ki.compile_figures(s, 90, root=tmp_path)["error"] is None
+    monkeypatch.delenv("TRITON_OVERRIDE_ARCH")
+    fig = ki.compile_figures(s, 90, root=tmp_path)
+    assert fig["error"] is None and fig["registers"] > 0
+    assert not list(tmp_path.glob("*.json")) or all(
+        json.loads(p.read_text())["error"] is None for p in tmp_path.glob("*.json")
+    )
 
 
 def test_cache_dir_env(monkeypatch, tmp_path):
@@ -300,6 +473,147 @@ def test_unreadable_figures_are_named(tmp_path):
         ki.parse_resource_usage(usage, "other")
     figs, unreadable = ki.read_cubin(b"not a cubin", "k")
     assert figs["registers"] is None and "cuobjdump" in unreadable["registers"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Signals: SIGTERM / SIGINT stop a long compile at once and leave no compile process behind
+
+SLOW_STUB = """
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def stub_kernel(x_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs) + 1.0)
+
+
+def specs(cfg):
+    sig = {"x_ptr": "*fp32", "BLOCK": "constexpr"}
+    return [SimpleNamespace(name="stub", fn=stub_kernel, signature=sig, constexprs={"BLOCK": 128},
+                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)]
+
+
+if os.environ.get("KC_PARENT_PID") not in (None, str(os.getpid())):  # a compile child: a compile that hangs
+    Path(os.environ["KC_CHILD_PIDFILE"]).write_text(str(os.getpid()))
+    time.sleep(600)
+"""
+
+SIGNAL_PARENT = """
+import os
+import sys
+
+os.environ["KC_PARENT_PID"] = str(os.getpid())
+from pathlib import Path
+
+from kernelcamp import inspect as ki
+from kernelcamp.targets import load_target
+from kernelcamp.variant import LaunchConfig
+
+kind, mode = sys.argv[1], sys.argv[2]
+
+
+def run():
+    if kind == "real":  # DeepSeek-V4-Flash split-K kernel with num_stages=100000: minutes in Triton's C++ passes
+        import kernels.sparse_mla_decode as m
+
+        cfg = LaunchConfig(16, 16, 4, 100000)
+        specs_for = lambda c: m.compile_specs("deepseek_v4", 64, 512, c)[:1]
+    else:
+        import slow_stub
+
+        cfg, specs_for = LaunchConfig(16, 16, 4, 1), slow_stub.specs
+    ki.inspect_configs([cfg], [load_target("sm90")], specs_for, use_cache=False, cache_root=Path("cache"))
+    print("finished", flush=True)
+
+
+if mode == "stage":
+    from kernelcamp.tracking import tracked_stage
+
+    with tracked_stage("build", check_store=False):
+        run()
+else:
+    run()
+"""
+
+
+def _marked(marker: str) -> set[int]:
+    """Pids of live processes whose environment carries ``KC_SIGTEST=<marker>``."""
+    found = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if f"KC_SIGTEST={marker}".encode() in (d / "environ").read_bytes().split(b"\0"):
+                    found.add(int(d.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize(
+    ("kind", "mode", "sig", "codes"),
+    [
+        ("stub", "stage", signal.SIGTERM, {143}),  # tracked_stage: KILLED, exit 128 + 15
+        ("stub", "plain", signal.SIGTERM, {-signal.SIGTERM}),  # default action: dies of the signal
+        ("stub", "plain", signal.SIGINT, {-signal.SIGINT, 130}),  # KeyboardInterrupt
+        ("real", "stage", signal.SIGTERM, {143}),
+    ],
+)
+def test_signal_stops_a_long_compile_and_its_child(tmp_path, kind, mode, sig, codes):
+    if kind == "real":
+        _kernel_module()
+    (tmp_path / "slow_stub.py").write_text(SLOW_STUB)
+    (tmp_path / "parent.py").write_text(SIGNAL_PARENT)
+    marker = f"{os.getpid()}-{tmp_path.name}"
+    pidfile = tmp_path / "child.pid"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]),
+        KC_SIGTEST=marker,
+        KC_CHILD_PIDFILE=str(pidfile),
+        DVC_ROOT=str(tmp_path),
+        MLFLOW_TRACKING_URI="http://127.0.0.1:9",  # the KILLED record fails fast; the signal path is what counts
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "parent.py", kind, mode], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        # stub: until the compile child hangs; real: until the compile is under way, in a child or
+        # (as before the fix) in the parent itself
+        deadline = time.monotonic() + (120 if kind == "stub" else 20)
+        while time.monotonic() < deadline and parent.poll() is None:
+            started = pidfile.exists() if kind == "stub" else bool(_marked(marker) - {parent.pid})
+            if started:
+                break
+            time.sleep(0.2)
+        assert parent.poll() is None, parent.communicate()
+        if kind == "stub":
+            assert time.monotonic() < deadline, "the compile child never started"
+        else:
+            time.sleep(3)  # into Triton's passes
+        t0 = time.monotonic()
+        parent.send_signal(sig)
+        try:
+            out, err = parent.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the parent ignored {sig.name} for 30 s")
+        took = time.monotonic() - t0
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert took < 10, f"the parent took {took:.1f} s to stop after {sig.name}"
+    assert parent.returncode in codes, (parent.returncode, err.decode()[-2000:])
+    assert b"finished" not in out
+    time.sleep(0.5)
+    assert not _marked(marker), f"compile processes survived the parent: {_marked(marker)}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,9 +654,9 @@ def test_occupancy_limits():
 # CLI
 
 
-def run_cli(*args: str, cache_root: Path) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cache_root: Path, **env_extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(KERNELCAMP_CACHE_DIR=str(cache_root), PYTHONPATH=str(ROOT))
+    env.update(KERNELCAMP_CACHE_DIR=str(cache_root), PYTHONPATH=str(ROOT), **env_extra)
     cmd = [sys.executable, "-m", "kernelcamp.cli", "inspect", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
 
