@@ -26,8 +26,11 @@ def test_stopped_server_fails_fast_with_the_redeploy_command(tmp_path: Path, sta
     pfile.write_text(yaml.safe_dump(params))
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the server has stopped
     deploy = tmp_path / "deploy.json"
-    deploy.write_text(json.dumps({"kind": "embedded", "url": url, "variant_hash": "x", "pid": 123}))
-    (tmp_path / "build.json").write_text("{}")
+    from kernelcamp.spec import parse_spec
+
+    hashes = parse_spec(params).hashes()  # records of these params (the stages check that first)
+    deploy.write_text(json.dumps({"kind": "embedded", "url": url, "pid": 123, **hashes}))
+    (tmp_path / "build.json").write_text(json.dumps(hashes))
     r_out = tmp_path / "reports"
     if stage == "benchmark":
         args = ["--build", str(tmp_path / "build.json"), "--out", str(r_out / "benchmark.json")]

@@ -62,6 +62,7 @@ import httpx
 from kernelcamp.errors import KernelcampError
 from kernelcamp.provenance import device_info, git_info, now_utc
 from kernelcamp.serving import INFO_PATH, params_variant_hash
+from kernelcamp.serving.client import auth_headers, request_profile
 from kernelcamp.serving.loadgen import default_prompts, progress_line, run_load, run_window_sync
 from kernelcamp.stats import SequentialPlan, decision, fit_step_model
 
@@ -82,7 +83,7 @@ def _fmt_ci(o: dict[str, Any]) -> str:
 def fetch_info(url: str, **query: Any) -> dict[str, Any] | None:
     """The server's info endpoint, or None when it has none (a foreign server)."""
     try:
-        r = httpx.get(url.rstrip("/") + INFO_PATH, params=query or None, timeout=30)
+        r = httpx.get(url.rstrip("/") + INFO_PATH, params=query or None, timeout=30, headers=auth_headers())
     except httpx.HTTPError as e:
         raise KernelcampError(f"server at {url} does not answer ({type(e).__name__}): {REDEPLOY}") from e
     if r.status_code == 404:
@@ -795,20 +796,11 @@ def _profile_one(
     try:
         attempts = [False, True]
         for eager in attempts:
-            r = httpx.post(
-                url + PROFILE_PATH,
-                json={"steps": steps, "trace_path": trace_path, "eager": eager, "timeout_s": 60},
-                timeout=120,
-            )
-            if r.status_code != 200:
-                msg = (
-                    (r.json().get("error") or {}).get("message")
-                    if r.headers.get("content-type", "").startswith("application/json")
-                    else r.text[:300]
-                )
-                out.update(skipped=f"{PROFILE_PATH} answered {r.status_code}: {msg}")
+            # the server keeps the trace in its own folder; request_profile downloads it to trace_path
+            status, res = request_profile(url, trace_path, steps=steps, eager=eager, timeout_s=60, http_timeout_s=120)
+            if status != 200:
+                out.update(skipped=f"{PROFILE_PATH} answered {status}: {(res.get('error') or {}).get('message')}")
                 break
-            res = r.json()
             out.pop("skipped", None)
             out.update(res)
             on_gpu = not str(res.get("device", "cpu")).startswith("cpu")
