@@ -9,7 +9,7 @@ out=${1:-/tmp/decisions-out}
 mkdir -p "$out"
 source benchmarks/device_env.sh || exit 1
 stamp=$(date -u +%Y%m%dT%H%M%S)
-names=(warp_occupancy-r1 warp_occupancy-r2 aa planted_slow)
+names=(planted_slow aa warp_occupancy-r1 warp_occupancy-r2)  # the short ones first: one per GPU
 for n in "${names[@]}"; do
   dvc exp run --queue -n "$n-$stamp" -S "experiment=${n%-r[12]}" || exit 1
 done

@@ -338,6 +338,7 @@ async def run_window(
     chat: bool = False,
     model: str | None = None,
     extra_body: dict[str, Any] | None = None,
+    spread_phases: bool = True,
 ) -> tuple[dict[str, Any], list[RequestResult]]:
     """One steady-state window at ``concurrency``: closed-loop load, warm-up excluded.
 
@@ -351,7 +352,10 @@ async def run_window(
     over the ok requests that started inside the window (all ok requests when none did: stated in
     ``latency_from``). Counts, ``valid`` and the DESIGN.md ``output_tok_s`` (ok tokens / wall, ramp and
     drain included) cover every request of the window, warm-up and drain included: any failed or
-    incomplete request makes the window invalid. Seconds throughout. Returns (row, records).
+    incomplete request makes the window invalid. ``spread_phases``: each worker's first request is
+    shortened so that the workers' phases are evenly spread (see the worker); the warm-up should last
+    at least one full request so that the window sees the spread state. Seconds throughout. Returns
+    (row, records).
     """
     path = "/v1/chat/completions" if chat else "/v1/completions"
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -363,13 +367,19 @@ async def run_window(
         ws, we = t0 + warmup_s, t0 + warmup_s + window_s
         counter = iter(range(1 << 30))
 
-        async def worker() -> None:
+        async def worker(j: int) -> None:
+            # Spread phases: worker j's first request asks for (j + 1)/concurrency of max_tokens, so the
+            # workers' later (full-length) requests end, and new ones prefill, evenly spread in time
+            # instead of in lock-step waves whose phase against the window made a 3 s window at
+            # concurrency 96 vary by +-10% between repeats (H200, 2026-12-01). The same for both sides.
+            n = max(1, -(-max_tokens * (j + 1) // concurrency)) if spread_phases else max_tokens
             while time.perf_counter() < we:
                 i = next(counter)
-                payload = make_payload(prompts[i % len(prompts)], max_tokens, chat, mid, extra_body)
+                payload = make_payload(prompts[i % len(prompts)], n, chat, mid, extra_body)
                 results.append(await run_request(session, base_url + path, payload, i, timeout_s))
+                n = max_tokens
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(j) for j in range(concurrency)))
     results.sort(key=lambda r: r.index)
     row = level_metrics(results, concurrency, max_tokens)
     counted = [r for r in results if not r.failed]
