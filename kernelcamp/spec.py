@@ -155,14 +155,14 @@ class ServingBenchSpec:
     baseline_port_offset: int = _f(1, ge=1, le=1000)
     warmup_s: float = _f(5.0, ge=0)
     window_s: float = _f(15.0, gt=0)
-    repeats: int = _f(ge=1)
-    min_repeats: int = _f(3, ge=1)
+    repeats: int = _f(ge=2)
+    min_repeats: int = _f(3, ge=2)
     max_seconds: float = _f(1800.0, gt=0)
     cpu_concurrency: list[int] = _f(ge=1, unique=True, nonempty=True)
     cpu_max_tokens: int = _f(ge=1)
     cpu_warmup_s: float = _f(0.25, ge=0)
     cpu_window_s: float = _f(1.0, gt=0)
-    cpu_repeats: int = _f(2, ge=1)
+    cpu_repeats: int = _f(2, ge=2)
 
 
 @dataclass(kw_only=True)

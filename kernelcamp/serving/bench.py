@@ -136,7 +136,7 @@ def check_serving_params(params: dict[str, Any]) -> None:
     sv = (params.get("benchmark") or {}).get("serving") or {}
     for key in ("concurrency", "cpu_concurrency"):
         lv = sv.get(key)
-        if lv is None and key == "cpu_concurrency":
+        if lv is None:  # not given: serving_plan's default levels
             continue
         if (
             not isinstance(lv, list)
