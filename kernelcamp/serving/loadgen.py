@@ -369,9 +369,10 @@ async def run_window(
 
         async def worker(j: int) -> None:
             # Spread phases: worker j's first request asks for (j + 1)/concurrency of max_tokens, so the
-            # workers' later (full-length) requests end, and new ones prefill, evenly spread in time
-            # instead of in lock-step waves whose phase against the window made a 3 s window at
-            # concurrency 96 vary by +-10% between repeats (H200, 2026-12-01). The same for both sides.
+            # workers' later (full-length) requests end, and new ones prefill, spread in time rather than
+            # in lock-step waves. The same for both sides. On the H200 (2026-12-01) it did not narrow the
+            # window-to-window spread at concurrency 96 (about +-12%, against +-15% without): the decode
+            # step time itself varied that much (reports/campaigns/decisions/README.md).
             n = max(1, -(-max_tokens * (j + 1) // concurrency)) if spread_phases else max_tokens
             while time.perf_counter() < we:
                 i = next(counter)
