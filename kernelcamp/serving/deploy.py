@@ -148,6 +148,11 @@ def _wait_port_free(port: int, host: str, timeout_s: float = 10.0) -> bool:
     return port_is_free(port, host)
 
 
+#: Answers to the readiness completion that no amount of waiting changes (a bad request, a missing
+#: key, an unknown model): :func:`wait_ready` stops at once instead of polling until its timeout.
+REFUSALS = (400, 401, 403, 404, 422)
+
+
 def probe_ready(
     url: str, expect_hash: str | None, expect_pid: int | None = None, timeout_s: float = 30.0
 ) -> tuple[bool, str, dict[str, Any]]:
@@ -172,6 +177,12 @@ def probe_ready(
                 json={"model": model, "prompt": "kernelcamp readiness check", "max_tokens": 2, "temperature": 0},
             )
             if r.status_code != 200:
+                if r.status_code in REFUSALS:  # the server will refuse it every time: no use waiting
+                    try:
+                        msg = ((r.json().get("error") or {}).get("message")) or r.text
+                    except ValueError:
+                        msg = r.text
+                    facts["refused"] = f"completion {r.status_code}: {' '.join(str(msg).split())[:300]}"
                 return False, f"completion {r.status_code}", facts
             body = r.json()
             n = (body.get("usage") or {}).get("completion_tokens")
@@ -221,7 +232,9 @@ def wait_ready(
     log: Path | None = None,
 ) -> tuple[float, dict[str, Any]]:
     """Poll :func:`probe_ready` until ready; returns (seconds to ready, facts). Raises ``KernelcampError``
-    when ``proc`` exits first or ``timeout_s`` passes (the caller cleans up)."""
+    when ``proc`` exits first, when the server refuses the readiness completion outright
+    (:data:`REFUSALS`, e.g. a context too small for it), or when ``timeout_s`` passes (the caller
+    cleans up)."""
     t0 = time.monotonic()
     reason = "not polled"
     while True:
@@ -230,6 +243,11 @@ def wait_ready(
         ok, reason, facts = probe_ready(url, expect_hash, expect_pid, timeout_s=max(5.0, min(60.0, timeout_s)))
         if ok:
             return time.monotonic() - t0, facts
+        if facts.get("refused"):
+            raise KernelcampError(
+                f"server at {url} refuses the readiness completion ({facts['refused']}): "
+                f"check the server flags (e.g. server.max_context_tokens){_log_tail(log)}"
+            )
         if time.monotonic() - t0 > timeout_s:
             raise KernelcampError(
                 f"server at {url} not ready after {timeout_s:g} s (last check: {reason}){_log_tail(log)}"

@@ -1,0 +1,45 @@
+"""Readiness: a server that will never be ready is reported at once, not after health_timeout_s."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.serving.deploy import wait_ready
+from kernelcamp.serving.testing import ServerThread
+
+
+def _refusing_app(status: int) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok"}
+
+    @app.post("/v1/completions")
+    def completions():
+        msg = "the prompt's 5 tokens + max_tokens=2 exceed this server's context of 1 tokens"
+        return JSONResponse({"error": {"message": msg, "type": "invalid_request_error"}}, status_code=status)
+
+    return app
+
+
+@pytest.mark.parametrize("status", [400, 401, 404])
+def test_a_refused_readiness_completion_fails_at_once(status: int) -> None:
+    """`-S server.max_context_tokens=1`: the server was up but refused every completion, and deploy
+    waited the whole health_timeout_s (600 s) before saying so."""
+    with ServerThread(_refusing_app(status)) as url:
+        t0 = time.monotonic()
+        with pytest.raises(KernelcampError, match=f"refuses the readiness completion \\(completion {status}: "):
+            wait_ready(url, None, timeout_s=600, poll_s=0.1)
+        assert time.monotonic() - t0 < 30
+
+
+def test_a_server_still_starting_is_waited_for() -> None:
+    """503 (not ready yet) is not a refusal: polling goes on until the timeout."""
+    with ServerThread(_refusing_app(503)) as url, pytest.raises(KernelcampError, match="not ready after 1 s"):
+        wait_ready(url, None, timeout_s=1, poll_s=0.1)
