@@ -2,6 +2,7 @@
 
 kernelcamp inspect ...   compile-inspect a variant for one or more targets (kernelcamp.inspect)
 kernelcamp serve ...     run the embedded OpenAI-compatible decode server (kernelcamp.serving.server)
+kernelcamp loadgen ...   load any OpenAI-compatible server, vLLM bench serve's metrics (kernelcamp.serving.loadgen_cli)
 kernelcamp sweep ...     queued sweep with one DVC experiment worker per GPU (kernelcamp.sweep)
 """
 
@@ -17,6 +18,10 @@ SUBCOMMANDS = {
         "registers, spills, occupancy, which configs the target prunes",
     ),
     "serve": ("kernelcamp.serving.server", "run the embedded OpenAI-compatible decode server"),
+    "loadgen": (
+        "kernelcamp.serving.loadgen_cli",
+        "load an OpenAI-compatible server at concurrency levels: TTFT, TPOT, ITL, e2e, tok/s",
+    ),
     "sweep": ("kernelcamp.sweep", "run queued DVC experiments with one worker pinned to each GPU"),
 }
 

@@ -38,7 +38,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,14 +128,17 @@ async def run_request(
     index: int,
     timeout_s: float,
     collect_text: bool = False,
+    api_key: str | None = None,
 ) -> RequestResult:
-    """POST one streamed request and record its chunks; never raises for a failed request."""
+    """POST one streamed request and record its chunks; never raises for a failed request.
+
+    ``api_key``: sent as ``Authorization: Bearer``; None means ``$KERNELCAMP_API_KEY`` (if set)."""
     r = RequestResult(index)
     texts: list[str] = []
     state = {"usage_total": None, "done": False, "counted": True}
 
     async def _do() -> None:
-        async with session.post(url, json=payload, headers=auth_headers()) as resp:
+        async with session.post(url, json=payload, headers=auth_headers(api_key)) as resp:
             if resp.status != 200:
                 await resp.read()
                 r.status = f"http_{resp.status}"
@@ -262,10 +265,10 @@ def make_payload(prompt: str, max_tokens: int, chat: bool, model: str, extra: di
     return p
 
 
-async def _model_id(session: aiohttp.ClientSession, base: str) -> str:
+async def _model_id(session: aiohttp.ClientSession, base: str, api_key: str | None = None) -> str:
     try:
         async with session.get(
-            base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10), headers=auth_headers()
+            base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10), headers=auth_headers(api_key)
         ) as r:
             data = await r.json()
             return data["data"][0]["id"]
@@ -285,14 +288,19 @@ async def run_level(
     extra_body: dict[str, Any] | None = None,
     collect_text: bool = False,
     level_timeout_s: float | None = None,
+    api_key: str | None = None,
+    on_result: Callable[[RequestResult], None] | None = None,
 ) -> tuple[dict[str, Any], list[RequestResult]]:
-    """One concurrency level. Returns (metrics row, per-request records in prompt order)."""
+    """One concurrency level. Returns (metrics row, per-request records in prompt order).
+
+    ``api_key``: see :func:`run_request`. ``on_result``: called with each request's record as it ends
+    (in the event loop's thread; a progress bar advances on it)."""
     n = num_requests if num_requests is not None else 2 * concurrency
     path = "/v1/chat/completions" if chat else "/v1/completions"
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
-        mid = model or await _model_id(session, base_url)
+        mid = model or await _model_id(session, base_url, api_key)
         results = [RequestResult(i) for i in range(n)]
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(n):
@@ -305,7 +313,9 @@ async def run_level(
                 except asyncio.QueueEmpty:
                     return
                 payload = make_payload(prompts[i % len(prompts)], max_tokens, chat, mid, extra_body)
-                results[i] = await run_request(session, base_url + path, payload, i, timeout_s, collect_text)
+                results[i] = await run_request(session, base_url + path, payload, i, timeout_s, collect_text, api_key)
+                if on_result is not None:
+                    on_result(results[i])
 
         tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, n))]
         t0 = time.perf_counter()

@@ -1,0 +1,111 @@
+"""``kernelcamp loadgen`` against the fixed-rate fake server: vLLM bench serve's metrics per level
+(JSON Lines and the human block), failures kept out of throughput with exit status 1, the API key,
+and bad input as one ``error:`` line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelcamp.cli import main
+from kernelcamp.serving.server import MODEL_NAME, FakeSpec, make_fake_app
+from kernelcamp.serving.testing import ServerThread, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
+
+
+def test_json_lines_one_object_per_level_with_known_values(capsys):
+    ttft, itl, n = 40.0, 5.0, 6
+    with ServerThread(make_fake_app(FakeSpec(ttft_ms=ttft, itl_ms=itl))) as url:
+        rc = main(["loadgen", "--url", url, "--concurrency", "2", "1", "--num-requests", "4", "--max-tokens", str(n)])
+        human = capsys.readouterr()
+        rc_json = main(
+            ["loadgen", "--url", url + "/v1/", "--concurrency", "2", "1", "--num-requests", "4"]
+            + ["--max-tokens", str(n), "--json"]
+        )
+        out = capsys.readouterr()
+    assert rc == 0 and rc_json == 0, out.err
+    rows = [json.loads(line) for line in out.out.splitlines()]
+    assert [r["concurrency"] for r in rows] == [2, 1]  # the order given
+    for r in rows:
+        assert r["url"] == url and r["endpoint"] == "/v1/completions" and r["model"] == MODEL_NAME
+        assert r["valid"] and (r["requests_ok"], r["requests_failed"], r["num_requests"]) == (4, 0, 4)
+        assert r["output_tokens"] == 4 * n
+        assert r["request_throughput"] == pytest.approx(4 / r["wall_s"])
+        assert r["output_tok_s"] == pytest.approx(4 * n / r["wall_s"])
+        for m in LATENCIES:
+            assert r[f"{m}_ms_p50"] <= r[f"{m}_ms_p90"] <= r[f"{m}_ms_p99"], m
+        assert ttft - 1 <= r["ttft_ms_p50"] <= ttft + 30
+        assert itl * 0.9 <= r["tpot_ms_p50"] <= itl * 1.5
+    assert rows[1]["wall_s"] >= 4 * (ttft + (n - 1) * itl) / 1e3  # concurrency 1: one after another
+    assert "concurrency 2" in out.err and "concurrency 1" in out.err  # the progress bars, on stderr
+    # the human output: vLLM's labels, one block per level
+    for label in ("Successful requests:", "Failed requests:", "Request throughput (req/s):", "P99 TTFT (ms):"):
+        assert human.out.count(label) == 2, label
+    for label in ("Median TPOT (ms):", "P90 ITL (ms):", "Mean E2EL (ms):", "Output token throughput (tok/s):"):
+        assert label in human.out
+
+
+def test_failed_requests_counted_kept_out_of_throughput_and_exit_1(capsys):
+    with ServerThread(make_fake_app(FakeSpec(ttft_ms=2, itl_ms=1, fail_every=2))) as url:
+        rc = main(["loadgen", "--url", url, "--num-requests", "4", "--max-tokens", "3", "--json"])
+    row = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert (row["requests_ok"], row["requests_failed"], row["valid"]) == (2, 2, False)
+    assert row["failure_reasons"] == {"http_500": 2}
+    assert row["output_tokens"] == 6 and row["request_throughput"] == pytest.approx(2 / row["wall_s"])
+
+
+def test_chat_endpoint_model_and_api_key(capsys, monkeypatch):
+    monkeypatch.delenv("KERNELCAMP_API_KEY", raising=False)
+    with ServerThread(make_fake_app(FakeSpec(ttft_ms=1, itl_ms=1), api_key="sekrit")) as url:
+        args = ["loadgen", "--url", url, "--concurrency", "2", "--num-requests", "2", "--max-tokens", "4", "--json"]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "--api-key" in err and err.count("\n") == 1
+        assert main(args + ["--chat", "--model", MODEL_NAME, "--api-key", "sekrit"]) == 0
+        row = json.loads(capsys.readouterr().out)
+    assert row["endpoint"] == "/v1/chat/completions" and row["model"] == MODEL_NAME
+    assert row["valid"] and row["requests_ok"] == 2
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--url", "127.0.0.1:8765"], "expected http://host:port"),
+        (["--url", "ftp://127.0.0.1:8765"], "expected http://host:port"),
+        (["--url", "http://127.0.0.1:99999"], "--url"),
+        (["--url", "http://127.0.0.1:{free}"], "cannot reach http://127.0.0.1:"),
+        (["--url", "http://127.0.0.1:{free}", "--concurrency", "4", "0"], "--concurrency: 0 is not positive"),
+        (["--url", "http://127.0.0.1:{free}", "--num-requests", "-3"], "--num-requests: -3 is not positive"),
+        (["--url", "http://127.0.0.1:{free}", "--max-tokens", "0"], "--max-tokens: 0 is not positive"),
+        (["--url", "http://127.0.0.1:{free}", "--max-tokens", "two"], "'two' is not an integer"),
+        (["--url", "http://127.0.0.1:{free}", "--timeout-s", "0"], "--timeout-s"),
+        (["--concurrency", "1"], "--url"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_exit_2(args, says, capsys):
+    args = [a.replace("{free}", str(free_port())) for a in args]
+    with pytest.raises(SystemExit) as e:  # argparse's errors exit; the checks after parsing return 2
+        raise SystemExit(main(["loadgen", *args]))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and says in err, err
+    assert "Traceback" not in err
+
+
+def test_unreachable_url_from_the_command_line():
+    r = subprocess.run(
+        [sys.executable, "-m", "kernelcamp.cli", "loadgen", "--url", f"http://127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("error: cannot reach") and r.stderr.count("\n") == 1, r.stderr
