@@ -314,8 +314,8 @@ def test_a_server_tied_to_its_caller_dies_with_it_even_on_sigkill(tmp_path: Path
     code = textwrap.dedent(
         f"""
         import subprocess, sys, time
-        from kernelcamp.serving.deploy import _pdeathsig
-        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=_pdeathsig,
+        from kernelcamp.serving.deploy import pdeathsig_preexec
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=pdeathsig_preexec(),
                              start_new_session=True)
         open({str(pidfile)!r}, "w").write(str(p.pid))
         time.sleep(120)
@@ -362,3 +362,21 @@ def test_a_deploy_with_required_values_unset_names_them() -> None:
 
     with pytest.raises(KernelcampError, match=r"deploy\.kernel_dest is required \(\?\?\? in conf/\)"):
         parse_spec(yaml.safe_load(compose_text(ROOT, ["deploy=command"])))
+
+
+def test_the_benchmarks_baseline_server_is_tied_to_the_stage(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The flag was lost once in a rewrite of serving/bench.py while the README promised it."""
+    import kernelcamp.serving.bench as sb
+    import kernelcamp.serving.deploy as sd
+
+    seen = {}
+
+    def fake_start(*a, die_with_caller=False, **k):
+        seen["die_with_caller"] = die_with_caller
+        raise KeyboardInterrupt  # stop right there
+
+    monkeypatch.setattr(sd, "start_embedded", fake_start)
+    monkeypatch.setattr(sb, "_free_baseline_port", lambda *a, **k: None)
+    with pytest.raises(KeyboardInterrupt), sb.baseline_server(copy.deepcopy(PARAMS), "http://127.0.0.1:8765", tmp_path):
+        pass
+    assert seen == {"die_with_caller": True}

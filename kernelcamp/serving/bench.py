@@ -62,7 +62,7 @@ import httpx
 from kernelcamp.errors import KernelcampError
 from kernelcamp.provenance import device_info, git_info, now_utc
 from kernelcamp.serving import INFO_PATH, params_variant_hash
-from kernelcamp.serving.client import auth_headers, request_profile
+from kernelcamp.serving.client import auth_headers, client_url, request_profile
 from kernelcamp.serving.loadgen import default_prompts, progress_line, run_load, run_window_sync
 from kernelcamp.stats import SequentialPlan, decision, fit_step_model
 
@@ -426,9 +426,12 @@ def baseline_server(
     with _signals_raise_if_default():
         try:
             _free_baseline_port(params, host, port, root)
-            proc, seconds, facts = start_embedded(bparams, host, port, bhash, sdir, BASELINE_STEM, cfg)
+            # die_with_caller: a SIGKILLed benchmark must not orphan its temporary baseline server
+            proc, seconds, facts = start_embedded(
+                bparams, host, port, bhash, sdir, BASELINE_STEM, cfg, die_with_caller=True
+            )
             yield {
-                "url": f"http://{host}:{port}",
+                "url": client_url(host, port),
                 "port": port,
                 "pid": proc.pid,
                 "variant_name": str((params.get("baseline") or {}).get("name")),
