@@ -324,6 +324,9 @@ def decision_metrics(ab: dict) -> dict:
         "decision_code": DECISION_CODES.get(ab.get("decision")),
         "half_width": ab.get("half_width"),
         "rounds_used": ab.get("n_rounds"),
-        "stopped_early": None if "stop_reason" not in ab else int(ab["stop_reason"] == "decided"),
+        # decided before the maximum (a run decided at its last look did not stop early)
+        "stopped_early": None
+        if "stop_reason" not in ab
+        else int(ab["stop_reason"] == "decided" and ab.get("n_rounds", 0) < ab.get("max_rounds", float("inf"))),
     }
     return {k: v for k, v in m.items() if v is not None}

@@ -52,8 +52,9 @@ from kernelcamp.errors import KernelcampError
 
 DECISIONS = ("faster", "slower", "equivalent", "inconclusive")
 #: Numeric codes for metrics files and MLflow (numbers only there; the words go in tags and reports).
-#: Not an ordinal scale: inconclusive is 2, not "between" faster and slower.
-DECISION_CODES = {"faster": -1, "equivalent": 0, "slower": 1, "inconclusive": 2}
+#: faster, inconclusive and slower keep the codes they had under the three-outcome rule (-1, 0, 1), so
+#: a committed record's 0 still means inconclusive; equivalent, new, is 2. Not an ordinal scale.
+DECISION_CODES = {"faster": -1, "inconclusive": 0, "slower": 1, "equivalent": 2}
 #: Why a sequential run stopped.
 STOP_REASONS = ("decided", "max_rounds", "max_seconds")
 

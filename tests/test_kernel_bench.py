@@ -82,5 +82,12 @@ def test_kernel_plan_gpu_sequential_cpu_fixed(params):
     )
     assert g.threshold == params["report"]["threshold"] and g.confidence == params["report"]["confidence"]
     assert kernel_plan(params, "cpu").looks == [bk["cpu_rounds"]]
-    m = decision_metrics({"decision": "equivalent", "half_width": 0.004, "n_rounds": 15, "stop_reason": "decided"})
-    assert m == {"decision_code": 0, "half_width": 0.004, "rounds_used": 15, "stopped_early": 1}
+    m = decision_metrics(
+        {"decision": "equivalent", "half_width": 0.004, "n_rounds": 15, "max_rounds": 60, "stop_reason": "decided"}
+    )
+    assert m == {"decision_code": 2, "half_width": 0.004, "rounds_used": 15, "stopped_early": 1}
+    # decided at the last look: not early (it said 1)
+    last = decision_metrics({"decision": "slower", "n_rounds": 60, "max_rounds": 60, "stop_reason": "decided"})
+    assert last["stopped_early"] == 0 and last["decision_code"] == 1
+    # inconclusive keeps the code it had under the three-outcome rule
+    assert decision_metrics({"decision": "inconclusive"})["decision_code"] == 0
