@@ -1,5 +1,5 @@
-"""Deploy targets: embedded (stage script, restart, reuse, foreign/stale process on the port, never
-ready), command (launch with flag env, reuse, stop), ssh (against a private sshd on loopback when
+"""Deploy targets: embedded (stage script, restart, reuse, a foreign or stale process on the port: the
+next free port, never ready), command (launch with flag env, reuse, stop), ssh (against a private sshd on loopback when
 /usr/sbin/sshd exists; checksum comparison with a fake remote runner always). No test leaves a
 process or a port behind."""
 
@@ -22,18 +22,20 @@ import yaml
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import load_params
 from kernelcamp.serving import params_variant_hash
+from kernelcamp.serving.bench import check_baseline_port
 from kernelcamp.serving.deploy import (
     _alive,
     compare_checksums,
     deploy,
     deploy_ssh,
+    fallback_ports,
     kill_group,
     remote_sha256,
     stop_command,
     stop_embedded,
 )
 from kernelcamp.serving.server import FakeSpec, make_fake_app
-from kernelcamp.serving.testing import LoopbackSshd, ServerThread, free_port, port_is_free
+from kernelcamp.serving.testing import LoopbackSshd, ServerThread, free_port, free_port_block, port_is_free
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,13 +94,54 @@ def test_embedded_stage_restart_and_reuse(params, tmp_path):
     assert info["pid"] == new["pid"] and info["variant_hash"] == new["variant_hash"]
 
 
-def test_foreign_process_on_port_is_a_clear_error(params, tmp_path):
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", params["server"]["port"]))
-        s.listen()
-        with pytest.raises(KernelcampError, match="held by a process this deploy did not start"):
+def _listen(port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+def test_foreign_listener_on_port_deploys_on_next_free_port(params, tmp_path, capsys):
+    # `make run` stopped at deploy when another program held server.port. Now: the configured port is
+    # held by a plain listener, port + 1 is the configured port's baseline port (skipped), port + 2 by a
+    # stale process that even claims the right hash (never used): the server takes port + 3, its
+    # baseline server will take port + 4, and the record's url says so.
+    port = params["server"]["port"] = free_port_block(10)
+    stale = make_fake_app(FakeSpec(variant_hash=params_variant_hash(params)))
+    with _listen(port), ServerThread(stale, port=port + 2):
+        rec = deploy(params, tmp_path)
+        err = capsys.readouterr().err
+        assert rec["url"] == f"http://127.0.0.1:{port + 3}" and rec["port"] == port + 3
+        assert rec["configured_port"] == port and not rec["reused"] and rec["hash_verified"]
+        assert f"port {port} on 127.0.0.1 (server.port) is held by a process this deploy did not start" in err
+        lines = [ln for ln in err.splitlines() if ln.startswith("deploy: ")]
+        assert len(lines) == 1 and f"serving on port {port + 3} instead" in lines[0], err
+        assert f"baseline server on {port + 4}" in lines[0] and rec["port_note"] == lines[0][len("deploy: ") :]
+        info = httpx.get(rec["url"] + "/v1/kernelcamp/info").json()
+        assert info["pid"] == rec["pid"] and info["variant_hash"] == rec["variant_hash"]
+        again = deploy(params, tmp_path)  # our live server on the fallback port, same hash and flags: reused
+        assert again["reused"] and again["pid"] == rec["pid"] and again["url"] == rec["url"]
+        assert again["deploy_id"] == rec["deploy_id"] and again["configured_port"] == port
+        # the benchmark derives the baseline port from the url actually used, never from server.port
+        check_baseline_port(params, rec, tmp_path)
+        with _listen(port + 4):
+            with pytest.raises(KernelcampError, match=f"baseline server port {port + 4} on 127.0.0.1"):
+                check_baseline_port(params, rec, tmp_path)
+
+
+def test_no_free_fallback_port_is_a_clear_error(params, tmp_path):
+    port = params["server"]["port"] = free_port_block(10)
+    tried = fallback_ports(port, params)
+    assert tried and port + 1 not in tried and max(tried) + 1 < port + 10  # baseline offset 1: skipped, in range
+    socks = [_listen(p) for p in [port, *tried]]
+    try:
+        with pytest.raises(KernelcampError, match="held by a process this deploy did not start, and no fallback"):
             deploy(params, tmp_path)
+    finally:
+        for s in socks:
+            s.close()
+    assert not (tmp_path / ".kernelcamp" / "server.json").exists()
 
 
 def test_overlap_scheduling_on_the_embedded_server_is_refused_before_any_side_effect(params, tmp_path):
@@ -108,14 +151,6 @@ def test_overlap_scheduling_on_the_embedded_server_is_refused_before_any_side_ef
     with pytest.raises(KernelcampError, match="does not implement overlap scheduling"):
         deploy(params, tmp_path)
     assert not (tmp_path / ".kernelcamp").exists(), "nothing may be started or written"
-
-
-def test_stale_server_answering_with_right_hash_never_passes(params, tmp_path):
-    # A process that is not ours answers on the port and even claims the right hash.
-    stale = make_fake_app(FakeSpec(variant_hash=params_variant_hash(params)))
-    with ServerThread(stale, port=params["server"]["port"]):
-        with pytest.raises(KernelcampError, match="held by a process"):
-            deploy(params, tmp_path)
 
 
 def test_never_ready_server_times_out_and_leaves_nothing(params, tmp_path):

@@ -4,9 +4,12 @@
 
 - ``embedded``: kernelcamp's own server on this machine. The previous one (state file
   ``$DVC_ROOT/.kernelcamp/server.json``: pid, process group, port, hash) is stopped (SIGTERM to its
-  process group, SIGKILL after 15 s), its port must be free (a foreign process on it is a clear
-  error), then ``kernelcamp serve`` starts detached (new session, log ``.kernelcamp/server.log``)
-  with the exact params it was deployed with (``.kernelcamp/server-params.yaml``).
+  process group, SIGKILL after 15 s), then ``kernelcamp serve`` starts detached (new session, log
+  ``.kernelcamp/server.log``) with the exact params it was deployed with
+  (``.kernelcamp/server-params.yaml``) on ``server.port``, or, when a process this deploy did not
+  start holds that port, on the next free port of :func:`fallback_ports` (one line on stderr says
+  which and why; the record's ``url`` and ``port`` carry it, ``configured_port`` and ``port_note``
+  say why). Everything after the deploy reads the port from the record's ``url``, never from params.
 - ``command``: your own server. The variant's kernel file is copied to ``kernel_dest``, ``stop``
   (if given) runs, then ``launch`` runs detached through the shell with the flag set as
   environment (:func:`flag_env`).
@@ -331,11 +334,53 @@ def stop_embedded(root: str | Path | None = None, grace_s: float = 15.0, slot: i
     return stopped
 
 
+#: At most this many ports above the configured one are tried when a foreign process holds it.
+PORT_TRIES = 9
+
+
+def _baseline_offset(params: dict[str, Any]) -> int | None:
+    """The serving benchmark's baseline server port offset when it will start one beside this deploy
+    (serving enabled, ``measure_baseline``, a baseline given), else None. Raises ``KernelcampError``
+    for an offset out of range (:func:`kernelcamp.serving.bench.baseline_port`)."""
+    sv = (params.get("benchmark") or {}).get("serving") or {}
+    if not sv.get("enabled") or not sv.get("measure_baseline", True) or not params.get("baseline"):
+        return None
+    from kernelcamp.serving.bench import baseline_port
+
+    return baseline_port(0, params)
+
+
+def fallback_ports(port: int, params: dict[str, Any]) -> list[int]:
+    """The ports the embedded deploy tries, in order, when a foreign process holds ``port`` (the
+    configured ``server.port``, or a sweep worker's :func:`~kernelcamp.sweep.worker_port`).
+
+    Upward from ``port + 1``, at most :data:`PORT_TRIES`, all inside the ``PORT_STRIDE`` (10) ports
+    this workspace or sweep worker owns, so a fallback never lands on a sweep worker's range. When the
+    serving benchmark will start a baseline server (:func:`_baseline_offset` = k), ``port + k`` is
+    skipped and a fallback ``p`` is kept only with ``p + k`` inside the range too (the baseline server
+    goes to the port actually used + k; the caller also checks that one is free). Ports beyond 65535
+    are dropped. Raises ``KernelcampError`` for a baseline port offset out of range."""
+    from kernelcamp.sweep import PORT_STRIDE
+
+    off = _baseline_offset(params)
+    last = port + PORT_STRIDE - 1 - (off or 0)
+    out = [p for p in range(port + 1, last + 1) if p != port + (off or 0) and p <= 65535]
+    return out[:PORT_TRIES]
+
+
 def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> dict[str, Any]:
     """Start (or reuse) kernelcamp's server for the variant; see the module docstring.
 
+    Port: ``server.port`` (a sweep worker's own port in a sweep). When a process this deploy did not
+    start still holds it (after our previous server was stopped and ``deploy.port_free_timeout_s``
+    waited for it), the server starts on the first port of :func:`fallback_ports` that is free (with
+    its baseline port, when a baseline server is planned), and one ``deploy: ...`` line on stderr says
+    which port it took and why. A live server of ours with the same variant hash and flags, on the
+    configured port or on one of its fallbacks, is reused.
+
     Raises ``KernelcampError`` (before any side effect) for ``server.overlap_scheduling: true``: the
-    embedded server does not implement it, so a run with it set would measure something else.
+    embedded server does not implement it, so a run with it set would measure something else; and
+    when the configured port and every fallback are held by other processes.
     """
     cfg = params.get("deploy") or {}
     server = params.get("server") or {}
@@ -348,7 +393,6 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
     variant, khash, flags, vhash, kpath = _variant_facts(params)
     host = str(server.get("host") or "127.0.0.1")
     port = worker_port(int(server.get("port", 8765)))
-    url = client_url(host, port)  # what a client uses: never http://0.0.0.0:port
     warn = exposure_warning(host, port)
     if warn:
         print(f"deploy: {warn}", file=sys.stderr, flush=True)
@@ -357,14 +401,16 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
     spath, log = sdir / "server.json", sdir / "server.log"
     local = sha256_file(kpath) if kpath.exists() else None
     st = _read_state(spath)
+    fallbacks = fallback_ports(port, params)
     if (
         st
         and st.get("variant_hash") == vhash
-        and st.get("port") == port
+        and st.get("port") in [port, *fallbacks]
         and st.get("flags") == flags
         and _alive(st.get("pid"))
     ):
-        ok, _, facts = probe_ready(url, vhash, st["pid"])
+        used = int(st["port"])
+        ok, _, facts = probe_ready(client_url(host, used), vhash, st["pid"])
         if ok:
             files = [
                 {
@@ -373,16 +419,37 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
                     "sha256_remote": (facts.get("info") or {}).get("kernel_source_hash"),
                 }
             ]
-            return _record(
-                "embedded", url, variant, vhash, khash, flags, files, 0.0, st["pid"], True, facts, log=str(log)
+            note = (
+                None
+                if used == port
+                else f"reused this workspace's server on port {used} (port {port} was held by another process "
+                "when it started)"
             )
-    stop_embedded(root)
-    if not _wait_port_free(port, host, float(cfg.get("port_free_timeout_s", 10.0))):
-        raise KernelcampError(
-            f"port {port} on {host} is held by a process this deploy did not start: stop it or "
-            f"set server.port (e.g. -S server.port={port + 1})"
-        )
-    proc, seconds, facts = start_embedded(params, host, port, vhash, sdir, "server", cfg)
+            return _record(
+                "embedded",
+                client_url(host, used),
+                variant,
+                vhash,
+                khash,
+                flags,
+                files,
+                0.0,
+                st["pid"],
+                True,
+                facts,
+                log=str(log),
+                port=used,
+                configured_port=port,
+                port_note=note,
+            )
+    stopped_port = (st or {}).get("port") if stop_embedded(root) else None
+    wait_s = float(cfg.get("port_free_timeout_s", 10.0)) if stopped_port == port else 0.0
+    used, note = port, None
+    if not _wait_port_free(port, host, wait_s):
+        used, note = _pick_fallback(params, host, port, fallbacks, stopped_port, cfg)
+        print(f"deploy: {note}", file=sys.stderr, flush=True)
+    url = client_url(host, used)  # what a client uses: never http://0.0.0.0:port
+    proc, seconds, facts = start_embedded(params, host, used, vhash, sdir, "server", cfg)
     files = [
         {
             "path": str(kpath),
@@ -391,7 +458,44 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
         }
     ]
     return _record(
-        "embedded", url, variant, vhash, khash, flags, files, round(seconds, 3), proc.pid, False, facts, log=str(log)
+        "embedded",
+        url,
+        variant,
+        vhash,
+        khash,
+        flags,
+        files,
+        round(seconds, 3),
+        proc.pid,
+        False,
+        facts,
+        log=str(log),
+        port=used,
+        configured_port=port,
+        port_note=note,
+    )
+
+
+def _pick_fallback(
+    params: dict[str, Any], host: str, port: int, fallbacks: list[int], stopped_port: Any, cfg: dict[str, Any]
+) -> tuple[int, str]:
+    """The first free port of ``fallbacks`` (with its baseline port free too, when a baseline server is
+    planned) and the line that says why it was taken; ``KernelcampError`` when there is none."""
+    off = _baseline_offset(params)
+    for p in fallbacks:
+        # the port our stopped server held may need a moment to be released
+        wait_s = float(cfg.get("port_free_timeout_s", 10.0)) if p == stopped_port else 0.0
+        if _wait_port_free(p, host, wait_s) and (off is None or port_is_free(p + off, host)):
+            base = f", its baseline server on {p + off}" if off is not None else ""
+            return p, (
+                f"port {port} on {host} (server.port) is held by a process this deploy did not start: "
+                f"serving on port {p} instead{base} (set server.port, e.g. in conf/local/default.yaml, to choose)"
+            )
+    tried = f"{fallbacks[0]}..{fallbacks[-1]}" if fallbacks else "none"
+    raise KernelcampError(
+        f"port {port} on {host} is held by a process this deploy did not start, and no fallback port is free "
+        f"(tried {tried}{', each with its baseline port' if off is not None else ''}): stop it or "
+        f"set server.port (e.g. -S server.port={port + 100})"
     )
 
 
