@@ -44,7 +44,7 @@ KERNEL_PACKAGE = "kernels"
 _MODULE_RE = re.compile(rf"^{KERNEL_PACKAGE}\.[A-Za-z_][A-Za-z0-9_]*$")
 #: What build.json records of the run spec (and the later stages check it against): build depends on
 #: the variant's configs and the kernel, not on the server flags that the deployed variant hash covers.
-BUILD_KEYS = ("variant_config_hash", "kernel_module", "kernel_source_hash")
+BUILD_KEYS = ("variant_config_hash", "baseline_config_hash", "target", "kernel_module", "kernel_source_hash")
 #: What deploy.json, benchmark.json and verify.json are checked against.
 DEPLOY_KEYS = ("variant_hash", "kernel_source_hash")
 
@@ -129,15 +129,14 @@ class ServerSpec:
     device: str | None = _f(None)
     env: dict[str, Any] = _f({})
     args: list[str] = _f([])
-    api_key: str | None = _f(None)
 
 
 @dataclass(kw_only=True)
 class KernelBenchSpec:
-    rounds: int = _f(ge=2)
-    min_rounds: int = _f(10, ge=2)
-    look_every: int = _f(5, ge=1)
-    max_seconds: float = _f(300.0, gt=0)
+    rounds: int = _f(ge=2)  # the maximum (kernelcamp.stats.SequentialPlan)
+    min_rounds: int = _f(ge=2)
+    look_every: int = _f(ge=1)
+    max_seconds: float | None = _f(gt=0)  # null: no time budget
     replays_per_round: int = _f(ge=1)
     warmup: int = _f(ge=0)
     cpu_rounds: int = _f(ge=2)
@@ -153,16 +152,16 @@ class ServingBenchSpec:
     timeout_s: float = _f(gt=0)
     measure_baseline: bool = _f(True)
     baseline_port_offset: int = _f(1, ge=1, le=1000)
-    warmup_s: float = _f(5.0, ge=0)
-    window_s: float = _f(15.0, gt=0)
-    repeats: int = _f(ge=2)
-    min_repeats: int = _f(3, ge=2)
-    max_seconds: float = _f(1800.0, gt=0)
+    warmup_s: float = _f(ge=0)
+    window_s: float = _f(gt=0)
+    repeats: int = _f(ge=2)  # the maximum
+    min_repeats: int = _f(ge=2)
+    max_seconds: float | None = _f(gt=0)  # null: no time budget
     cpu_concurrency: list[int] = _f(ge=1, unique=True, nonempty=True)
     cpu_max_tokens: int = _f(ge=1)
-    cpu_warmup_s: float = _f(0.25, ge=0)
-    cpu_window_s: float = _f(1.0, gt=0)
-    cpu_repeats: int = _f(2, ge=2)
+    cpu_warmup_s: float = _f(ge=0)
+    cpu_window_s: float = _f(gt=0)
+    cpu_repeats: int = _f(ge=2)
 
 
 @dataclass(kw_only=True)
@@ -452,6 +451,8 @@ class RunSpec:
             "variant_hash": self.variant_hash,
             "baseline_hash": self.baseline_hash,
             "variant_config_hash": self.variant.config_hash(),
+            "baseline_config_hash": self.baseline.config_hash() if self.baseline else None,
+            "target": self.target.name,
             "kernel_module": self.kernel.module,
             "kernel_source_hash": self.kernel_source_hash,
         }
@@ -487,6 +488,7 @@ def parse_spec(raw: Mapping[str, Any], path: Path | str = "params.yaml", text: s
     extra = [k for k in raw if k not in known]
     if extra:
         raise KernelcampError(f"params.yaml has an unknown section {extra[0]!r}: known sections are {sorted(known)}")
+    _check_across_keys(sections)
     variant = parse_variant(raw["variant"], "variant")
     baseline = parse_variant(raw["baseline"], "baseline") if raw.get("baseline") else None
     target = load_target(raw["target"])
@@ -511,6 +513,17 @@ def parse_spec(raw: Mapping[str, Any], path: Path | str = "params.yaml", text: s
         baseline_hash=variant_hash(baseline, ksha, flags) if baseline is not None else None,
         **sections,
     )
+
+
+def _check_across_keys(sections: Mapping[str, Any]) -> None:
+    """Checks that involve two keys: a minimum never above its maximum."""
+    bk, sv = sections["benchmark"].kernel, sections["benchmark"].serving
+    for where, lo, hi, hi_name in (
+        ("benchmark.kernel.min_rounds", bk.min_rounds, bk.rounds, "benchmark.kernel.rounds"),
+        ("benchmark.serving.min_repeats", sv.min_repeats, sv.repeats, "benchmark.serving.repeats"),
+    ):
+        if lo > hi:
+            raise KernelcampError(f"{where} = {lo}: must be <= {hi_name} ({hi}), the maximum")
 
 
 def _check_against_target(v: Variant, section: str, target: Any) -> None:

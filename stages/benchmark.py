@@ -132,7 +132,7 @@ def main() -> int:
     variants, notes = {}, {}
     for name, sec in (("baseline", "baseline"), ("candidate", "variant")):
         v = spec.baseline if sec == "baseline" else spec.variant
-        full = [c.label() for c in v.configs]
+        full, full_hash = [c.label() for c in v.configs], v.config_hash()
         if run_as:
             keep = kept_configs(build, sec, run_as, len(v.configs))
             if not keep:
@@ -142,7 +142,8 @@ def main() -> int:
             v = v.restricted([0])  # Triton's autotuner needs a GPU driver
         notes[name] = {
             "name": params[sec]["name"],
-            "config_hash": v.config_hash(),
+            "config_hash": full_hash,  # the variant's, as build.json and the MLflow tags give it
+            "config_hash_ran": v.config_hash(),  # of configs_ran (differs when some were dropped)
             "configs": full,
             "configs_ran": [c.label() for c in v.configs],
             "config_list": (f"as {run_as} would run it (configs it prunes dropped)" if run_as else "every config")

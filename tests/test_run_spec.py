@@ -215,6 +215,10 @@ BAD = [
     ("server.max_context_tokens", 1, r"server\.max_context_tokens = 1: must be >= 2"),
     ("server.nmae", "x", r"server\.nmae is not a known key; did you mean server\.name\?"),
     ("deploy.health_timeout_s", -5, r"deploy\.health_timeout_s = -5\.0: must be > 0"),
+    # a minimum above its maximum was found only by the benchmark stage, after build and deploy ran
+    ("benchmark.kernel.min_rounds", 100, r"benchmark\.kernel\.min_rounds = 100: must be <= benchmark\.kernel\.rounds"),
+    ("benchmark.serving.min_repeats", 9, r"benchmark\.serving\.min_repeats = 9: must be <= benchmark\.serving\.rep"),
+    ("benchmark.kernel.max_seconds", 0, r"benchmark\.kernel\.max_seconds = 0\.0: must be > 0"),
 ]
 
 
@@ -380,3 +384,19 @@ def test_the_benchmarks_baseline_server_is_tied_to_the_stage(monkeypatch: pytest
     with pytest.raises(KeyboardInterrupt), sb.baseline_server(copy.deepcopy(PARAMS), "http://127.0.0.1:8765", tmp_path):
         pass
     assert seen == {"die_with_caller": True}
+
+
+def test_a_null_time_budget_means_none() -> None:
+    # the benchmark documents null as "no time budget"; the spec refused it as "expected a number"
+    spec = parse_spec(_with(_with(PARAMS, "benchmark.kernel.max_seconds", None), "benchmark.serving.max_seconds", None))
+    assert spec.benchmark.kernel.max_seconds is None and spec.benchmark.serving.max_seconds is None
+
+
+def test_build_records_are_checked_for_the_baseline_and_target_too() -> None:
+    spec = parse_spec(PARAMS)
+    other = parse_spec(_with(PARAMS, "baseline", {**PARAMS["variant"], "name": "other"}))
+    from kernelcamp.spec import BUILD_KEYS
+
+    assert {"baseline_config_hash", "target"} <= set(BUILD_KEYS)
+    with pytest.raises(KernelcampError, match="build.json has baseline_config_hash"):
+        spec.check_record("build.json", other.hashes(), BUILD_KEYS)

@@ -555,7 +555,7 @@ def start_embedded(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_pdeathsig if die_with_caller else None,  # only a prctl call: safe between fork and exec
+            preexec_fn=pdeathsig_preexec() if die_with_caller else None,
         )
     try:
         write_json_atomic(
@@ -591,12 +591,20 @@ def start_embedded(
     return proc, seconds, facts
 
 
-def _pdeathsig() -> None:
-    """In the child before exec: SIGTERM when the parent dies (see :func:`kernelcamp.io.die_with_parent`)."""
+def pdeathsig_preexec() -> Any:
+    """A ``preexec_fn`` that has Linux send the child SIGTERM when its parent dies, even by SIGKILL
+    (``prctl(PR_SET_PDEATHSIG)``; see :func:`kernelcamp.io.die_with_parent`). libc's ``prctl`` is
+    resolved here, in the parent: between fork and exec the child only makes the call (no import, no
+    dlopen, which are not safe in a forked child of a threaded process). None where there is no prctl."""
     import ctypes
     import signal
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    sig = int(signal.SIGTERM)
+    return lambda: prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
 
 
 def stop_state(path: Path, grace_s: float = 15.0) -> bool:

@@ -8,7 +8,11 @@ from kernelcamp.stats import DECISION_CODES
 
 
 def serving_metrics(serving: dict) -> dict:
-    """Flat, numeric serving figures for benchmark_metrics.json (units in the names); None left out."""
+    """Flat, numeric serving figures for benchmark_metrics.json (units in the names); None left out.
+
+    The A/B ratios are of ``steady_output_tok_s`` (tokens inside the measured steady-state window /
+    window seconds, kernelcamp.serving.loadgen.run_window), which is what the serving A/B pairs;
+    ``output_tok_s`` (DESIGN.md: ok tokens / wall, ramp and drain included) is reported per impl."""
     m: dict[str, Any] = {}
     ab = serving.get("ab") or {}
     if "baseline_measured" in serving:
@@ -18,17 +22,24 @@ def serving_metrics(serving: dict) -> dict:
         m[f"serving_c{c}_valid"] = int(bool(e.get("valid")))
         for impl in ("baseline", "candidate"):
             a = e.get(impl) or {}
-            for f in ("output_tok_s", "per_request_tok_s", "ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p50"):
+            for f in (
+                "steady_output_tok_s",
+                "output_tok_s",
+                "per_request_tok_s",
+                "ttft_ms_p50",
+                "tpot_ms_p50",
+                "e2e_ms_p50",
+            ):
                 m[f"serving_c{c}_{f}_{impl}"] = a.get(f)
-        m[f"serving_c{c}_ratio_output_tok_s"] = e.get("ratio")
-        m[f"serving_c{c}_ratio_output_tok_s_ci_lo"] = e.get("ci_lo")
-        m[f"serving_c{c}_ratio_output_tok_s_ci_hi"] = e.get("ci_hi")
+        m[f"serving_c{c}_ratio_steady_output_tok_s"] = e.get("ratio")
+        m[f"serving_c{c}_ratio_steady_output_tok_s_ci_lo"] = e.get("ci_lo")
+        m[f"serving_c{c}_ratio_steady_output_tok_s_ci_hi"] = e.get("ci_hi")
         m[f"serving_c{c}_ratio_half_width"] = e.get("half_width")
         m[f"serving_c{c}_decision_code"] = DECISION_CODES.get(e.get("decision"))
     o = ab.get("overall") or {}
-    m["serving_ratio_output_tok_s"] = o.get("ratio")
-    m["serving_ratio_output_tok_s_ci_lo"] = o.get("ci_lo")
-    m["serving_ratio_output_tok_s_ci_hi"] = o.get("ci_hi")
+    m["serving_ratio_steady_output_tok_s"] = o.get("ratio")
+    m["serving_ratio_steady_output_tok_s_ci_lo"] = o.get("ci_lo")
+    m["serving_ratio_steady_output_tok_s_ci_hi"] = o.get("ci_hi")
     m["serving_ratio_half_width"] = o.get("half_width")
     m["serving_repeats_used"] = o.get("n_repeats")
     m["serving_decision_code"] = DECISION_CODES.get(o.get("decision"))  # kernelcamp.stats.DECISION_CODES
