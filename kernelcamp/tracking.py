@@ -127,9 +127,16 @@ def _client(uri: str):
 def ensure_store(params: Mapping[str, Any] | None = None) -> tuple[str, str]:
     """Create/migrate the store once (under the lock), get or create the experiment, close stale runs.
 
+    The experiment carries MLflow's experiment kind tag ``mlflow.experimentKind`` =
+    ``custom_model_development`` ("Machine learning": the runs table, not the GenAI overview), also
+    one created before kernelcamp set it; a kind already set (chosen in the UI) is kept. MLflow 3.17's
+    UI derives the kind from its own workflow switch instead (``?workflowType=machine_learning``, or
+    the sidebar's toggle, remembered by the browser); older MLflow 3 UIs and servers read the tag.
+
     Returns ``(uri, experiment_id)``. Raises ``KernelcampError`` when the server is unreachable or
     the store cannot be opened.
     """
+    kind_tag, training = "mlflow.experimentKind", "custom_model_development"  # MLflow UI's ExperimentKind
     uri = tracking_uri(params)
     check_reachable(uri)
     name = experiment_name(params)
@@ -138,7 +145,7 @@ def ensure_store(params: Mapping[str, Any] | None = None) -> tuple[str, str]:
             client = _client(uri)
             exp = client.get_experiment_by_name(name)
             if exp is None:
-                kwargs = {}
+                kwargs: dict[str, Any] = {"tags": {kind_tag: training}}
                 db = _sqlite_path(uri)
                 if db is not None:
                     kwargs["artifact_location"] = (db.parent / "mlartifacts").as_uri()
@@ -151,6 +158,9 @@ def ensure_store(params: Mapping[str, Any] | None = None) -> tuple[str, str]:
                     exp_id = exp.experiment_id
             else:
                 exp_id = exp.experiment_id
+            if exp is not None and not exp.tags.get(kind_tag):
+                with contextlib.suppress(Exception):  # how the UI opens it: never worth stopping a stage
+                    client.set_experiment_tag(exp_id, kind_tag, training)
             close_stale_runs(client, exp_id)
     except KernelcampError:
         raise
