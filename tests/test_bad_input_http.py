@@ -414,3 +414,51 @@ def test_ssh_and_scp_end_options_before_the_destination(monkeypatch):
     assert "LogLevel=ERROR" in ssh[: ssh.index("--")]
     with pytest.raises(KernelcampError, match="remote_dir"):
         r.put("kernel.py", "-oProxyCommand=x")
+
+
+# ---- found by review (2026-12-01) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"prompt": "x", "max_tokens": 10**23}, "max_tokens"),
+        ({"prompt": "x", "max_tokens": 2, "temperature": float("nan")}, "temperature"),
+        ({"prompt": "x", "max_tokens": 2, "top_p": float("inf")}, "top_p"),
+    ],
+    ids=["huge-max-tokens", "nan-temperature", "inf-top-p"],
+)
+def test_review_bodies_are_400(body: dict, param: str) -> None:
+    import json as _json
+
+    from fastapi.testclient import TestClient
+
+    from kernelcamp.serving.server import FakeSpec, make_fake_app
+
+    with TestClient(make_fake_app(FakeSpec(ttft_ms=1, itl_ms=1))) as c:
+        # NaN/inf are not JSON: send them as Python's json writes them, as a careless client would
+        r = c.post("/v1/completions", content=_json.dumps(body), headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert param in r.text
+
+
+def test_trace_store_keeps_files_that_are_not_its_traces(tmp_path) -> None:
+    from kernelcamp.serving.server import TraceStore
+
+    for i in range(9):
+        (tmp_path / f"user{i}.json.gz").write_bytes(b"mine")
+    store = TraceStore(tmp_path, keep=2)
+    for _ in range(4):
+        store.new()[1].write_bytes(b"trace")
+    assert len(list(tmp_path.glob("user*.json.gz"))) == 9
+    assert store.path("0" * 32 + "\n") is None  # "$" let a trailing newline through
+
+
+@pytest.mark.parametrize("key", ["", "  ", " k "])
+def test_blank_or_padded_api_key_in_the_environment_is_refused(key: str, monkeypatch, capsys) -> None:
+    from kernelcamp.serving.server import cli_main
+
+    monkeypatch.setenv("KERNELCAMP_API_KEY", key)
+    assert cli_main(["--fake", "ttft_ms=1", "--port", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: KERNELCAMP_API_KEY: empty or with surrounding spaces")

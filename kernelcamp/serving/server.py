@@ -65,9 +65,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import (
     AfterValidator,
+    AllowInfNan,
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -96,6 +98,13 @@ def _utf8(s: str) -> str:
 
 #: A string that is valid Unicode (JSON allows an unpaired ``\\ud800`` escape; UTF-8 does not).
 Text = Annotated[StrictStr, AfterValidator(_utf8)]
+
+
+#: The most tokens one request may ask for, before any context check (the fake server has no context:
+#: without a bound, a max_tokens of 10**23 kept it generating until the client gave up).
+MAX_TOKENS_LIMIT = 1 << 16
+#: A strict float that is finite: NaN and infinities are refused (pydantic's StrictFloat takes them).
+FiniteFloat = Annotated[float, Strict(), AllowInfNan(False)]
 
 
 class _Open(BaseModel):
@@ -141,13 +150,13 @@ class ChatMessage(_Open):
 
 class _Generate(_Open):
     model: Text | None = None
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     n: StrictInt = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    temperature: StrictFloat | StrictInt | None = None
-    top_p: StrictFloat | StrictInt | None = None
+    temperature: FiniteFloat | StrictInt | None = None
+    top_p: FiniteFloat | StrictInt | None = None
 
     @field_validator("n")
     @classmethod
@@ -798,7 +807,7 @@ class TraceStore:
     ``folder`` None: a private temporary folder (0700) that the server removes when it stops. A
     request never names a path: it gets an id and downloads the bytes from :data:`TRACE_PATH`."""
 
-    ID = re.compile(r"^[0-9a-f]{32}$")
+    ID = re.compile(r"[0-9a-f]{32}")  # fullmatch: "$" would let a trailing newline through
 
     def __init__(self, folder: str | Path | None = None, keep: int = 8):
         self.owned = folder is None
@@ -808,7 +817,9 @@ class TraceStore:
     def new(self) -> tuple[str, Path]:
         """A fresh (id, path) for the next trace; older traces beyond ``keep`` are removed."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        old = sorted(self.dir.glob("*.json.gz"), key=lambda p: p.stat().st_mtime)
+        # only our own traces (<32 hex id>.json.gz): a --trace-dir shared with other files keeps them
+        ours = [p for p in self.dir.glob("*.json.gz") if self.ID.fullmatch(p.name[: -len(".json.gz")])]
+        old = sorted(ours, key=lambda p: p.stat().st_mtime)
         for p in old[: max(0, len(old) - self.keep + 1)]:
             p.unlink(missing_ok=True)
         tid = uuid.uuid4().hex
@@ -816,7 +827,7 @@ class TraceStore:
 
     def path(self, trace_id: str) -> Path | None:
         """The file of trace ``trace_id``, or None (unknown id, or not an id at all)."""
-        if not self.ID.match(trace_id):
+        if not self.ID.fullmatch(trace_id):
             return None
         p = self.dir / f"{trace_id}.json.gz"
         return p if p.is_file() else None
@@ -1267,8 +1278,11 @@ def cli_main(argv: list[str] | None = None) -> int:
         if args.trace_dir is not None and Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
             raise KernelcampError(f"--trace-dir {args.trace_dir}: exists and is not a folder")
         key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
-        if args.api_key is not None and not args.api_key.strip():
-            raise KernelcampError("--api-key: empty; pass a key or leave the option out")
+        if key is not None and (not key.strip() or key != key.strip()):
+            where = "--api-key" if args.api_key is not None else API_KEY_ENV
+            raise KernelcampError(
+                f"{where}: empty or with surrounding spaces (no request could match it); give a key, or leave it unset"
+            )
         server: dict[str, Any] = {}
         spec = FakeSpec.parse(args.fake) if args.fake is not None else None
         params: dict[str, Any] = {}
