@@ -79,3 +79,13 @@ def test_template_is_current_with_the_vendored_builds():
     mt = _make_template()
     assert mt.TEMPLATE.read_text(encoding="utf-8") == mt.render(), "run: python vendor/vega/make_template.py"
     assert ConfigObj(str(ROOT / ".dvc" / "config"))["plots"]["html_template"] == "../vendor/vega/plots.html"
+
+
+def test_readme_says_the_plots_render_offline_and_how():
+    """The Compare section names the template .dvc/config sets, so moving it leaves no stale README."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    compare = readme.split("## Compare", 1)[1].split("\n## ", 1)[0]
+    template = ConfigObj(str(ROOT / ".dvc" / "config")).get("plots", {}).get("html_template")
+    assert template, "no plots.html_template in .dvc/config"
+    shown = (ROOT / ".dvc" / template).resolve().relative_to(ROOT).as_posix()
+    assert "offline" in compare and "plots.html_template" in compare and shown in compare
