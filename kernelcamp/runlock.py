@@ -39,6 +39,23 @@ def _ppid_and_cmd(pid: int) -> tuple[int | None, list[str]]:
     return ppid, cmd
 
 
+def _start_time(pid: int | None) -> int | None:
+    """The process's start time (clock ticks after boot, ``/proc/<pid>/stat`` field 22), or None: with
+    the pid it names one process, so a pid reused after the owner died is never taken for it."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _owner_alive(claim: dict[str, Any]) -> bool:
+    pid = claim.get("owner_pid")
+    return pid_alive(pid) and claim.get("owner_start") in (None, _start_time(pid))
+
+
 def _is_dvc(cmd: list[str]) -> bool:
     head = cmd[:3]
     return any(os.path.basename(a) == "dvc" for a in head) or (len(cmd) > 2 and cmd[1:3] == ["-m", "dvc"])
@@ -91,7 +108,7 @@ def claim_run(root: Path, stage: str, params_sha256: str, owner: int | None = No
             cur = json.loads(path.read_text())
         except (OSError, ValueError):
             cur = None
-        if isinstance(cur, dict) and pid_alive(cur.get("owner_pid")):
+        if isinstance(cur, dict) and _owner_alive(cur):
             if cur["owner_pid"] != owner:
                 raise KernelcampError(
                     f"another pipeline run (dvc pid {cur['owner_pid']}, since stage {cur.get('stage')}) is running in "
@@ -104,7 +121,7 @@ def claim_run(root: Path, stage: str, params_sha256: str, owner: int | None = No
                     "this stage was recorded, rerun the pipeline"
                 )
             return cur
-        claim = {"owner_pid": owner, "params_sha256": params_sha256, "stage": stage}
+        claim = {"owner_pid": owner, "owner_start": _start_time(owner), "params_sha256": params_sha256, "stage": stage}
         write_json_atomic(path, claim)
         return claim
 

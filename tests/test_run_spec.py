@@ -400,3 +400,18 @@ def test_build_records_are_checked_for_the_baseline_and_target_too() -> None:
     assert {"baseline_config_hash", "target"} <= set(BUILD_KEYS)
     with pytest.raises(KernelcampError, match="build.json has baseline_config_hash"):
         spec.check_record("build.json", other.hashes(), BUILD_KEYS)
+
+
+def test_a_reused_pid_is_not_taken_for_the_runs_owner(tmp_path: Path) -> None:
+    """The claim named only a pid: a new process given the dead owner's pid looked like a live run."""
+    claim_run(tmp_path, "build", "a" * 64, owner=os.getpid())
+    path = tmp_path / ".kernelcamp" / "run.json"
+    stale = json.loads(path.read_text())
+    stale["owner_start"] -= 1  # the same pid, started at another time: another process
+    path.write_text(json.dumps(stale))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert claim_run(tmp_path, "spec", "b" * 64, owner=other.pid)["owner_pid"] == other.pid
+    finally:
+        other.kill()
+        other.wait()
