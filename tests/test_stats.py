@@ -2,6 +2,8 @@
 (A/A, a real difference under the threshold, a planted slowdown), a planted slowdown comes out
 slower, step model."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -165,3 +167,30 @@ def test_step_model_recovers_story_coefficients():
     assert m["r2"] > 0.999
     with pytest.raises(KernelcampError):
         fit_step_model([4, 4], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("true", [1.0, 1.015, 1.05])
+def test_simulation_agrees_with_the_code_the_stages_run(true):
+    """simulate_sequential re-implements the interval and the rule in numpy (for speed); on the same
+    draws, SequentialPlan.analyse / stop_reason (what the benchmark runs) must reach the same outcomes,
+    or the rate tests above would not speak for the stages."""
+    n_sims, seed = 300, 11
+    fast = simulate_sequential(PLAN, true, NOISE, n_sims=n_sims, seed=seed)
+    rng = np.random.default_rng(seed)  # the draws simulate_sequential makes, in its order
+    z_c = rng.standard_normal((n_sims, PLAN.max_rounds))
+    z_b = rng.standard_normal((n_sims, PLAN.max_rounds))
+    counts = dict.fromkeys(("faster", "slower", "equivalent", "inconclusive"), 0)
+    rounds = 0
+    for i in range(n_sims):
+        base = [100.0 * math.exp(NOISE * z) for z in z_b[i]]
+        cand = [100.0 * true * math.exp(NOISE * z) for z in z_c[i]]
+        for k in PLAN.looks:
+            res = PLAN.analyse(base[:k], cand[:k])
+            why = PLAN.stop_reason(k, res["decision"], 0.0)
+            if why:
+                counts[res["decision"] if why == "decided" else "inconclusive"] += 1
+                rounds += k
+                break
+    for word, c in counts.items():
+        assert fast[word] == pytest.approx(c / n_sims, abs=1.5 / n_sims), word
+    assert fast["mean_rounds"] == pytest.approx(rounds / n_sims, rel=0.01)
