@@ -560,7 +560,10 @@ def render_markdown(
         f"[{1 - threshold:.3f}, {1 + threshold:.3f}] (two one-sided tests); inconclusive otherwise. The rounds "
         "stop at the first planned look that decides; each look's interval is at the overall confidence "
         f"({int(round(100 * (h['confidence'] or 0.95)))}%) split over the planned looks (Bonferroni), so the "
-        "error rates hold whichever look the run stops at (kernelcamp.stats).",
+        "error rates hold whichever look the run stops at (kernelcamp.stats). The decisions per batch size "
+        "(and per serving level) use the same per-look level each and are not corrected for how many there "
+        "are: with 8 batch sizes, one of them may be called faster or slower by chance up to about 8 times "
+        "as often as the headline; read them as detail, the headline decides.",
         "",
     ]
     out += ["## Kernel latency per batch size", ""]
