@@ -43,3 +43,29 @@ def test_a_server_still_starting_is_waited_for() -> None:
     """503 (not ready yet) is not a refusal: polling goes on until the timeout."""
     with ServerThread(_refusing_app(503)) as url, pytest.raises(KernelcampError, match="not ready after 1 s"):
         wait_ready(url, None, timeout_s=1, poll_s=0.1)
+
+
+def test_setup_digest_covers_what_the_server_computes_not_where_it_listens() -> None:
+    """A live server was reused after `-S workload=deepseek_v32` (the variant hash leaves the workload
+    out), so the new setup's records described a server of the old one."""
+    import copy
+    from pathlib import Path
+
+    import yaml
+
+    from kernelcamp.serving.deploy import setup_digest
+
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    base = setup_digest(params)
+    for section, key, value in (
+        ("workload", "num_heads", 128),
+        ("server", "max_context_tokens", 4096),
+        ("server", "num_cache_tokens", 1 << 20),
+        ("server", "device", "cuda:1"),
+    ):
+        p = copy.deepcopy(params)
+        p[section][key] = value
+        assert setup_digest(p) != base, (section, key)
+    p = copy.deepcopy(params)
+    p["server"].update(host="0.0.0.0", port=9999)
+    assert setup_digest(p) == base

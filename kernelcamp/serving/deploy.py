@@ -368,6 +368,17 @@ def fallback_ports(port: int, params: dict[str, Any]) -> list[int]:
     return out[:PORT_TRIES]
 
 
+def setup_digest(params: dict[str, Any]) -> str:
+    """sha256 (16 hex) of everything that shapes what an embedded server computes besides the variant
+    hash: the workload (attention shape, cache layout, stand-in model) and the whole server section
+    but where it listens (host, port). A live server is reused only when this matches too: the variant
+    hash leaves out e.g. ``-S workload=deepseek_v32`` or ``server.max_context_tokens``, and a reused
+    server would have been measured as the new setup."""
+    server = {k: v for k, v in (params.get("server") or {}).items() if k not in ("host", "port")}
+    payload = json.dumps({"workload": params.get("workload"), "server": server}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
 def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> dict[str, Any]:
     """Start (or reuse) kernelcamp's server for the variant; see the module docstring.
 
@@ -407,6 +418,7 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
         and st.get("variant_hash") == vhash
         and st.get("port") in [port, *fallbacks]
         and st.get("flags") == flags
+        and st.get("setup_digest") == setup_digest(params)
         and _alive(st.get("pid"))
     ):
         used = int(st["port"])
@@ -568,6 +580,7 @@ def start_embedded(
                 "url": url,
                 "variant_hash": vhash,
                 "flags": flags,
+                "setup_digest": setup_digest(params),
                 "log": str(log),
                 "started_at": now_utc(),
                 "cmd": cmd,
