@@ -462,3 +462,18 @@ def test_blank_or_padded_api_key_in_the_environment_is_refused(key: str, monkeyp
     assert cli_main(["--fake", "ttft_ms=1", "--port", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: KERNELCAMP_API_KEY: empty or with surrounding spaces")
+
+
+@pytest.mark.parametrize(
+    "method,path,status",
+    [("GET", "/nope", 404), ("POST", "/v1/kernelcamp/profile", 404), ("GET", "/v1/completions", 405)],
+)
+def test_routing_errors_are_openai_shaped(method: str, path: str, status: int) -> None:
+    from fastapi.testclient import TestClient
+
+    from kernelcamp.serving.server import FakeSpec, make_fake_app
+
+    with TestClient(make_fake_app(FakeSpec(ttft_ms=1, itl_ms=1))) as c:
+        r = c.request(method, path, json={} if method == "POST" else None)
+    assert r.status_code == status
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}  # was FastAPI's {"detail": ...}

@@ -77,6 +77,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.serving import INFO_PATH, kernel_source_hash, server_flags, variant_hash
@@ -312,7 +313,14 @@ def _openai_app(title: str, api_key: str | None, lifespan: Any = None) -> FastAP
     app = FastAPI(title=title, lifespan=lifespan)
     app.add_middleware(_Guard, api_key=api_key)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     return app
+
+
+async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own errors (unknown route 404, wrong method 405) in the OpenAI error shape too."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return _error(str(exc.detail), exc.status_code, code=code)
 
 
 def _check_model(req: _Generate) -> JSONResponse | None:
