@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,13 @@ def claim_run(root: Path, stage: str, params_sha256: str, owner: int | None = No
                     "this stage was recorded, rerun the pipeline"
                 )
             return cur
-        claim = {"owner_pid": owner, "owner_start": _start_time(owner), "params_sha256": params_sha256, "stage": stage}
+        claim = {
+            "owner_pid": owner,
+            "owner_start": _start_time(owner),
+            "params_sha256": params_sha256,
+            "stage": stage,
+            "claimed_at_ms": int(time.time() * 1000),  # the run's start, for the MLflow run's duration
+        }
         write_json_atomic(path, claim)
         return claim
 
@@ -139,3 +146,16 @@ def release_run(root: Path, owner: int | None = None) -> None:
             return
         if isinstance(cur, dict) and cur.get("owner_pid") == owner:
             path.unlink(missing_ok=True)
+
+
+def run_started_ms(root: Path, owner: int | None = None) -> int | None:
+    """When this owner's run claimed the tree (ms since the epoch), or None (no claim of this owner:
+    a stage run by hand)."""
+    owner = run_owner() if owner is None else owner
+    if owner is None:
+        return None
+    try:
+        cur = json.loads(claim_path(root).read_text())
+    except (OSError, ValueError):
+        return None
+    return cur.get("claimed_at_ms") if isinstance(cur, dict) and cur.get("owner_pid") == owner else None

@@ -317,8 +317,16 @@ class Run:
             self._client.set_terminated(self.run_id, status=status)
 
 
-def start_run(params: Mapping[str, Any], run_name: str | None = None, tags: Mapping[str, Any] | None = None) -> Run:
-    """Create a RUNNING run in the configured store, tagged with its owner's pid and host."""
+def start_run(
+    params: Mapping[str, Any],
+    run_name: str | None = None,
+    tags: Mapping[str, Any] | None = None,
+    start_time_ms: int | None = None,
+) -> Run:
+    """Create a RUNNING run in the configured store, tagged with its owner's pid and host.
+
+    ``start_time_ms`` (ms since the epoch): when the pipeline run began (its first stage), so that the
+    MLflow run's duration is the pipeline's, not only the report stage's; None: now."""
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
     uri, exp_id = ensure_store(params)
@@ -326,7 +334,7 @@ def start_run(params: Mapping[str, Any], run_name: str | None = None, tags: Mapp
     name = run_name or os.environ.get("DVC_EXP_NAME") or ((params.get("variant") or {}).get("name")) or "run"
     with store_lock(uri):
         client = _client(uri)
-        run = client.create_run(exp_id, run_name=name, tags={**base, MLFLOW_RUN_NAME: name})
+        run = client.create_run(exp_id, start_time=start_time_ms, run_name=name, tags={**base, MLFLOW_RUN_NAME: name})
     r = Run(uri, run.info.run_id)
     if tags:
         r.set_tags(tags)
@@ -335,11 +343,14 @@ def start_run(params: Mapping[str, Any], run_name: str | None = None, tags: Mapp
 
 @contextlib.contextmanager
 def tracked_run(
-    params: Mapping[str, Any], run_name: str | None = None, tags: Mapping[str, Any] | None = None
+    params: Mapping[str, Any],
+    run_name: str | None = None,
+    tags: Mapping[str, Any] | None = None,
+    start_time_ms: int | None = None,
 ) -> Iterator[Run]:
     """A run that ends FINISHED only if the block completes; FAILED (with the error) on an exception
     or a non-zero ``SystemExit``; KILLED on SIGTERM/SIGINT, after which the process exits 128+signal."""
-    run = start_run(params, run_name, tags)
+    run = start_run(params, run_name, tags, start_time_ms)
     with _signals_raise():
         try:
             yield run

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernelcamp import report as kr  # noqa: E402
 from kernelcamp import tracking  # noqa: E402
 from kernelcamp.io import stage_main  # noqa: E402
-from kernelcamp.runlock import release_run  # noqa: E402
+from kernelcamp.runlock import release_run, run_started_ms  # noqa: E402
 from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, project_root, stage_spec  # noqa: E402
 
 
@@ -87,7 +87,8 @@ def main() -> int:
             f"[report] rendered {out.name} and {len(plots)} plot(s); logging to {tracking.tracking_uri(params)}",
             flush=True,
         )
-        with tracking.tracked_run(params, tags=tags) as run:
+        # the MLflow run spans the pipeline run (from its first stage's claim), not only this stage
+        with tracking.tracked_run(spec.raw, tags=tags, start_time_ms=run_started_ms(project_root())) as run:
             run.log_params(params)
             run.log_series(kr.mlflow_points(data, threshold))
             inputs = tmp / "inputs"

@@ -415,3 +415,19 @@ def test_a_reused_pid_is_not_taken_for_the_runs_owner(tmp_path: Path) -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def test_the_mlflow_run_spans_the_pipeline_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report opened the run at the end, so its duration was the report stage's logging only."""
+    from kernelcamp import tracking
+    from kernelcamp.runlock import run_started_ms
+
+    claim = claim_run(tmp_path, "spec", "a" * 64, owner=os.getpid())
+    assert run_started_ms(tmp_path, owner=os.getpid()) == claim["claimed_at_ms"]
+    assert run_started_ms(tmp_path, owner=os.getpid() + 1) is None
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    started = claim["claimed_at_ms"] - 120_000  # two minutes before now
+    with tracking.tracked_run({}, run_name="t", start_time_ms=started) as run:
+        rid = run.run_id
+    info = tracking._client(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(rid).info
+    assert info.start_time == started and info.end_time - info.start_time >= 120_000
