@@ -4,7 +4,7 @@ PY ?= python
 # 3.6.0, numpy 2.3.5: Triton 3.6's interpreter breaks with numpy >= 2.4); a GPU machine keeps its own torch.
 PIP_PINS ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo "-c .ci/constraints.txt")
 
-.PHONY: help run test test-gpu params check-params lint format queue sweep campaign ui clean-server
+.PHONY: help run test test-slow test-gpu params check-params lint format queue sweep campaign ui clean-server
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -14,6 +14,9 @@ run:  ## install, then run the pipeline on the default conf (dvc exp run)
 
 test:  ## install with test extras, then run the CPU tests
 	$(PY) -m pip install $(PIP_PINS) -e '.[test]' && $(PY) -m pytest
+
+test-slow:  ## the slow CPU tests: end-to-end pipeline and sweep runs, real compiles (CI runs them after `make test`)
+	$(PY) -m pytest -m 'slow and not gpu'
 
 test-gpu:  ## run the GPU tests (on a machine with a CUDA GPU)
 	$(PY) -m pytest -m gpu

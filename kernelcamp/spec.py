@@ -567,7 +567,7 @@ def spec_summary(spec: RunSpec) -> dict[str, Any]:
     no hash of the whole params.yaml, so it changes only when the variant, baseline, kernel or
     server flags do (build depends on it)."""
     return {
-        **spec.hashes(),
+        **{k: v for k, v in spec.hashes().items() if k != "target"},  # build has the target as a param
         "variant": spec.variant.as_dict(),
         "baseline": spec.baseline.as_dict() if spec.baseline else None,
         "kernel_file": str(spec.kernel_file.relative_to(project_root())),

@@ -169,6 +169,7 @@ def test_text_content_parts_are_joined_not_repr(fake, real):
     assert ok.status_code == 200  # the right model name and unknown OpenAI fields are fine
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_prompt_beyond_context_is_refused_naming_the_limit(real):
     # It was cut to its last tokens silently (200, with a smaller prompt_tokens than was sent).
     words = " ".join(f"w{i}" for i in range(2100))

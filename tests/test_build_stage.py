@@ -40,6 +40,7 @@ def base_params() -> dict:
     return params
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_build_writes_report_and_names_pruned_configs(tmp_path, cache_root):
     r, out, met = run_build(base_params(), tmp_path, cache_root)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -62,6 +63,7 @@ def test_build_writes_report_and_names_pruned_configs(tmp_path, cache_root):
     )
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_build_no_fit_exits_2_with_one_line(tmp_path, cache_root):
     params = base_params()
     params["target"] = {**params["target"], "name": "tiny", "shared_bytes_per_block": 1024}

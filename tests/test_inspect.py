@@ -218,6 +218,7 @@ def ptxas_verbose(ptx: str, name: str, arch: int, tmp: Path) -> dict:
 # The DESIGN.md story on the DeepSeek-V4-Flash shape
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_story_table_equals_fresh_compile(story, story_rows, tmp_path):
     fresh = in_child(f"T.child_fresh({str(tmp_path)!r})")
     assert len(story_rows) == len(fresh) == 2 * 2 * len(story.configs)  # split-K + combine, 2 targets
@@ -289,6 +290,7 @@ def test_uncompilable_config_is_named_not_a_traceback(cache_root):
     assert got["direct"][0]["error"] and label in got["direct"][0]["reason"] and not got["direct"][0]["fits"]
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_tiny_kernel_dot_below_16_fails_cleanly(tmp_path):
     # under TRITON_INTERPRET the inspector computes keys and compiles in child processes by module and name
     rows = ki.inspect_configs([LaunchConfig(8, 16, 4, 1)], [load_target("sm90")], tiny_specs, cache_root=tmp_path)
@@ -408,6 +410,7 @@ def test_cache_key_covers_a_helper_in_another_module(tmp_path, monkeypatch):
     assert edited["stack_bytes"] == 32, edited
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_cache_key_covers_compile_env_and_triton_version(monkeypatch, tmp_path):
     (s,) = sin_specs(LaunchConfig(16, 16, 4, 1))
     base = ki.compile_key(s, 90)
@@ -428,6 +431,7 @@ def child_key_with_triton_version(version: str | None) -> str:
     return ki.compile_key(s, 90)
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_override_arch_is_refused_in_one_line_and_errors_are_never_cached(monkeypatch, tmp_path):
     (s,) = sin_specs(LaunchConfig(16, 16, 4, 1))
     monkeypatch.setenv("TRITON_OVERRIDE_ARCH", "sm80")

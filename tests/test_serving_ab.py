@@ -81,6 +81,7 @@ def _assert_stopped(seen, tmp_path):
     assert not (tmp_path / ".kernelcamp" / "baseline-server.json").exists()
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_ab_interleaved_both_impls_ratios_step_models(params, candidate_app, env, monkeypatch):
     seen = _spy_baseline(monkeypatch)
     port = _port_pair()

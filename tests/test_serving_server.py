@@ -94,6 +94,7 @@ def test_info_reports_hash_and_steps(server, params):
     assert info["attention_share"]["calibration"]
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_load_benchmark_and_verify(server, params):
     rows = run_load(server, [4, 1], max_tokens=6, num_prompts_per_level=8, timeout_s=60, progress=False)
     assert all(r["valid"] and r["requests_ok"] == 8 for r in rows)

@@ -64,6 +64,7 @@ def _mini_dvc_repo(tmp_path: Path, stage_src: str, gitignore: str) -> Path:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # an end-to-end DVC queue run: `make test-slow` (CI runs both)
 def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
     if shutil.which("dvc") is None:
         pytest.skip("dvc is not installed")
@@ -134,6 +135,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # an end-to-end DVC queue run: `make test-slow` (CI runs both)
 def test_sigterm_stops_workers_their_experiment_and_slot_servers(tmp_path: Path) -> None:
     # On the H200 a `timeout` SIGTERM ended `kernelcamp sweep` but left its queue workers (own
     # sessions) running: they went on draining the queue, on the GPUs of the next measurement.

@@ -157,6 +157,7 @@ def test_flatten_and_split_keep_every_value():
     assert params == {"k": "<see params/k.json>"} and json.loads(arts["k.json"])["value"] == "y" * 20
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_four_processes_on_a_fresh_store(store):
     code = f"""
         import sys
