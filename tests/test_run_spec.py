@@ -431,3 +431,17 @@ def test_the_mlflow_run_spans_the_pipeline_run(tmp_path: Path, monkeypatch: pyte
         rid = run.run_id
     info = tracking._client(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(rid).info
     assert info.start_time == started and info.end_time - info.start_time >= 120_000
+
+
+def test_a_gpu_server_never_serves_the_reference_in_place_of_a_broken_kernel() -> None:
+    """A kernel module that failed to import made a GPU server run the torch reference under the
+    variant's hash: a benchmark would then compare the reference with itself."""
+    from types import SimpleNamespace
+
+    from kernelcamp.serving.model import attention_impl
+
+    broken = SimpleNamespace(module="kernels.alt", SparseMLADecode=None, error="SyntaxError: invalid syntax")
+    with pytest.raises(KernelcampError, match=r"kernel module 'kernels.alt' did not load \(SyntaxError"):
+        attention_impl(True, broken)
+    assert attention_impl(False, broken) == "torch_reference_cpu"
+    assert attention_impl(True, SimpleNamespace(SparseMLADecode=object)) == "triton"

@@ -133,6 +133,24 @@ class ModelConfig:
         )
 
 
+def attention_impl(on_gpu: bool, backend: Any) -> str:
+    """Which attention a server runs: ``"triton"`` (the variant's kernel, on a GPU) or
+    ``"torch_reference_cpu"`` (no GPU: the interpreter would be far too slow for serving).
+
+    Raises ``KernelcampError`` on a GPU whose configured kernel module failed to load
+    (:func:`kernelcamp.serving.attention.load_backend`): serving the torch reference there, under the
+    variant's hash, would have a benchmark compare the reference against itself and call it a result.
+    """
+    if not on_gpu:
+        return "torch_reference_cpu"
+    if backend.SparseMLADecode is None:
+        raise KernelcampError(
+            f"kernel module {backend.module!r} did not load ({backend.error}): the server will not serve "
+            "the torch reference in its place; fix the kernel file and deploy again"
+        )
+    return "triton"
+
+
 class DecoderModel:
     """The stand-in decoder: weights, paged caches, page pool, prefill and (graph) decode steps.
 
@@ -159,15 +177,11 @@ class DecoderModel:
         self.sm_scale = cfg.sm_scale if cfg.sm_scale is not None else 1.0 / math.sqrt(self.d_qk)
         self.dtype = torch.bfloat16 if self.on_gpu else torch.float32
         self.launcher = None
-        if self.on_gpu and self.backend.SparseMLADecode is not None:
+        self.attention_impl = attention_impl(self.on_gpu, self.backend)
+        if self.attention_impl == "triton":
             self.launcher = self.backend.SparseMLADecode(
                 variant, dot_dtype=(kernel or {}).get("dot_dtype", "bf16"), check_indices=False
             )
-            self.attention_impl = "triton"
-        elif self.on_gpu:
-            self.attention_impl = "torch_reference_gpu_fallback"
-        else:
-            self.attention_impl = "torch_reference_cpu"
         self.writer = CacheWriter(self.backend.quantize_kv_cache, self.layout, cfg.page_size)
         check_writer(self.writer, self.device)
         self._init_weights()
