@@ -9,8 +9,10 @@ host:remote_dir, sha256 compared on both sides, restart run there). Ready = /hea
 completion + the server's variant hash matches (kernelcamp.serving.deploy).
 
 Writes (atomically) one JSON record: deploy_id, kind, url, variant_name, variant_hash,
-kernel_source_hash, files [{path, sha256_local, sha256_remote}], checksums_match, flags,
-seconds_to_healthy, pid, reused, hash_verified, server_info, timestamp, provenance. A repeated
+kernel_source_hash, kernel_module, files [{path, sha256_local, sha256_remote}], checksums_match,
+flags, seconds_to_healthy, pid, reused, hash_verified, server_info, timestamp, provenance; for the
+embedded server also port, configured_port and port_note (a busy configured port moves it to a free
+one of its range, and says why). A repeated
 deploy of the same variant hash and flags against a live matching server is a no-op (reused: true).
 Exits 2 with one line when the server cannot be made ready (nothing left running).
 
