@@ -100,6 +100,19 @@ def serving_step_models(sv: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------------------------------- plots
 
 
+def _save_plot(fig, ax, out_dir: Path, name: str, made: dict[str, str], legend_fontsize: float | None = None) -> None:
+    """The finish every plot shares: grid, legend, tight layout, ``out_dir/<name>.png`` at 110 dpi,
+    the figure closed, and ``made[name]`` set to the file name."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_fontsize)
+    fig.tight_layout()
+    fig.savefig(out_dir / f"{name}.png", dpi=110)
+    plt.close(fig)
+    made[name] = f"{name}.png"
+
+
 def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str, str]:
     """Write PNGs into ``out_dir``; returns ``{plot name: file name}``."""
     import matplotlib
@@ -126,12 +139,7 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
     ax.set_ylabel("latency (us, p50; bars p20-p80)")
     where = "CPU, Triton interpreter: NOT GPU timings" if cpu else f"{bench.get('gpu')}"
     ax.set_title(f"Kernel latency per batch size ({where})", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "kernel_latency.png", dpi=110)
-    plt.close(fig)
-    made["kernel_latency"] = "kernel_latency.png"
+    _save_plot(fig, ax, out_dir, "kernel_latency", made)
 
     sv = bench.get("serving") or {}
     levels = serving_levels(sv)
@@ -157,12 +165,7 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel("output tok/s (ok requests; mean over repeats)")
         ax.set_title("Serving throughput per concurrency" + (" (CPU)" if cpu else ""), fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out_dir / "serving_throughput.png", dpi=110)
-        plt.close(fig)
-        made["serving_throughput"] = "serving_throughput.png"
+        _save_plot(fig, ax, out_dir, "serving_throughput", made)
 
     with_ci = [e for e in levels if e.get("ci_lo") is not None and e.get("ratio") is not None]
     if with_ci:
@@ -200,12 +203,7 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
         ax.set_title(
             f"Serving A/B per level (dashed: 1 +- threshold {threshold:.1%})" + (" (CPU)" if cpu else ""), fontsize=10
         )
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / "serving_ratio.png", dpi=110)
-        plt.close(fig)
-        made["serving_ratio"] = "serving_ratio.png"
+        _save_plot(fig, ax, out_dir, "serving_ratio", made, legend_fontsize=8)
 
     sms = {i: m for i, m in serving_step_models(sv).items() if m.get("a_ms") is not None}
     if sms:
@@ -230,12 +228,7 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
         ax.set_xlabel("batch (running requests)")
         ax.set_ylabel("decode step (ms)")
         ax.set_title("Step-time model" + (" (CPU)" if cpu else ""), fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / "step_model.png", dpi=110)
-        plt.close(fig)
-        made["step_model"] = "step_model.png"
+        _save_plot(fig, ax, out_dir, "step_model", made, legend_fontsize=8)
     return made
 
 

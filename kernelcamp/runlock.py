@@ -93,6 +93,15 @@ def claim_path(root: Path) -> Path:
     return root / ".kernelcamp" / "run.json"
 
 
+def _read_claim(path: Path) -> dict[str, Any] | None:
+    """The claim at ``path``, or None (no file, or not a JSON object)."""
+    try:
+        cur = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return cur if isinstance(cur, dict) else None
+
+
 def claim_run(root: Path, stage: str, params_sha256: str, owner: int | None = None) -> dict[str, Any] | None:
     """Claim (or re-check) the run of the tree ``root`` for stage ``stage``; see the module docstring.
 
@@ -105,11 +114,8 @@ def claim_run(root: Path, stage: str, params_sha256: str, owner: int | None = No
         return None
     path = claim_path(root)
     with _locked(path):
-        try:
-            cur = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cur = None
-        if isinstance(cur, dict) and _owner_alive(cur):
+        cur = _read_claim(path)
+        if cur is not None and _owner_alive(cur):
             if cur["owner_pid"] != owner:
                 raise KernelcampError(
                     f"another pipeline run (dvc pid {cur['owner_pid']}, since stage {cur.get('stage')}) is running in "
@@ -140,11 +146,8 @@ def release_run(root: Path, owner: int | None = None) -> None:
         return
     path = claim_path(root)
     with _locked(path):
-        try:
-            cur = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return
-        if isinstance(cur, dict) and cur.get("owner_pid") == owner:
+        cur = _read_claim(path)
+        if cur is not None and cur.get("owner_pid") == owner:
             path.unlink(missing_ok=True)
 
 
@@ -154,8 +157,5 @@ def run_started_ms(root: Path, owner: int | None = None) -> int | None:
     owner = run_owner() if owner is None else owner
     if owner is None:
         return None
-    try:
-        cur = json.loads(claim_path(root).read_text())
-    except (OSError, ValueError):
-        return None
-    return cur.get("claimed_at_ms") if isinstance(cur, dict) and cur.get("owner_pid") == owner else None
+    cur = _read_claim(claim_path(root))
+    return cur.get("claimed_at_ms") if cur is not None and cur.get("owner_pid") == owner else None

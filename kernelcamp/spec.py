@@ -473,7 +473,7 @@ class RunSpec:
 
 def parse_spec(raw: Mapping[str, Any], path: Path | str = "params.yaml", text: str | None = None) -> RunSpec:
     """Check and parse a params mapping (see :func:`load_spec`)."""
-    from kernelcamp.serving import server_flags, variant_hash
+    from kernelcamp.serving import kernel_source_hash, server_flags, variant_hash
     from kernelcamp.targets import load_target
 
     if not isinstance(raw, Mapping):
@@ -497,7 +497,7 @@ def parse_spec(raw: Mapping[str, Any], path: Path | str = "params.yaml", text: s
         _check_against_target(baseline, "baseline", target)
     kspec: KernelSpec = sections["kernel"]
     kfile = check_kernel_module(kspec.module)
-    ksha = hashlib.sha256(kfile.read_bytes()).hexdigest()
+    ksha = kernel_source_hash({"module": kspec.module})  # as deploy and the server hash it
     flags = server_flags(raw.get("server"))
     text = text if text is not None else yaml.safe_dump(dict(raw), sort_keys=True)
     return RunSpec(

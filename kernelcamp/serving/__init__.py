@@ -55,9 +55,11 @@ def server_flags(server: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def kernel_module_path(kernel: Mapping[str, Any] | None, root: str | Path | None = None) -> Path:
     """Path of the kernel's module file (``kernel.module``, e.g. ``kernels.sparse_mla_decode``)."""
-    module = (kernel or {}).get("module", "kernels.sparse_mla_decode")
-    base = Path(root) if root is not None else Path(__file__).resolve().parents[2]
-    return base / (module.replace(".", "/") + ".py")
+    from kernelcamp.spec import kernel_path
+
+    return kernel_path(
+        (kernel or {}).get("module", "kernels.sparse_mla_decode"), Path(root) if root is not None else None
+    )
 
 
 def kernel_source_hash(kernel: Mapping[str, Any] | None = None, root: str | Path | None = None) -> str:
