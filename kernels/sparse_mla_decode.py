@@ -50,13 +50,14 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
 import triton.language as tl
 
-from kernelcamp.variant import LaunchConfig, Variant
+if TYPE_CHECKING:  # the kernel file imports only torch and triton at run time (DESIGN.md layout)
+    from kernelcamp.variant import LaunchConfig, Variant
 
 # --------------------------------------------------------------------------------------------------
 # Layouts
@@ -581,8 +582,12 @@ class SparseMLADecode:
     def __post_init__(self) -> None:
         if self.dot_dtype not in _DOT_DTYPES:
             raise ValueError(f"dot_dtype={self.dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
-        if not isinstance(self.variant, Variant) or not self.variant.configs:
-            raise ValueError("variant: expected a kernelcamp.variant.Variant with at least one config")
+        configs = getattr(self.variant, "configs", None)
+        if not configs or not hasattr(self.variant, "single"):
+            raise ValueError(
+                "variant: expected a variant (kernelcamp.variant.Variant or any object with .configs, .single "
+                "and .autotune_key) with at least one config"
+            )
         for c in self.variant.configs:
             _check_config(c)
         self._by_key = {
