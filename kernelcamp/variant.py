@@ -16,6 +16,16 @@ or an autotune list::
     configs:
       - {BLOCK_T: 16, BLOCK_H: 16, num_warps: 4, num_stages: 2, num_splits: auto}
 
+or a batch table: a list whose configs carry ``max_batch`` (every row but the last, strictly
+increasing; the last row, without it, takes every larger batch). The launcher runs the first row with
+``B <= max_batch``: chosen on the host from the batch size, with no autotuning, so it is safe under
+CUDA-graph capture (a captured graph has one batch size)::
+
+    name: tuned_deepseek_v32
+    configs:
+      - {max_batch: 8, BLOCK_T: 16, BLOCK_H: 64, num_warps: 8, num_stages: 2, num_splits: auto}
+      - {BLOCK_T: 32, BLOCK_H: 64, num_warps: 8, num_stages: 2, num_splits: 2}
+
 Mixing the two (a top-level launch field on a list variant, e.g. ``-S +variant.num_warps=8``) or a
 key the kernel does not take is rejected with a message that says what to write instead
 (DESIGN.md: an override is never silently ignored).
@@ -50,13 +60,19 @@ class LaunchConfig:
     num_warps: int
     num_stages: int
     num_splits: int | str = "auto"
+    max_batch: int | None = None  # batch-table row: runs for B <= max_batch (None: not a table row / last row)
 
     def label(self) -> str:
-        """Short human label, e.g. ``T16_H16_w8_s2_kauto``."""
-        return f"T{self.BLOCK_T}_H{self.BLOCK_H}_w{self.num_warps}_s{self.num_stages}_k{self.num_splits}"
+        """Short human label, e.g. ``T16_H16_w8_s2_kauto`` (a batch-table row: ``..._kauto_b8``)."""
+        base = f"T{self.BLOCK_T}_H{self.BLOCK_H}_w{self.num_warps}_s{self.num_stages}_k{self.num_splits}"
+        return base if self.max_batch is None else f"{base}_b{self.max_batch}"
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a dict; ``max_batch`` only when set (so configs without it hash as before)."""
+        d = asdict(self)
+        if d["max_batch"] is None:
+            del d["max_batch"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,26 @@ class Variant:
     @property
     def single(self) -> bool:
         return len(self.configs) == 1
+
+    @property
+    def is_table(self) -> bool:
+        """A batch table (configs chosen by batch size on the host, never autotuned)."""
+        return len(self.configs) > 1 and self.configs[0].max_batch is not None
+
+    def config_for_batch(self, B: int) -> LaunchConfig:
+        """The table row that runs batch size ``B`` (the first with ``B <= max_batch``, else the last).
+
+        For a single config it is that config. Raises ``KernelcampError`` for an autotune list (the
+        autotuner chooses there, not the batch size).
+        """
+        if self.single:
+            return self.configs[0]
+        if not self.is_table:
+            raise KernelcampError(f"variant {self.name!r} is an autotune list, not a batch table")
+        for c in self.configs[:-1]:
+            if B <= c.max_batch:
+                return c
+        return self.configs[-1]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -106,11 +142,16 @@ def _check_int(where: str, field: str, value: Any, lo: int, pow2: bool = False) 
     return value
 
 
-def parse_config(raw: Mapping[str, Any], where: str) -> LaunchConfig:
-    """Validate one config mapping. Raises ``KernelcampError`` naming the field and what to write."""
-    unknown = sorted(set(raw) - set(LAUNCH_FIELDS))
+def parse_config(raw: Mapping[str, Any], where: str, in_list: bool = False) -> LaunchConfig:
+    """Validate one config mapping. Raises ``KernelcampError`` naming the field and what to write.
+
+    ``max_batch`` (a batch-table row's bound) is accepted only in a list (``in_list``).
+    """
+    allowed = LAUNCH_FIELDS + (("max_batch",) if in_list else ())
+    unknown = sorted(set(raw) - set(allowed))
     if unknown:
-        raise KernelcampError(f"{where}: unknown key(s) {unknown}; the kernel takes {list(LAUNCH_FIELDS)}")
+        hint = "" if in_list or "max_batch" not in unknown else " (max_batch belongs to a row of a batch table: configs)"
+        raise KernelcampError(f"{where}: unknown key(s) {unknown}; the kernel takes {list(allowed)}{hint}")
     missing = [f for f in LAUNCH_FIELDS[:4] if f not in raw]
     if missing:
         raise KernelcampError(
@@ -125,7 +166,35 @@ def parse_config(raw: Mapping[str, Any], where: str) -> LaunchConfig:
         num_warps=_check_int(where, "num_warps", raw["num_warps"], 1, pow2=True),
         num_stages=_check_int(where, "num_stages", raw["num_stages"], 1),
         num_splits=splits,
+        max_batch=None if raw.get("max_batch") is None else _check_int(where, "max_batch", raw["max_batch"], 1),
     )
+
+
+def _batch_table(name: str, rows: tuple[LaunchConfig, ...], raw: Mapping[str, Any], section: str) -> Variant:
+    """Check a batch table's rows (see the module docstring) and return it as a variant."""
+    if "autotune_key" in raw:
+        raise KernelcampError(
+            f"{section} {name!r} is a batch table (its configs set max_batch), so autotune_key does not apply: "
+            "remove it, or remove max_batch from every config for an autotune list"
+        )
+    if len(rows) < 2:
+        raise KernelcampError(f"{section} {name!r}: a batch table needs at least two rows; for one config drop max_batch")
+    for i, c in enumerate(rows[:-1]):
+        if c.max_batch is None:
+            raise KernelcampError(
+                f"{section}.configs.{i}.max_batch is missing: in a batch table every row but the last sets max_batch"
+            )
+        if i and c.max_batch <= rows[i - 1].max_batch:
+            raise KernelcampError(
+                f"{section}.configs.{i}.max_batch = {c.max_batch}: must be larger than the row before "
+                f"({rows[i - 1].max_batch}); rows go from small batches to large"
+            )
+    if rows[-1].max_batch is not None:
+        raise KernelcampError(
+            f"{section}.configs.{len(rows) - 1}.max_batch = {rows[-1].max_batch}: the last row of a batch table "
+            "takes every larger batch, so it has no max_batch: remove it"
+        )
+    return Variant(name, rows, (), is_list=True)
 
 
 def parse_variant(raw: Mapping[str, Any], section: str = "variant") -> Variant:
@@ -156,7 +225,9 @@ def parse_variant(raw: Mapping[str, Any], section: str = "variant") -> Variant:
         configs = raw["configs"]
         if not configs:
             raise KernelcampError(f"{section} {name!r}: configs is empty; give at least one config")
-        parsed = tuple(parse_config(c, f"{section}.configs.{i}") for i, c in enumerate(configs))
+        parsed = tuple(parse_config(c, f"{section}.configs.{i}", in_list=True) for i, c in enumerate(configs))
+        if any(c.max_batch is not None for c in parsed):
+            return _batch_table(name, parsed, raw, section)
         key = tuple(raw.get("autotune_key") or ("B",))
         bad = [k for k in key if k not in AUTOTUNE_KEYS]
         if bad:

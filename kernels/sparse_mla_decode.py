@@ -558,7 +558,9 @@ class SparseMLADecode:
     """Launcher for one variant: ``SparseMLADecode(variant)(q, kv_cache, indices, layout, page_size)``.
 
     A single-config variant launches its config directly (never autotunes, so it is safe under
-    CUDA-graph capture once compiled). A list variant wraps the split kernel in ``triton.autotune``
+    CUDA-graph capture once compiled). A batch table (``variant.is_table``: rows with ``max_batch``)
+    launches the row ``variant.config_for_batch(B)`` chosen on the host from the batch size, also
+    without autotuning, so each captured batch size runs its own tuned config. A list variant wraps the split kernel in ``triton.autotune``
     keyed on the variant's ``autotune_key`` (kernel args ``B``, ``H``, ``topk``); the first call per
     key benchmarks every config. ``last_config`` is the config that ran on the last call.
 
@@ -595,7 +597,8 @@ class SparseMLADecode:
             for c in self.variant.configs
         }
         self._tuner = None
-        if not self.variant.single:
+        self._table = bool(getattr(self.variant, "is_table", False))
+        if not self.variant.single and not self._table:
             key = list(self.variant.autotune_key) or ["B"]
             self._tuner = triton.autotune(configs=[_triton_config(c) for c in self.variant.configs], key=key)(
                 _sparse_mla_split_kernel
@@ -635,9 +638,11 @@ class SparseMLADecode:
         topk = indices.shape[1]
         scale = 1.0 / math.sqrt(lay.d_qk) if sm_scale is None else float(sm_scale)
         num_sms = _num_sms(q.device)
-        max_splits = max(
-            resolve_num_splits(c.num_splits, B, H, topk, c.BLOCK_H, c.BLOCK_T, num_sms) for c in self.variant.configs
-        )
+        # a single config or a batch-table row is chosen here, on the host, from B alone (no autotuning:
+        # safe under CUDA-graph capture); an autotune list lets Triton's autotuner choose below
+        chosen = self.variant.config_for_batch(B) if self._table else self.variant.configs[0]
+        candidates = self.variant.configs if self._tuner is not None else (chosen,)
+        max_splits = max(resolve_num_splits(c.num_splits, B, H, topk, c.BLOCK_H, c.BLOCK_T, num_sms) for c in candidates)
         out = torch.empty((B, H, lay.d_v), dtype=torch.bfloat16, device=q.device)
         lse = torch.empty((B, H), dtype=torch.float32, device=q.device)
         if max_splits > 1:
@@ -672,7 +677,7 @@ class SparseMLADecode:
         )
         meta = {"LAYOUT": lay.code, "PAGE_SIZE": page_size, "DOT_DTYPE": _DOT_DTYPES[self.dot_dtype]}
         if self._tuner is None:
-            cfg = self.variant.configs[0]
+            cfg = chosen
             _sparse_mla_split_kernel[grid](
                 *args, **meta, **_triton_config(cfg).kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages
             )

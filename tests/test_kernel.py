@@ -291,3 +291,17 @@ def test_cross_compiles_for_sm90_and_sm120():
     assert any(line.startswith("120 sparse_mla_split") for line in lines)
     shared = int(next(line for line in lines if line.startswith("90 sparse_mla_split")).split()[-1])
     assert 0 < shared <= 232448
+
+
+def test_batch_table_runs_the_row_for_each_batch_size_without_autotuning():
+    # a batch table picks its row on the host from B (CUDA-graph safe: no autotuner, no benchmarking)
+    small = LaunchConfig(16, 16, 4, 2, 2, max_batch=1)
+    large = LaunchConfig(32, 16, 4, 1, 1)
+    k = smd.SparseMLADecode(Variant("tbl", (small, large), (), is_list=True), dot_dtype=DOT)
+    assert k._tuner is None
+    for B, want in ((1, small), (2, large)):
+        inp = smd.make_inputs("deepseek_v4", B, 16, 64, 64, 256, DEVICE, seed=B)
+        out, lse = k(inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+        assert k.last_config == want
+        _assert_close(inp, out, lse)
+    assert k.autotune_bench_runs == 0

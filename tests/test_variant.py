@@ -71,3 +71,44 @@ def test_restricted_keeps_chosen_configs_and_refuses_none() -> None:
     assert [c.BLOCK_T for c in v.restricted([0]).configs] == [16]
     with pytest.raises(KernelcampError, match="no config left"):
         v.restricted([])
+
+
+def _row(**kw):
+    return {"BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2, **kw}
+
+
+def test_batch_table_chooses_rows_by_batch_size():
+    v = parse_variant({"name": "t", "configs": [_row(max_batch=1), _row(max_batch=16, BLOCK_T=32), _row(num_warps=8)]})
+    assert v.is_table and v.autotune_key == ()
+    assert [v.config_for_batch(b).label() for b in (1, 2, 16, 17, 128)] == [
+        "T16_H16_w4_s2_kauto_b1",
+        "T32_H16_w4_s2_kauto_b16",
+        "T32_H16_w4_s2_kauto_b16",
+        "T16_H16_w8_s2_kauto",
+        "T16_H16_w8_s2_kauto",
+    ]
+    # max_batch is part of the config hash, and configs without it hash as before the field existed
+    other = parse_variant({"name": "t", "configs": [_row(max_batch=2), _row(max_batch=16, BLOCK_T=32), _row(num_warps=8)]})
+    assert other.config_hash() != v.config_hash()
+    assert "max_batch" not in LaunchConfig(16, 16, 4, 2).as_dict()
+
+
+@pytest.mark.parametrize(
+    "configs,extra,match",
+    [
+        ([_row(max_batch=8), _row()], {"autotune_key": ["B"]}, "autotune_key does not apply"),
+        ([_row(max_batch=8), _row(max_batch=64)], {}, r"configs.1.max_batch = 64: the last row"),
+        ([_row(max_batch=8), _row(), _row()], {}, r"configs.1.max_batch is missing"),
+        ([_row(max_batch=8), _row(max_batch=8), _row()], {}, r"configs.1.max_batch = 8: must be larger"),
+        ([_row(max_batch=0), _row()], {}, r"configs.0.max_batch = 0: must be >= 1"),
+        ([_row(max_batch=1.5), _row()], {}, r"configs.0.max_batch = 1.5: expected an integer"),
+    ],
+)
+def test_bad_batch_table_is_one_line_naming_the_row(configs, extra, match):
+    with pytest.raises(KernelcampError, match=match):
+        parse_variant({"name": "t", "configs": configs, **extra})
+
+
+def test_max_batch_on_a_single_config_says_where_it_belongs():
+    with pytest.raises(KernelcampError, match="max_batch belongs to a row of a batch table"):
+        parse_variant({"name": "t", **_row(max_batch=8)})
