@@ -30,7 +30,7 @@ V4="$V4,T32_H16_w8_s2_kauto,T32_H64_w8_s2_k2,T16_H32_w4_s2_k4"
 
 for fam in v32 v32_tp8 v4_flash; do
   case $fam in v32) cfgs=$V32;; v32_tp8) cfgs=$TP8;; v4_flash) cfgs=$V4;; esac
-  timeout 200 python3 benchmarks/bench_kernel.py --out "$W/grid_$fam" --families $fam --batches 1,8,32,128 \
+  timeout $([ $fam = v32 ] && echo 130 || echo 110) python3 benchmarks/bench_kernel.py --out "$W/grid_$fam" --families $fam --batches 1,8,32,128 \
     --configs "$cfgs" --no-ref --check --precompile-jobs 12 2>&1 | tee "$W/grid_$fam.log" | grep -v "^\[.*precompile" | tail -3
 done
 
@@ -50,7 +50,7 @@ import torch; torch.cuda.synchronize()
 PY
 for job in "v32 128 T32_H64_w8_s1_kauto" "v32_tp8 128 T32_H16_w8_s2_kauto"; do
   set -- $job
-  timeout 90 ncu --clock-control none -k regex:sparse_mla_split -s 2 -c 1 \
+  timeout 45 ncu --clock-control none -k regex:sparse_mla_split -s 2 -c 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section MemoryWorkloadAnalysis --section LaunchStats \
     python3 /tmp/one_launch.py $1 $2 $3 > "$W/ncu_$1_$2_$3.txt" 2>&1
@@ -58,5 +58,5 @@ for job in "v32 128 T32_H64_w8_s1_kauto" "v32_tp8 128 T32_H16_w8_s2_kauto"; do
 done
 
 if [ -d .whl ]; then
-  timeout 150 bash benchmarks/serving_noise_probe.sh "$W" 2>&1 | tee "$W/serving_noise.log" | tail -20
+  timeout 100 bash benchmarks/serving_noise_probe.sh "$W" 2>&1 | tee "$W/serving_noise.log" | tail -20
 fi

@@ -15,8 +15,8 @@ for mode in unpinned pinned; do
   $SRV python3 -m kernelcamp.cli serve --params params.yaml --port $PORT --device cuda:0 > "$W/server_$mode.log" 2>&1 &
   pid=$!
   for i in $(seq 120); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.5; done
-  for r in 1 2 3 4 5 6; do
-    $GEN python3 -m kernelcamp.cli loadgen --url "http://127.0.0.1:$PORT" --concurrency 64 --num-requests 192 \
+  for r in 1 2 3 4 5; do
+    $GEN python3 -m kernelcamp.cli loadgen --url "http://127.0.0.1:$PORT" --concurrency 64 --num-requests 128 \
       --max-tokens 256 --json 2>/dev/null | head -1 | sed "s/^{/{\"mode\": \"$mode\", \"run\": $r, /" \
       | tee -a "$W/serving_noise.jsonl" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(d["mode"], d["run"], round(d.get("output_tok_s", 0)), "tok/s tpot p50", d.get("tpot_ms_p50"))'
   done
