@@ -22,10 +22,10 @@ test-gpu:  ## run the GPU tests (on a machine with a CUDA GPU)
 	$(PY) -m pytest -m gpu
 
 params:  ## recompose params.yaml from conf/ exactly as dvc exp run does (commit the result)
-	$(PY) -m kernelcamp.compose
+	$(PY) -m kernelcamp.cli compose
 
 check-params:  ## fail when the committed params.yaml differs from conf/
-	$(PY) -m kernelcamp.compose --check
+	$(PY) -m kernelcamp.cli compose --check
 
 lint:  ## ruff lint and format check, whole tree
 	ruff check . && ruff format --check .
@@ -46,4 +46,4 @@ ui:  ## open the MLflow UI on the workspace store
 	mlflow ui --backend-store-uri sqlite:///mlflow.db
 
 clean-server:  ## stop the embedded server this workspace started
-	$(PY) stages/deploy.py --stop
+	$(PY) -m stages.deploy --stop

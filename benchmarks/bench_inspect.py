@@ -23,7 +23,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 os.environ["TRITON_CACHE_DIR"] = str(TMP / "triton")
 sys.path.insert(0, str(ROOT))
 
-from kernelcamp import inspect as ki  # noqa: E402
+from kernelcamp.inspect import cli as ki  # noqa: E402 - its namespace has what this script uses
 from kernelcamp.io import write_json_atomic, write_text_atomic  # noqa: E402
 from kernelcamp.provenance import now_utc  # noqa: E402
 from kernelcamp.targets import load_target  # noqa: E402

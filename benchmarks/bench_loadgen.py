@@ -29,9 +29,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kernelcamp.io import write_json_atomic  # noqa: E402
+from kernelcamp.loadgen import default_prompts, run_load  # noqa: E402
 from kernelcamp.provenance import git_info, now_utc  # noqa: E402
-from kernelcamp.serving.loadgen import default_prompts, run_load  # noqa: E402
-from kernelcamp.serving.testing import free_port  # noqa: E402
+from kernelcamp.serve.testing import free_port  # noqa: E402
 
 
 def _events(max_tokens: int) -> list[bytes]:

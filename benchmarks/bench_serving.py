@@ -85,10 +85,10 @@ def main() -> int:
 
     import torch
 
+    from kernelcamp.hashes import kernel_source_hash, server_flags, variant_hash
     from kernelcamp.io import write_csv_atomic, write_json_atomic
     from kernelcamp.provenance import device_info, git_info, now_utc
-    from kernelcamp.serving import kernel_source_hash, server_flags, variant_hash
-    from kernelcamp.serving.model import DecoderModel, ModelConfig
+    from kernelcamp.serve.model import DecoderModel, ModelConfig
     from kernelcamp.stats import fit_step_model
     from kernelcamp.variant import parse_variant
 

@@ -18,10 +18,10 @@ stamp=$(date -u +%Y%m%dT%H%M%S)
 failed=0
 
 collect() {  # copy experiment $1's results (DVC experiment $2) from its commit into the campaign folder
-  python -m kernelcamp.campaign collect "$2" "$dest/$1"
+  python -m kernelcamp.cli campaign collect "$2" "$dest/$1"
 }
 stop_servers() {  # the workspace's embedded server (kernelcamp sweep stops its slots' servers itself)
-  python stages/deploy.py --stop >/dev/null 2>&1
+  python -m stages.deploy --stop >/dev/null 2>&1
 }
 trap stop_servers EXIT
 

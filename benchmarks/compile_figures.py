@@ -27,7 +27,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernelcamp.inspect import read_cubin, tool_path  # noqa: E402
+from kernelcamp.inspect.compile import read_cubin, tool_path  # noqa: E402
 from kernelcamp.variant import LaunchConfig  # noqa: E402
 from kernels.sparse_mla_decode import compile_specs  # noqa: E402
 

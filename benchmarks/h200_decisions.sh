@@ -19,7 +19,7 @@ timeout -s TERM "${SWEEP_TIMEOUT_S:-470}" python -m kernelcamp.cli sweep --gpus 
 echo "sweep ended after $(( $(date +%s) - start )) s"
 dest=reports/campaigns/decisions
 for n in "${names[@]}"; do
-  python -m kernelcamp.campaign collect "$n-$stamp" "$dest/$n" || echo "collect: $n not finished"
+  python -m kernelcamp.cli campaign collect "$n-$stamp" "$dest/$n" || echo "collect: $n not finished"
   dvc queue logs "$n-$stamp" > "$dest/$n.log" 2>&1 || true
 done
 dvc exp show --json -A > "$dest/exp_show.json" 2>/dev/null || true

@@ -6,7 +6,7 @@
 the workspace after ``dvc exp apply``: an apply replaces the workspace's tracked files, so it would
 revert copies made earlier in the same campaign whenever the campaign folder is itself git-tracked.
 
-    python -m kernelcamp.campaign collect warp_occupancy-20261129T200851 reports/campaigns/warp_occupancy/warp_occupancy
+    kernelcamp campaign collect warp_occupancy-20261129T200851 reports/campaigns/warp_occupancy/warp_occupancy
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kernelcamp.errors import KernelcampError
 
@@ -101,15 +102,20 @@ def collect(repo_root: Path, exp_name: str, dest: Path) -> list[str]:
     return sorted(copied)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m kernelcamp.campaign collect EXP DEST``: see the module docstring."""
-    p = argparse.ArgumentParser(prog="python -m kernelcamp.campaign", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("collect", help="copy an experiment's params, lock and reports from its commit into DEST")
+def build_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``campaign`` (with its one subcommand, ``collect``) to ``sub``."""
+    p = sub.add_parser("campaign", description=__doc__.splitlines()[0])
+    inner = p.add_subparsers(dest="cmd", required=True)
+    c = inner.add_parser("collect", help="copy an experiment's params, lock and reports from its commit into DEST")
     c.add_argument("experiment", help="the DVC experiment's name (dvc exp list -A --name-only)")
     c.add_argument("dest", help="the folder to (re)write, e.g. reports/campaigns/warp_occupancy/warp_occupancy")
     c.add_argument("--repo", default=".", help="the DVC repo [default: .]")
-    args = p.parse_args(argv)
+    p.set_defaults(main=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    """``kernelcamp campaign collect EXP DEST``: see the module docstring."""
     try:
         copied = collect(Path(args.repo).resolve(), args.experiment, Path(args.dest))
     except KernelcampError as e:
@@ -117,7 +123,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"collected {args.experiment}: {len(copied)} files into {args.dest}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,40 +1,69 @@
-"""``kernelcamp`` command line: a thin dispatcher; each subcommand lives with its library module.
+"""``kernelcamp`` command line: the one entry point; each command's options live with its module.
 
-kernelcamp inspect ...   compile-inspect a variant for one or more targets (kernelcamp.inspect)
-kernelcamp serve ...     run the embedded OpenAI-compatible decode server (kernelcamp.serving.server)
-kernelcamp loadgen ...   load any OpenAI-compatible server, vLLM bench serve's metrics (kernelcamp.serving.loadgen_cli)
-kernelcamp sweep ...     queued sweep with one DVC experiment worker per GPU (kernelcamp.sweep)
+    kernelcamp inspect ...    compile-inspect a variant for one or more targets   (kernelcamp.inspect.cli)
+    kernelcamp serve ...      the embedded OpenAI-compatible decode server         (kernelcamp.serve.server)
+    kernelcamp loadgen ...    load any OpenAI-compatible server, vLLM's metrics    (kernelcamp.loadgen)
+    kernelcamp sweep ...      queued sweep, one DVC experiment worker per GPU      (kernelcamp.sweep)
+    kernelcamp compose ...    recompose params.yaml from conf/ as dvc exp run does (kernelcamp.compose)
+    kernelcamp campaign ...   collect a finished experiment into a campaign folder (kernelcamp.campaign)
+
+A command's module has ``build_parser(sub)``, which adds its subparser to ``sub`` and sets
+``main``, and ``main(args) -> int``. Only the module of the command given is imported (``kernelcamp
+serve`` needs torch and fastapi, ``kernelcamp compose`` neither). Every usage error, of every
+command, is one ``error: ...`` line on stderr and exit status 2. ``python -m kernelcamp.cli`` is the
+same entry point for a tree that is not installed (the DVC stages' own copy, a GPU machine).
+The DVC stages are scripts of their own (``python -m stages.<name>``, dvc.yaml), not commands.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = {
+#: command -> (module, one-line help). The order is the order of ``kernelcamp --help``.
+COMMANDS = {
     "inspect": (
-        "kernelcamp.inspect",
+        "kernelcamp.inspect.cli",
         "compile every config of a variant for target GPUs; shared memory, "
         "registers, spills, occupancy, which configs the target prunes",
     ),
-    "serve": ("kernelcamp.serving.server", "run the embedded OpenAI-compatible decode server"),
+    "serve": ("kernelcamp.serve.server", "run the embedded OpenAI-compatible decode server"),
     "loadgen": (
-        "kernelcamp.serving.loadgen_cli",
+        "kernelcamp.loadgen",
         "load an OpenAI-compatible server at concurrency levels: TTFT, TPOT, ITL, e2e, tok/s",
     ),
     "sweep": ("kernelcamp.sweep", "run queued DVC experiments with one worker pinned to each GPU"),
+    "compose": ("kernelcamp.compose", "recompose params.yaml from conf/ exactly as dvc exp run does"),
+    "campaign": ("kernelcamp.campaign", "collect a finished experiment's params, lock and reports"),
 }
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one ``error: ...`` line on stderr and exit status 2."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr, flush=True)
+        raise SystemExit(2)
 
 
 def _usage() -> str:
     lines = ["usage: kernelcamp <command> [options]", "", "commands:"]
-    lines += [f"  {name:<9} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "`kernelcamp <command> --help` shows a command's options."]
     return "\n".join(lines)
 
 
+def build_parser(command: str) -> argparse.ArgumentParser:
+    """The ``kernelcamp`` parser with ``command``'s subparser (its module imported, no other)."""
+    ap = UsageParser(prog="kernelcamp")
+    sub = ap.add_subparsers(dest="command", metavar="<command>", required=True)
+    importlib.import_module(COMMANDS[command][0]).build_parser(sub)
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch to ``<module>.cli_main(argv)``; returns the exit status."""
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and run the command's ``main``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:  # a missing command is a usage error, as argparse treats one
         print(_usage(), file=sys.stderr)
@@ -42,12 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd not in SUBCOMMANDS:
-        print(f"error: unknown command {cmd!r}; choose one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+    if argv[0] not in COMMANDS:
+        print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[cmd][0])
-    return int(module.cli_main(rest) or 0)
+    args = build_parser(argv[0]).parse_args(argv)
+    return int(args.main(args) or 0)
 
 
 if __name__ == "__main__":

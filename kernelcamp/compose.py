@@ -8,9 +8,9 @@ calls that same function with the same arguments, so ``make params`` and ``dvc e
 disagree. ``dvc repro`` does not recompose (DESIGN.md, known traps): run ``make params`` after
 editing conf/ and commit params.yaml.
 
-    python -m kernelcamp.compose                      # rewrite params.yaml from conf/'s defaults
-    python -m kernelcamp.compose --check              # exit 1 when params.yaml differs
-    python -m kernelcamp.compose -o /tmp/p.yaml variant=bt16_w4 variant.num_warps=8
+    kernelcamp compose                      # rewrite params.yaml from conf/'s defaults
+    kernelcamp compose --check              # exit 1 when params.yaml differs
+    kernelcamp compose -o /tmp/p.yaml variant=bt16_w4 variant.num_warps=8
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kernelcamp.errors import KernelcampError
 
@@ -71,13 +72,19 @@ def compose_text(root: str | os.PathLike = ".", overrides: list[str] | None = No
         return out.read_text(encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``compose`` to ``sub`` (the subparsers of :func:`kernelcamp.cli.build_parser`)."""
+    ap = sub.add_parser("compose", description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as `dvc exp run -S` takes them")
     ap.add_argument("--root", default=".", help="repo root (holds .dvc/config)")
     ap.add_argument("-o", "--out", default="params.yaml", help="output path, relative to --root")
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 when the file differs")
-    args = ap.parse_args(argv)
+    ap.set_defaults(main=main)
+    return ap
+
+
+def main(args: argparse.Namespace) -> int:
+    """``kernelcamp compose``: see the module docstring."""
     try:
         text = compose_text(args.root, args.overrides)
     except KernelcampError as e:
@@ -97,7 +104,3 @@ def main(argv: list[str] | None = None) -> int:
     write_text_atomic(path, text)
     print(f"wrote {path} from conf/ ({len(args.overrides)} override(s))")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

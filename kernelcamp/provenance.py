@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 import os
 import platform
 import socket
@@ -180,3 +181,8 @@ def dvc_root() -> Path:
     """The real workspace: ``$DVC_ROOT`` when DVC runs the stage (also for queued experiments,
     which run in a temporary copy), else the current directory."""
     return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
+
+
+def deploy_id(deploy: dict) -> str:
+    """The deploy record's own id, else a hash of the record (names exactly what was measured)."""
+    return str(deploy.get("deploy_id") or hashlib.sha256(json.dumps(deploy, sort_keys=True).encode()).hexdigest()[:16])

@@ -8,7 +8,7 @@ baseline (:mod:`kernelcamp.variant`), and derives what every record must agree o
 * ``kernel_module``: the configured kernel (``kernel.module``), imported from *this* working tree
   (:func:`import_kernel`): a queued experiment runs in a temporary copy of the repo, and its stages
   must build, benchmark, verify and serve that copy's kernel, never the workspace's (``$DVC_ROOT``).
-* ``variant_hash`` / ``baseline_hash``: :func:`kernelcamp.serving.variant_hash` of each side (configs,
+* ``variant_hash`` / ``baseline_hash``: :func:`kernelcamp.hashes.variant_hash` of each side (configs,
   kernel source, server flags): what the deployed server reports, what deploy, benchmark and verify
   record, and what the report checks before it logs anything (:meth:`RunSpec.check_record`).
 
@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from kernelcamp.errors import KernelcampError
+from kernelcamp.hashes import kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.variant import Variant, parse_variant
 
 #: The kernel package every kernel module lives in; the DVC stages depend on the whole folder.
@@ -47,11 +48,6 @@ _MODULE_RE = re.compile(rf"^{KERNEL_PACKAGE}\.[A-Za-z_][A-Za-z0-9_]*$")
 BUILD_KEYS = ("variant_config_hash", "baseline_config_hash", "target", "kernel_module", "kernel_source_hash")
 #: What deploy.json, benchmark.json and verify.json are checked against.
 DEPLOY_KEYS = ("variant_hash", "kernel_source_hash")
-
-
-def project_root() -> Path:
-    """The working tree this code runs from (the repo, or a queued experiment's temporary copy)."""
-    return Path(__file__).resolve().parents[1]
 
 
 def _f(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
@@ -358,11 +354,6 @@ def _build(cls: type, raw: Any, where: str) -> Any:
 # ------------------------------------------------------------------------------------------ kernel
 
 
-def kernel_path(module: str, root: Path | None = None) -> Path:
-    """File of kernel module ``module`` (``kernels.<name>``) in the tree ``root`` (default: this one)."""
-    return (root or project_root()) / (module.replace(".", "/") + ".py")
-
-
 def check_kernel_module(module: str, root: Path | None = None) -> Path:
     """Check ``kernel.module`` names a file of this tree's ``kernels/`` folder; return its path.
 
@@ -473,7 +464,6 @@ class RunSpec:
 
 def parse_spec(raw: Mapping[str, Any], path: Path | str = "params.yaml", text: str | None = None) -> RunSpec:
     """Check and parse a params mapping (see :func:`load_spec`)."""
-    from kernelcamp.serving import kernel_source_hash, server_flags, variant_hash
     from kernelcamp.targets import load_target
 
     if not isinstance(raw, Mapping):

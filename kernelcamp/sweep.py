@@ -29,37 +29,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kernelcamp.errors import KernelcampError
-
-SLOT_ENV = "KERNELCAMP_WORKER_SLOT"
-#: Ports of parallel workers are spaced by this much: server.port + PORT_STRIDE * slot.
-PORT_STRIDE = 10
-
-
-def worker_slot() -> int:
-    """This process's sweep worker slot (0 when not run by ``kernelcamp sweep``).
-
-    Raises ``KernelcampError`` when ``KERNELCAMP_WORKER_SLOT`` is set but not a non-negative integer.
-    """
-    raw = os.environ.get(SLOT_ENV, "0").strip() or "0"
-    if not raw.isdigit():
-        raise KernelcampError(f"{SLOT_ENV}={raw!r}: expected a non-negative integer (set by kernelcamp sweep)")
-    return int(raw)
-
-
-def in_sweep() -> bool:
-    """Whether this process runs under a ``kernelcamp sweep`` worker (``KERNELCAMP_WORKER_SLOT`` set)."""
-    return SLOT_ENV in os.environ
-
-
-def worker_port(base_port: int) -> int:
-    """The port this process's embedded server uses.
-
-    Outside a sweep, ``base_port``; in sweep slot N, ``base_port + PORT_STRIDE * (N + 1)``, so that no
-    worker, slot 0 included, collides with the workspace's own deployed server on ``base_port``.
-    """
-    return int(base_port) + (PORT_STRIDE * (worker_slot() + 1) if in_sweep() else 0)
+from kernelcamp.ports import SLOT_ENV
 
 
 def detect_gpus() -> list[str]:
@@ -190,8 +163,8 @@ def prepare_tracking_store(repo_root: Path) -> None:
 def stop_slot_servers(repo_root: Path, slots: list[int]) -> list[int]:
     """Stop the embedded servers (deployed, and a benchmark's temporary baseline) that the workers in
     ``slots`` left running; returns the slots where one was running."""
-    from kernelcamp.serving.bench import BASELINE_STEM
-    from kernelcamp.serving.deploy import state_dir, stop_embedded, stop_state
+    from kernelcamp.deploy.common import state_dir, stop_state
+    from kernelcamp.deploy.embedded import BASELINE_STEM, stop_embedded
 
     stopped = []
     for slot in slots:
@@ -284,10 +257,10 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
     return 1 if bad else 0
 
 
-def cli_main(argv: list[str]) -> int:
-    """``kernelcamp sweep``: see the module docstring."""
-    p = argparse.ArgumentParser(
-        prog="kernelcamp sweep",
+def build_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``sweep`` to ``sub`` (the subparsers of :func:`kernelcamp.cli.build_parser`)."""
+    p = sub.add_parser(
+        "sweep",
         description="Run the queued DVC experiments (dvc exp run --queue ...) with one worker per GPU, "
         "each seeing only its own GPU and using its own server port.",
     )
@@ -298,7 +271,12 @@ def cli_main(argv: list[str]) -> int:
     )
     p.add_argument("--repo", default=".", help="the DVC repo [default: .]")
     p.add_argument("--poll", type=float, default=5.0, help="seconds between progress lines [default: 5]")
-    args = p.parse_args(argv)
+    p.set_defaults(main=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    """``kernelcamp sweep``: see the module docstring."""
     gpus = detect_gpus() if args.gpus == "auto" else [g.strip() for g in args.gpus.split(",") if g.strip()]
     try:
         return run_sweep(Path(args.repo).resolve(), gpus, poll_s=args.poll)

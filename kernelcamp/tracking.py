@@ -455,9 +455,9 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
 
 
 def _deployed_hash(params: Mapping[str, Any]) -> str | None:
-    """``kernelcamp.serving.params_variant_hash`` of ``params`` (None where it cannot be computed)."""
+    """``kernelcamp.hashes.params_variant_hash`` of ``params`` (None where it cannot be computed)."""
     try:
-        from kernelcamp.serving import params_variant_hash
+        from kernelcamp.hashes import params_variant_hash
 
         return params_variant_hash(params)
     except (KernelcampError, ImportError, OSError):

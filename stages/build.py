@@ -1,6 +1,6 @@
 """DVC stage `build`: compile every config of the variant and the baseline for the target GPU.
 
-    python stages/build.py --params params.yaml --out reports/build.json --metrics reports/build_metrics.json
+    python -m stages.build --params params.yaml --out reports/build.json --metrics reports/build_metrics.json
 
 Reads params sections variant, baseline, target, workload, kernel and (optional) build.also_targets
 (extra target names reported beside the target). Writes one row per config x kernel x target with
@@ -15,22 +15,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 # Cross-compiling needs Triton's compiler: interpreter mode (read when triton is imported) cannot compile.
 os.environ.pop("TRITON_INTERPRET", None)
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from kernelcamp import inspect as ki  # noqa: E402
-from kernelcamp.errors import KernelcampError  # noqa: E402
-from kernelcamp.io import stage_main, write_json_atomic  # noqa: E402
-from kernelcamp.spec import BUILD_KEYS, stage_spec  # noqa: E402
-from kernelcamp.targets import load_target  # noqa: E402
-from kernelcamp.tracking import tracked_stage  # noqa: E402
-from kernelcamp.variant import Variant  # noqa: E402
+from kernelcamp.errors import KernelcampError
+from kernelcamp.inspect import compile as kc
+from kernelcamp.inspect import fit as kf
+from kernelcamp.io import stage_main, write_json_atomic
+from kernelcamp.spec import BUILD_KEYS, stage_spec
+from kernelcamp.targets import load_target
+from kernelcamp.tracking import tracked_stage
+from kernelcamp.variant import Variant
 
 
 def build_report(variants: dict[str, Variant], target: Any, also: list[Any], specs_for, progress=None) -> dict:
@@ -38,12 +35,12 @@ def build_report(variants: dict[str, Variant], target: Any, also: list[Any], spe
     targets = [target] + [t for t in also if t.name != target.name]
     rows, summaries = [], {}
     for role, variant in variants.items():
-        role_rows = ki.inspect_configs(variant.configs, targets, specs_for, is_list=variant.is_list, progress=progress)
+        role_rows = kf.inspect_configs(variant.configs, targets, specs_for, is_list=variant.is_list, progress=progress)
         rows += [{"role": role, "variant": variant.name, **r} for r in role_rows]
         summaries[role] = {
             "name": variant.name,
             "config_hash": variant.config_hash(),
-            "targets": {t.name: ki.summarize(variant, role_rows, t.name) for t in targets},
+            "targets": {t.name: kf.summarize(variant, role_rows, t.name) for t in targets},
         }
         summaries[role].update({k: summaries[role]["targets"][target.name][k] for k in ("n_configs", "n_fit")})
         summaries[role]["pruned"] = summaries[role]["targets"][target.name]["pruned"]
@@ -82,13 +79,13 @@ def main() -> int:
         also_names.append(run_as)  # benchmark restricts the variants to what this target keeps
     also = [load_target(name) for name in also_names]
     module = spec.kernel_module()
-    specs_for = ki.specs_for_workload(module, params["workload"], spec.kernel.dot_dtype)
+    specs_for = kf.specs_for_workload(module, params["workload"], spec.kernel.dot_dtype)
 
     report = build_report(variants, target, also, specs_for, progress=lambda m: print(m, file=sys.stderr))
     report.update(
         kernel=spec.kernel.name,
         **{k: spec.hashes()[k] for k in BUILD_KEYS},
-        triton=ki.triton_version(),
+        triton=kc.triton_version(),
         workload=spec.workload.name,
     )
     for role, s in report["roles"].items():

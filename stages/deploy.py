@@ -1,12 +1,12 @@
 """DVC stage `deploy`: make the target server run the variant with the server flag set, and prove it.
 
-    python stages/deploy.py --params params.yaml --out reports/deploy.json
+    python -m stages.deploy --params params.yaml --out reports/deploy.json
 
 Reads params sections deploy, server, variant, kernel, workload. Targets (deploy.kind): embedded
 (kernelcamp's own server on 127.0.0.1, previous one stopped, state in $DVC_ROOT/.kernelcamp/),
 command (your launch command, kernel file copied to deploy.kernel_dest), ssh (files copied to
 host:remote_dir, sha256 compared on both sides, restart run there). Ready = /health 200 + one real
-completion + the server's variant hash matches (kernelcamp.serving.deploy).
+completion + the server's variant hash matches (kernelcamp.deploy.embedded).
 
 Writes (atomically) one JSON record: deploy_id, kind, url, variant_name, variant_hash,
 kernel_source_hash, kernel_module, files [{path, sha256_local, sha256_remote}], checksums_match,
@@ -16,24 +16,19 @@ one of its range, and says why). A repeated
 deploy of the same variant hash and flags against a live matching server is a no-op (reused: true).
 Exits 2 with one line when the server cannot be made ready (nothing left running).
 
-    python stages/deploy.py --stop     # stop the embedded server this workspace started
+    python -m stages.deploy --stop     # stop the embedded server this workspace started
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from kernelcamp.io import stage_main, write_json_atomic  # noqa: E402
-from kernelcamp.provenance import git_info  # noqa: E402
-from kernelcamp.serving.deploy import deploy, stop_command, stop_embedded  # noqa: E402
-from kernelcamp.spec import DEPLOY_KEYS, stage_spec  # noqa: E402
-from kernelcamp.tracking import tracked_stage  # noqa: E402
+from kernelcamp.deploy import deploy, stop
+from kernelcamp.io import stage_main, write_json_atomic
+from kernelcamp.provenance import git_info
+from kernelcamp.spec import DEPLOY_KEYS, project_root, stage_spec
+from kernelcamp.tracking import tracked_stage
 
 
 def summary_line(rec: dict) -> str:
@@ -54,7 +49,7 @@ def main() -> int:
     args = ap.parse_args()
 
     if args.stop:
-        stopped = stop_embedded() | stop_command()
+        stopped = stop()
         print(
             "stopped the workspace's server" if stopped else "no server of this workspace was running", file=sys.stderr
         )
@@ -65,7 +60,7 @@ def main() -> int:
     # deploy derived; that one must be the run spec's
     spec.check_record("the deployed server", rec, DEPLOY_KEYS)
     rec["kernel_module"] = spec.kernel.module
-    rec["provenance"] = git_info(ROOT)
+    rec["provenance"] = git_info(project_root())
     write_json_atomic(args.out, rec)
     print(summary_line(rec), file=sys.stderr)
     return 0

@@ -1,6 +1,6 @@
 """Stage report: reports/report.md with PNG plots, and the pipeline's one MLflow run.
 
-    python stages/report.py --params params.yaml --build reports/build.json --deploy reports/deploy.json \
+    python -m stages.report --params params.yaml --build reports/build.json --deploy reports/deploy.json \
         --benchmark reports/benchmark.json --verify reports/verify.json --out reports/report.md \
         --plots reports/plots
 
@@ -16,17 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernelcamp import report as kr  # noqa: E402
-from kernelcamp import tracking  # noqa: E402
-from kernelcamp.io import stage_main  # noqa: E402
-from kernelcamp.runlock import release_run, run_started_ms  # noqa: E402
-from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, project_root, stage_spec  # noqa: E402
+from kernelcamp import report as kr
+from kernelcamp import tracking
+from kernelcamp.io import stage_main
+from kernelcamp.runlock import release_run, run_started_ms
+from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, project_root, stage_spec
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

@@ -1,6 +1,6 @@
 """DVC stage `spec`: check params.yaml once, claim the run, write the parsed run spec.
 
-    python stages/spec.py --params params.yaml --out reports/spec.json
+    python -m stages.spec --params params.yaml --out reports/spec.json
 
 The first stage, and the only one DVC always runs (``always_changed``): every key of params.yaml
 is type- and range-checked (kernelcamp.spec), so a bad value stops the run here with one line
@@ -16,16 +16,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from kernelcamp.io import stage_main, write_json_atomic  # noqa: E402
-from kernelcamp.runlock import claim_run  # noqa: E402
-from kernelcamp.spec import load_spec, project_root, spec_summary  # noqa: E402
-from kernelcamp.tracking import tracked_stage  # noqa: E402
+from kernelcamp.io import stage_main, write_json_atomic
+from kernelcamp.runlock import claim_run
+from kernelcamp.spec import load_spec, project_root, spec_summary
+from kernelcamp.tracking import tracked_stage
 
 
 def main() -> int:

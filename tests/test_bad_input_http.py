@@ -17,13 +17,17 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from kernelcamp.deploy import common
+from kernelcamp.deploy import embedded as dep
+from kernelcamp.deploy import ssh as dep_ssh
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import load_params
-from kernelcamp.serving import deploy as dep
-from kernelcamp.serving.client import API_KEY_ENV, client_url
-from kernelcamp.serving.loadgen import run_load
-from kernelcamp.serving.server import MODEL_NAME, PROFILE_PATH, FakeSpec, build_state, make_app, make_fake_app
-from kernelcamp.serving.testing import ServerThread, free_port
+from kernelcamp.loadgen import run_load
+from kernelcamp.serve.client import API_KEY_ENV, PROFILE_PATH, client_url
+from kernelcamp.serve.fake import FakeSpec, make_fake_app
+from kernelcamp.serve.openai import MODEL_NAME
+from kernelcamp.serve.server import build_state, make_app
+from kernelcamp.serve.testing import ServerThread, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 JSON = {"content-type": "application/json"}
@@ -217,11 +221,11 @@ def test_api_key_required_everywhere_but_health(tmp_path, monkeypatch):
     with ServerThread(app) as url:
         rows = run_load(url, [2], max_tokens=3, num_prompts_per_level=2, timeout_s=10, progress=False)
         assert rows[0]["failure_reasons"] == {"http_401": 2}
-        assert dep.probe_ready(url, "fake")[1] == "completion 401"
+        assert common.probe_ready(url, "fake")[1] == "completion 401"
         monkeypatch.setenv(API_KEY_ENV, "s3cret")
         rows = run_load(url, [2], max_tokens=3, num_prompts_per_level=2, timeout_s=10, progress=False)
         assert rows[0]["valid"] and rows[0]["requests_ok"] == 2
-        ok, why, facts = dep.probe_ready(url, "fake")
+        ok, why, facts = common.probe_ready(url, "fake")
         assert ok and facts["hash_verified"], why
 
 
@@ -397,16 +401,18 @@ def test_ssh_deploy_refuses_option_like_values(row, tmp_path, monkeypatch):
         **over,
     }
     with pytest.raises(KernelcampError) as e:
-        dep.deploy_ssh(p, tmp_path, runner=_NoRunner())
+        dep_ssh.deploy_ssh(p, tmp_path, runner=_NoRunner())
     assert str(e.value).startswith(key + "=") and "\n" not in str(e.value)
     with pytest.raises(KernelcampError, match=key.split(".")[1]):
-        dep.SshRunner(p["deploy"]["host"], user=p["deploy"].get("user")).put("x", p["deploy"]["remote_dir"] + "/f")
+        dep_ssh.SshRunner(p["deploy"]["host"], user=p["deploy"].get("user")).put("x", p["deploy"]["remote_dir"] + "/f")
 
 
 def test_ssh_and_scp_end_options_before_the_destination(monkeypatch):
     argvs = []
-    monkeypatch.setattr(dep.subprocess, "run", lambda argv, **kw: argvs.append(argv) or SimpleNamespace(returncode=0))
-    r = dep.SshRunner("gpu-box", user="me", options=["-o", "LogLevel=ERROR"])
+    monkeypatch.setattr(
+        dep_ssh.subprocess, "run", lambda argv, **kw: argvs.append(argv) or SimpleNamespace(returncode=0)
+    )
+    r = dep_ssh.SshRunner("gpu-box", user="me", options=["-o", "LogLevel=ERROR"])
     r.run("true")
     r.put("kernel.py", "/srv/k/kernel.py")
     ssh, scp = argvs
@@ -434,7 +440,7 @@ def test_review_bodies_are_400(body: dict, param: str) -> None:
 
     from fastapi.testclient import TestClient
 
-    from kernelcamp.serving.server import FakeSpec, make_fake_app
+    from kernelcamp.serve.fake import FakeSpec, make_fake_app
 
     with TestClient(make_fake_app(FakeSpec(ttft_ms=1, itl_ms=1))) as c:
         # NaN/inf are not JSON: send them as Python's json writes them, as a careless client would
@@ -444,7 +450,7 @@ def test_review_bodies_are_400(body: dict, param: str) -> None:
 
 
 def test_trace_store_keeps_files_that_are_not_its_traces(tmp_path) -> None:
-    from kernelcamp.serving.server import TraceStore
+    from kernelcamp.serve.server import TraceStore
 
     for i in range(9):
         (tmp_path / f"user{i}.json.gz").write_bytes(b"mine")
@@ -457,10 +463,10 @@ def test_trace_store_keeps_files_that_are_not_its_traces(tmp_path) -> None:
 
 @pytest.mark.parametrize("key", ["", "  ", " k "])
 def test_blank_or_padded_api_key_in_the_environment_is_refused(key: str, monkeypatch, capsys) -> None:
-    from kernelcamp.serving.server import cli_main
+    from kernelcamp.cli import main
 
     monkeypatch.setenv("KERNELCAMP_API_KEY", key)
-    assert cli_main(["--fake", "ttft_ms=1", "--port", "1"]) == 2
+    assert main(["serve", "--fake", "ttft_ms=1", "--port", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: KERNELCAMP_API_KEY: empty or with surrounding spaces")
 
@@ -472,7 +478,7 @@ def test_blank_or_padded_api_key_in_the_environment_is_refused(key: str, monkeyp
 def test_routing_errors_are_openai_shaped(method: str, path: str, status: int) -> None:
     from fastapi.testclient import TestClient
 
-    from kernelcamp.serving.server import FakeSpec, make_fake_app
+    from kernelcamp.serve.fake import FakeSpec, make_fake_app
 
     with TestClient(make_fake_app(FakeSpec(ttft_ms=1, itl_ms=1))) as c:
         r = c.request(method, path, json={} if method == "POST" else None)

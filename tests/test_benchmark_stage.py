@@ -39,7 +39,9 @@ def test_interrupt_after_profiling_keeps_the_previous_traces(tmp_path: Path, mon
     for name, data in old.items():
         (rep / name).write_bytes(data)
     fake_kernel = {"batch": {}, "overall": {"ratio": 1.0, "ci_lo": 1.0, "ci_hi": 1.0}}
-    monkeypatch.setattr(stage, "kernel_level", lambda p, v, d: ([], fake_kernel))
+    import kernelcamp.bench.record
+
+    monkeypatch.setattr(kernelcamp.bench.record, "kernel_level", lambda p, v, d: ([], fake_kernel))
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -81,7 +83,9 @@ def test_benchmark_refuses_a_deploy_of_other_params(tmp_path: Path, monkeypatch:
     hashes = parse_spec(params).hashes()
     (tmp_path / "build.json").write_text(json.dumps(hashes))
     (tmp_path / "deploy.json").write_text(json.dumps({**hashes, "variant_hash": "feedfacefeedface"}))
-    monkeypatch.setattr(stage, "kernel_level", lambda *a: pytest.fail("measured a foreign deploy"))
+    import kernelcamp.bench.record
+
+    monkeypatch.setattr(kernelcamp.bench.record, "kernel_level", lambda *a: pytest.fail("measured a foreign deploy"))
     argv = ["benchmark.py", "--params", str(tmp_path / "params.yaml"), "--build", str(tmp_path / "build.json")]
     argv += ["--deploy", str(tmp_path / "deploy.json")]
     for k in ("out", "metrics", "latency-csv", "summary-csv", "serving-csv", "serving-summary-csv", "trace"):

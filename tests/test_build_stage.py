@@ -25,7 +25,7 @@ def run_build(params: dict, tmp_path: Path, cache_root: Path) -> tuple[subproces
     # DVC_ROOT: the tracking store (a failure is recorded there) lives in the test's folder.
     env = {**os.environ, "KERNELCAMP_CACHE_DIR": str(cache_root), "DVC_ROOT": str(tmp_path)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [sys.executable, str(ROOT / "stages" / "build.py"), "--params", str(pfile), "--out", str(out)]
+    cmd = [sys.executable, "-m", "stages.build", "--params", str(pfile), "--out", str(out)]
     r = subprocess.run([*cmd, "--metrics", str(met)], env=env, capture_output=True, text=True, cwd=ROOT)
     return r, out, met
 

@@ -19,23 +19,17 @@ import httpx
 import pytest
 import yaml
 
+from kernelcamp.bench.serving import check_baseline_port
+from kernelcamp.deploy import deploy
+from kernelcamp.deploy.command import stop_command
+from kernelcamp.deploy.common import _alive, kill_group
+from kernelcamp.deploy.embedded import fallback_ports, stop_embedded
+from kernelcamp.deploy.ssh import compare_checksums, deploy_ssh, remote_sha256
 from kernelcamp.errors import KernelcampError
+from kernelcamp.hashes import params_variant_hash
 from kernelcamp.io import load_params
-from kernelcamp.serving import params_variant_hash
-from kernelcamp.serving.bench import check_baseline_port
-from kernelcamp.serving.deploy import (
-    _alive,
-    compare_checksums,
-    deploy,
-    deploy_ssh,
-    fallback_ports,
-    kill_group,
-    remote_sha256,
-    stop_command,
-    stop_embedded,
-)
-from kernelcamp.serving.server import FakeSpec, make_fake_app
-from kernelcamp.serving.testing import LoopbackSshd, ServerThread, free_port, free_port_block, port_is_free
+from kernelcamp.serve.fake import FakeSpec, make_fake_app
+from kernelcamp.serve.testing import LoopbackSshd, ServerThread, free_port, free_port_block, port_is_free
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +64,7 @@ def test_embedded_stage_restart_and_reuse(params, tmp_path):
     pfile, out = tmp_path / "params.yaml", tmp_path / "reports" / "deploy.json"
     pfile.write_text(yaml.safe_dump(params))
     r = subprocess.run(
-        [sys.executable, str(ROOT / "stages" / "deploy.py"), "--params", str(pfile), "--out", str(out)],
+        [sys.executable, "-m", "stages.deploy", "--params", str(pfile), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -272,7 +266,7 @@ def test_ssh_deploy_over_loopback_sshd(params, tmp_path):
 
 @needs_sshd
 def test_ssh_checksum_mismatch_over_loopback_sshd(params, tmp_path, monkeypatch):
-    from kernelcamp.serving import deploy as dep
+    from kernelcamp.deploy import ssh as dep
 
     real_put = dep.SshRunner.put
 

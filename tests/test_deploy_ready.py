@@ -8,9 +8,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from kernelcamp.deploy.common import wait_ready
 from kernelcamp.errors import KernelcampError
-from kernelcamp.serving.deploy import wait_ready
-from kernelcamp.serving.testing import ServerThread
+from kernelcamp.serve.testing import ServerThread
 
 
 def _refusing_app(status: int) -> FastAPI:
@@ -53,7 +53,7 @@ def test_setup_digest_covers_what_the_server_computes_not_where_it_listens() -> 
 
     import yaml
 
-    from kernelcamp.serving.deploy import setup_digest
+    from kernelcamp.deploy.embedded import setup_digest
 
     params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     base = setup_digest(params)

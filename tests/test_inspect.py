@@ -22,8 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelcamp import inspect as ki
+from kernelcamp import cli
 from kernelcamp.errors import KernelcampError
+from kernelcamp.inspect import cli as ki_cli
+from kernelcamp.inspect import compile as kc
+from kernelcamp.inspect import fit as kf
 from kernelcamp.targets import load_target, occupancy, resolve_target
 from kernelcamp.variant import LaunchConfig, Variant, parse_variant
 
@@ -101,7 +104,7 @@ def in_child(expr: str, **env_extra: str):
 
 
 def _story():
-    return parse_variant(ki._load_yaml(ROOT / "conf" / "variant" / "story_autotune.yaml"))
+    return parse_variant(ki_cli._load_yaml(ROOT / "conf" / "variant" / "story_autotune.yaml"))
 
 
 def child_story_rows(cache_root: str, forbid_compile: bool = False) -> list[dict]:
@@ -111,11 +114,11 @@ def child_story_rows(cache_root: str, forbid_compile: bool = False) -> list[dict
             raise AssertionError("triton.compile called on a warm inspection")
 
         triton.compile = boom
-        ki._compile_in_child = boom  # compiles run in a child process, where the patch above cannot reach
+        kc._compile_in_child = boom  # compiles run in a child process, where the patch above cannot reach
     m = _kernel_module()
     targets = [load_target("sm120"), load_target("sm90")]
-    specs_for = ki.specs_for_workload(m, V4_FLASH)
-    return ki.inspect_configs(_story().configs, targets, specs_for, is_list=True, cache_root=Path(cache_root))
+    specs_for = kf.specs_for_workload(m, V4_FLASH)
+    return kf.inspect_configs(_story().configs, targets, specs_for, is_list=True, cache_root=Path(cache_root))
 
 
 def child_fresh(triton_cache: str) -> list[dict]:
@@ -138,14 +141,14 @@ def child_bad_config(cache_root: str) -> dict:
         return [dataclasses.replace(s, constexprs={**s.constexprs, "BLOCK_T": cfg.BLOCK_T}) for s in specs]
 
     t = load_target("sm120")
-    rows = ki.inspect_configs([bad], [t], specs_for, cache_root=Path(cache_root))
+    rows = kf.inspect_configs([bad], [t], specs_for, cache_root=Path(cache_root))
     try:
-        ki.inspect_configs([bad], [t], specs_for, cache_root=Path(cache_root), use_cache=False, strict=True)
+        kf.inspect_configs([bad], [t], specs_for, cache_root=Path(cache_root), use_cache=False, strict=True)
         strict = None
     except KernelcampError as e:
         strict = str(e)
-    direct = ki.inspect_configs([bad], [t], ki.specs_for_workload(m, V4_FLASH), cache_root=Path(cache_root))
-    summary = ki.summarize(Variant("bad", (bad,)), rows, "sm120")
+    direct = kf.inspect_configs([bad], [t], kf.specs_for_workload(m, V4_FLASH), cache_root=Path(cache_root))
+    summary = kf.summarize(Variant("bad", (bad,)), rows, "sm120")
     return {"label": bad.label(), "rows": rows, "strict": strict, "direct": direct, "summary": summary}
 
 
@@ -247,7 +250,7 @@ def test_story_fits_against_target_limit(story, story_rows, target):
                 f"needs {r['shared_bytes']} B shared memory, {target} allows {t.shared_bytes_per_block}" in r["reason"]
             )
             assert "autotuner would drop it silently" in r["reason"]
-    s = ki.summarize(story, story_rows, target)
+    s = kf.summarize(story, story_rows, target)
     fitting = [c.label() for i, c in enumerate(story.configs) if all(r["fits"] for r in rows if r["config_index"] == i)]
     assert s["fit"] == fitting and s["n_fit"] == len(fitting) and s["n_configs"] == 3
     assert [p["config"] for p in s["pruned"]] == [c.label() for c in story.configs if c.label() not in fitting]
@@ -261,7 +264,7 @@ def test_story_fits_against_target_limit(story, story_rows, target):
 def test_config_fit_is_all_its_kernels(story_rows):
     for r in story_rows:
         same = [x for x in story_rows if x["target"] == r["target"] and x["config_index"] == r["config_index"]]
-        assert ki.config_fits(story_rows, r["target"], r["config_index"]) == all(x["fits"] for x in same)
+        assert kf.config_fits(story_rows, r["target"], r["config_index"]) == all(x["fits"] for x in same)
 
 
 def test_warm_inspection_does_not_compile(story_rows, cache_root):
@@ -293,11 +296,11 @@ def test_uncompilable_config_is_named_not_a_traceback(cache_root):
 @pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_tiny_kernel_dot_below_16_fails_cleanly(tmp_path):
     # under TRITON_INTERPRET the inspector computes keys and compiles in child processes by module and name
-    rows = ki.inspect_configs([LaunchConfig(8, 16, 4, 1)], [load_target("sm90")], tiny_specs, cache_root=tmp_path)
+    rows = kf.inspect_configs([LaunchConfig(8, 16, 4, 1)], [load_target("sm90")], tiny_specs, cache_root=tmp_path)
     assert rows[0]["error"].startswith("CompilationError") and "T8_H16_w4_s1" in rows[0]["reason"]
-    again = ki.inspect_configs([LaunchConfig(8, 16, 4, 1)], [load_target("sm90")], tiny_specs, cache_root=tmp_path)
+    again = kf.inspect_configs([LaunchConfig(8, 16, 4, 1)], [load_target("sm90")], tiny_specs, cache_root=tmp_path)
     assert again[0]["error"] and not again[0]["cached"], "a compile error was served from the cache"
-    ok = ki.inspect_configs([LaunchConfig(32, 16, 4, 1)], [load_target("sm90")], tiny_specs, cache_root=tmp_path)
+    ok = kf.inspect_configs([LaunchConfig(32, 16, 4, 1)], [load_target("sm90")], tiny_specs, cache_root=tmp_path)
     assert ok[0]["fits"] and ok[0]["shared_bytes"] > 0 and ok[0]["registers"] > 0
 
 
@@ -305,7 +308,7 @@ def test_tiny_kernel_dot_below_16_fails_cleanly(tmp_path):
 def test_more_than_1024_threads_never_fits(tmp_path, num_warps):
     """num_warps=64 is 2048 threads per block: no arch launches it, whatever its shared memory."""
     cfg = LaunchConfig(16, 16, num_warps, 1)
-    rows = ki.inspect_configs([cfg], [load_target("sm90")], sin_specs, cache_root=tmp_path)
+    rows = kf.inspect_configs([cfg], [load_target("sm90")], sin_specs, cache_root=tmp_path)
     (r,) = rows
     assert not r["fits"] and r["ctas_per_sm"] == 0 and r["limited_by"] == "does_not_fit"
     assert f"{num_warps * 32} threads per block, sm90 allows 1024" in r["reason"], r
@@ -313,7 +316,7 @@ def test_more_than_1024_threads_never_fits(tmp_path, num_warps):
 
 def test_spill_bytes_are_ptxas_spill_stores_not_the_stack_frame(tmp_path):
     """tl.sin: ptxas says "32 bytes stack frame, 0 bytes spill stores"; the row says the same."""
-    rows = ki.inspect_configs(
+    rows = kf.inspect_configs(
         [LaunchConfig(16, 16, 4, 1)], [load_target("sm90"), load_target("sm120")], sin_specs, cache_root=tmp_path
     )
     for r in rows:
@@ -339,10 +342,10 @@ def test_parse_ptxas_log():
         "    40 bytes stack frame, 24 bytes spill stores, 16 bytes spill loads\n"
         "ptxas info    : Used 255 registers, used 1 barriers, 40 bytes cumulative stack size\n"
     )
-    got = ki.parse_ptxas_log(log, "k")
+    got = kc.parse_ptxas_log(log, "k")
     assert got == {"stack_bytes": 40, "spill_bytes": 24, "spill_load_bytes": 16, "registers": 255}
     with pytest.raises(ValueError):
-        ki.parse_ptxas_log(log, "other")
+        kc.parse_ptxas_log(log, "other")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,7 +361,7 @@ def test_cache_key_covers_config_arch_and_source():
         (dataclasses.replace(s, constexprs={"BLOCK": 64}), 90),
         (tiny_specs(LaunchConfig(32, 16, 4, 1))[0], 90),
     ]
-    keys = ki.compile_keys(jobs)
+    keys = kc.compile_keys(jobs)
     assert None not in keys and len(set(keys[:4])) == 4 and keys[4] == keys[0]
 
 
@@ -401,11 +404,11 @@ def test_cache_key_covers_a_helper_in_another_module(tmp_path, monkeypatch):
     sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "BLOCK": "constexpr"}
     spec = TinySpec("kernel", fn, sig, {"BLOCK": 128}, 4, 1)
     cache = tmp_path / "cache"
-    first = ki.compile_figures(spec, 90, root=cache)
+    first = kc.compile_figures(spec, 90, root=cache)
     assert first["error"] is None and not first["cached"] and first["stack_bytes"] == 0, first
-    assert ki.compile_figures(spec, 90, root=cache)["cached"]
+    assert kc.compile_figures(spec, 90, root=cache)["cached"]
     (tmp_path / f"{helper}.py").write_text(HELPER_V2)
-    edited = ki.compile_figures(spec, 90, root=cache)
+    edited = kc.compile_figures(spec, 90, root=cache)
     assert not edited["cached"], "a warm cache returned the figures of the old helper"
     assert edited["stack_bytes"] == 32, edited
 
@@ -413,14 +416,14 @@ def test_cache_key_covers_a_helper_in_another_module(tmp_path, monkeypatch):
 @pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_cache_key_covers_compile_env_and_triton_version(monkeypatch, tmp_path):
     (s,) = sin_specs(LaunchConfig(16, 16, 4, 1))
-    base = ki.compile_key(s, 90)
-    cold = ki.compile_figures(s, 90, root=tmp_path)
-    assert not cold["cached"] and ki.compile_figures(s, 90, root=tmp_path)["cached"]
+    base = kc.compile_key(s, 90)
+    cold = kc.compile_figures(s, 90, root=tmp_path)
+    assert not cold["cached"] and kc.compile_figures(s, 90, root=tmp_path)["cached"]
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # in Triton's get_cache_invalidating_env_vars
-    assert ki.compile_key(s, 90) != base
-    assert not ki.compile_figures(s, 90, root=tmp_path)["cached"], "old figures served with fp fusion off"
+    assert kc.compile_key(s, 90) != base
+    assert not kc.compile_figures(s, 90, root=tmp_path)["cached"], "old figures served with fp fusion off"
     monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
-    assert ki.compile_key(s, 90) == base
+    assert kc.compile_key(s, 90) == base
     assert in_child("T.child_key_with_triton_version('9.9.9')") != in_child("T.child_key_with_triton_version(None)")
 
 
@@ -428,7 +431,7 @@ def child_key_with_triton_version(version: str | None) -> str:
     (s,) = sin_specs(LaunchConfig(16, 16, 4, 1))
     if version:
         triton.__version__ = version
-    return ki.compile_key(s, 90)
+    return kc.compile_key(s, 90)
 
 
 @pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
@@ -436,15 +439,15 @@ def test_override_arch_is_refused_in_one_line_and_errors_are_never_cached(monkey
     (s,) = sin_specs(LaunchConfig(16, 16, 4, 1))
     monkeypatch.setenv("TRITON_OVERRIDE_ARCH", "sm80")
     with pytest.raises(KernelcampError) as e:
-        ki.inspect_configs([LaunchConfig(16, 16, 4, 1)], [load_target("sm90")], sin_specs, cache_root=tmp_path)
+        kf.inspect_configs([LaunchConfig(16, 16, 4, 1)], [load_target("sm90")], sin_specs, cache_root=tmp_path)
     assert "TRITON_OVERRIDE_ARCH=sm80" in str(e.value) and "\n" not in str(e.value)
     r = run_cli("--variant", "story_autotune", "--target", "sm90", cache_root=tmp_path, TRITON_OVERRIDE_ARCH="sm80")
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and "TRITON_OVERRIDE_ARCH=sm80" in err[0], r.stderr
     monkeypatch.setenv("TRITON_OVERRIDE_ARCH", "sm90")  # the target's own arch changes nothing
-    assert ki.compile_figures(s, 90, root=tmp_path)["error"] is None
+    assert kc.compile_figures(s, 90, root=tmp_path)["error"] is None
     monkeypatch.delenv("TRITON_OVERRIDE_ARCH")
-    fig = ki.compile_figures(s, 90, root=tmp_path)
+    fig = kc.compile_figures(s, 90, root=tmp_path)
     assert fig["error"] is None and fig["registers"] > 0
     assert not list(tmp_path.glob("*.json")) or all(
         json.loads(p.read_text())["error"] is None for p in tmp_path.glob("*.json")
@@ -453,29 +456,29 @@ def test_override_arch_is_refused_in_one_line_and_errors_are_never_cached(monkey
 
 def test_cache_dir_env(monkeypatch, tmp_path):
     monkeypatch.setenv("KERNELCAMP_CACHE_DIR", str(tmp_path))
-    assert ki.cache_dir() == tmp_path
+    assert kc.cache_dir() == tmp_path
     monkeypatch.delenv("KERNELCAMP_CACHE_DIR")
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    assert ki.cache_dir() == tmp_path.resolve() / ".kernelcamp_cache" / "inspect"
+    assert kc.cache_dir() == tmp_path.resolve() / ".kernelcamp_cache" / "inspect"
 
 
 def test_ptxas_for_restores_environment(monkeypatch):
     monkeypatch.delenv("TRITON_PTXAS_BLACKWELL_PATH", raising=False)
     monkeypatch.setenv("TRITON_PTXAS_PATH", "/custom/ptxas")
-    with ki.ptxas_for(120):
+    with kc.ptxas_for(120):
         assert os.environ["TRITON_PTXAS_BLACKWELL_PATH"].endswith("ptxas-blackwell")
         assert os.environ["TRITON_PTXAS_PATH"] == "/custom/ptxas"  # a user's choice is kept
     assert "TRITON_PTXAS_BLACKWELL_PATH" not in os.environ and os.environ["TRITON_PTXAS_PATH"] == "/custom/ptxas"
-    with ki.ptxas_for(90):
+    with kc.ptxas_for(90):
         assert "TRITON_PTXAS_BLACKWELL_PATH" not in os.environ
 
 
 def test_unreadable_figures_are_named(tmp_path):
     usage = "Resource usage:\n Function k:\n  REG:40 SHARED:0 LOCAL:0\n"
-    assert ki.parse_resource_usage(usage, "k") == {"REG": 40, "SHARED": 0, "LOCAL": 0}
+    assert kc.parse_resource_usage(usage, "k") == {"REG": 40, "SHARED": 0, "LOCAL": 0}
     with pytest.raises(ValueError):
-        ki.parse_resource_usage(usage, "other")
-    figs, unreadable = ki.read_cubin(b"not a cubin", "k")
+        kc.parse_resource_usage(usage, "other")
+    figs, unreadable = kc.read_cubin(b"not a cubin", "k")
     assert figs["registers"] is None and "cuobjdump" in unreadable["registers"]
 
 
@@ -516,7 +519,7 @@ import sys
 os.environ["KC_PARENT_PID"] = str(os.getpid())
 from pathlib import Path
 
-from kernelcamp import inspect as ki
+from kernelcamp.inspect import fit as kf
 from kernelcamp.targets import load_target
 from kernelcamp.variant import LaunchConfig
 
@@ -533,7 +536,7 @@ def run():
         import slow_stub
 
         cfg, specs_for = LaunchConfig(16, 16, 4, 1), slow_stub.specs
-    ki.inspect_configs([cfg], [load_target("sm90")], specs_for, use_cache=False, cache_root=Path("cache"))
+    kf.inspect_configs([cfg], [load_target("sm90")], specs_for, use_cache=False, cache_root=Path("cache"))
     print("finished", flush=True)
 
 
@@ -678,7 +681,7 @@ def test_cli_json_and_pruned_lines(story_rows, cache_root):
 
 
 def test_cli_bad_target_is_one_line(capsys):
-    assert ki.cli_main(["--variant", "story_autotune", "--target", "sm999"]) == 2
+    assert cli.main(["inspect", "--variant", "story_autotune", "--target", "sm999"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: unknown target")
 
@@ -694,9 +697,9 @@ def test_live_figures_equal_cross_compiled(story, tmp_path):
     arch = major * 10 + minor
     for cfg in story.configs:
         for spec in m.compile_specs(**V4_FLASH, config=cfg):
-            cross = ki.compile_figures(spec, arch, root=tmp_path)
-            live = ki.live_figures(spec)
-            assert ki.compare_live(cross, live) == [], (cfg.label(), spec.name)
+            cross = kc.compile_figures(spec, arch, root=tmp_path)
+            live = kc.live_figures(spec)
+            assert kc.compare_live(cross, live) == [], (cfg.label(), spec.name)
 
 
 @pytest.mark.gpu
@@ -705,11 +708,11 @@ def test_live_figures_from_jit_after_launch(tmp_path):
     c = torch.empty(32, 32, device="cuda", dtype=torch.float32)
     _tiny_dot[(1,)](a, a, c, BLOCK=32, num_warps=4, num_stages=1)
     torch.cuda.synchronize()
-    live = [r for r in ki.live_figures_from_jit(_tiny_dot) if r["num_warps"] == 4]
+    live = [r for r in kc.live_figures_from_jit(_tiny_dot) if r["num_warps"] == 4]
     assert live
     major, minor = torch.cuda.get_device_capability()
     (spec,) = tiny_specs(LaunchConfig(32, 16, 4, 1))
     # a real launch specializes pointer alignment (16-byte divisibility) like compile_specs' attrs
     spec_attrs = dataclasses.replace(spec, attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
-    cross = ki.compile_figures(spec_attrs, major * 10 + minor, root=tmp_path)
-    assert ki.compare_live(cross, live[0]) == []
+    cross = kc.compile_figures(spec_attrs, major * 10 + minor, root=tmp_path)
+    assert kc.compare_live(cross, live[0]) == []

@@ -1,4 +1,4 @@
-"""Checks the benchmark stage makes before any measurement (kernelcamp.kernel_bench, serving.bench)."""
+"""Checks the benchmark stage makes before any measurement (kernelcamp.bench.kernel, serving.bench)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from kernelcamp.bench.kernel import check_kernel_params
+from kernelcamp.bench.serving import check_baseline_port
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import load_params
-from kernelcamp.kernel_bench import check_kernel_params
-from kernelcamp.serving.bench import check_baseline_port
-from kernelcamp.serving.testing import free_port
+from kernelcamp.serve.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def test_busy_baseline_port_is_found_before_the_rounds(params, tmp_path):
 
 
 def test_kernel_plan_gpu_sequential_cpu_fixed(params):
-    from kernelcamp.kernel_bench import decision_metrics, kernel_plan
+    from kernelcamp.bench.kernel import decision_metrics, kernel_plan
 
     bk = params["benchmark"]["kernel"]
     g = kernel_plan(params, "cuda")

@@ -89,7 +89,7 @@ def test_autotune_list_records_config_and_benchmarks_once(inputs):
 
 
 def test_timing_harness_sanity(inputs):
-    from kernelcamp import timing
+    from kernelcamp.bench import timing
 
     inp = inputs["v4_flash"]
     k = smd.SparseMLADecode(Variant("t", (CONFIGS[0],)), check_indices=False)
@@ -109,7 +109,7 @@ def test_timing_harness_sanity(inputs):
 
 
 def test_capture_single_config_warmed_passes(inputs):
-    from kernelcamp.capture import check_capture_safety
+    from kernelcamp.verify.capture import check_capture_safety
 
     inp = inputs["v32"]
     k = smd.SparseMLADecode(Variant("bt16_w8", (LaunchConfig(16, 16, 8, 2, "auto"),)))
@@ -119,7 +119,7 @@ def test_capture_single_config_warmed_passes(inputs):
 
 
 def test_capture_autotune_warmed_passes(inputs):
-    from kernelcamp.capture import check_capture_safety
+    from kernelcamp.verify.capture import check_capture_safety
 
     inp = inputs["v4_flash"]
     k = smd.SparseMLADecode(Variant("story", STORY, ("B",), is_list=True))
@@ -129,7 +129,7 @@ def test_capture_autotune_warmed_passes(inputs):
 
 def test_capture_autotune_cold_is_caught(inputs):
     # last: a failed capture is the one test here that leaves the CUDA context doing extra work
-    from kernelcamp.capture import check_capture_safety
+    from kernelcamp.verify.capture import check_capture_safety
 
     inp = inputs["v4_flash"]
     k = smd.SparseMLADecode(Variant("story", STORY, ("B",), is_list=True))

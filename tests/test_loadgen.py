@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kernelcamp.serving.loadgen import RequestResult, level_metrics, run_level, run_load
-from kernelcamp.serving.server import FakeSpec, make_fake_app
-from kernelcamp.serving.testing import ServerThread
+from kernelcamp.loadgen import RequestResult, level_metrics, run_level, run_load
+from kernelcamp.serve.fake import FakeSpec, make_fake_app
+from kernelcamp.serve.testing import ServerThread
 
 
 def _req(i, start, ttft, gap, tokens, chunk, status="ok"):

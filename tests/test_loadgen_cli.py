@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from kernelcamp.cli import main
-from kernelcamp.serving.server import MODEL_NAME, FakeSpec, make_fake_app
-from kernelcamp.serving.testing import ServerThread, free_port
+from kernelcamp.serve.fake import FakeSpec, make_fake_app
+from kernelcamp.serve.openai import MODEL_NAME
+from kernelcamp.serve.testing import ServerThread, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LATENCIES = ("ttft", "tpot", "itl", "e2e")

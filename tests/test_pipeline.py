@@ -23,9 +23,9 @@ NEEDED = [
     "stages/verify.py",
     "stages/report.py",
     "kernels/sparse_mla_decode.py",
-    "kernelcamp/timing.py",
-    "kernelcamp/inspect.py",
-    "kernelcamp/capture.py",
+    "kernelcamp/bench/timing.py",
+    "kernelcamp/inspect/compile.py",
+    "kernelcamp/verify/capture.py",
 ]
 missing = [p for p in NEEDED if not (ROOT / p).exists()]
 pytestmark = [
@@ -75,11 +75,11 @@ def repo(tmp_path_factory):
         port = s.getsockname()[1]
     server = (d / "conf/server/default.yaml").read_text()
     (d / "conf/server/default.yaml").write_text(server.replace("port: 8765", f"port: {port}"))
-    sh(f"{sys.executable} -m kernelcamp.compose", d)
+    sh(f"{sys.executable} -m kernelcamp.cli compose", d)
     sh("git init -q && git add -A && git -c user.email=t@t -c user.name=t commit -qm init", d)
     yield d
     if (d / "stages/deploy.py").exists():  # leave no server behind
-        sh(f"{sys.executable} stages/deploy.py --stop", d, check=False, timeout=120)
+        sh(f"{sys.executable} -m stages.deploy --stop", d, check=False, timeout=120)
 
 
 def _runs(d):
@@ -183,7 +183,7 @@ def test_a_float_where_an_int_goes_stops_the_run_instead_of_skipping_it(repo):
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert errors == ["error: variant.num_warps = 4.0: expected an integer >= 1"], r.stderr
     assert _snapshot(repo) == before
-    sh("python -m kernelcamp.compose", repo)
+    sh("python -m kernelcamp.cli compose", repo)
 
 
 def test_target_with_no_fitting_config_is_one_clear_line(repo):
@@ -195,7 +195,7 @@ def test_target_with_no_fitting_config_is_one_clear_line(repo):
     assert "Running stage 'benchmark'" not in r.stdout
     # a failed build writes nothing: every output, build.json included, is the last finished run's
     assert _snapshot(repo) == before
-    sh("python -m kernelcamp.compose", repo)  # back to the default composition for the next test
+    sh("python -m kernelcamp.cli compose", repo)  # back to the default composition for the next test
 
 
 def test_unreachable_tracking_server_is_one_clear_line(repo):
@@ -205,4 +205,4 @@ def test_unreachable_tracking_server_is_one_clear_line(repo):
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "unreachable" in errors[0], r.stderr
     assert _snapshot(repo) == before
-    sh("python -m kernelcamp.compose", repo)
+    sh("python -m kernelcamp.cli compose", repo)

@@ -1,4 +1,4 @@
-"""kernelcamp.profiling: the kernel-launch profile (the fallback when serving is not measured)."""
+"""kernelcamp.bench.profile: the kernel-launch profile (the fallback when serving is not measured)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from kernelcamp.bench.profile import kernel_launch_profile
 from kernelcamp.compose import compose_text
-from kernelcamp.profiling import kernel_launch_profile
 from kernelcamp.variant import parse_variant
 
 ROOT = Path(__file__).resolve().parents[1]

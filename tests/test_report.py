@@ -156,10 +156,10 @@ def _stage(tmp_path, env_extra, override=None):
         shutil.copy(FIX / f"{n}.json", rep / f"{n}.json")
         _stamp(rep / f"{n}.json", params, BUILD_KEYS if n == "build" else DEPLOY_KEYS, **(override or {}).get(n, {}))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    env = {**os.environ, "DVC_ROOT": str(tmp_path), **env_extra}
+    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT), **env_extra}
     if "MLFLOW_TRACKING_URI" not in env_extra:
         env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [sys.executable, str(ROOT / "stages" / "report.py"), "--params", "params.yaml"]
+    cmd = [sys.executable, "-m", "stages.report", "--params", "params.yaml"]
     for n in ("build", "deploy", "benchmark", "verify"):
         cmd += [f"--{n}", f"reports/{n}.json"]
     cmd += ["--out", "reports/report.md", "--plots", "reports/plots"]

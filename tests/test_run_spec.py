@@ -48,8 +48,8 @@ def test_a_queued_experiment_builds_its_own_kernel_not_the_workspaces(tmp_path: 
         """
         import sys, json
         sys.path.insert(0, sys.argv[1])
-        from kernelcamp.inspect import kernel_module
-        from kernelcamp.serving import kernel_source_hash
+        from kernelcamp.inspect.fit import kernel_module
+        from kernelcamp.hashes import kernel_source_hash
         m = kernel_module({"module": "kernels.sparse_mla_decode"})
         print(json.dumps({"file": m.__file__, "hash": m.kernel_source_hash(),
                           "serving_hash": kernel_source_hash({"module": "kernels.sparse_mla_decode"})}))
@@ -74,7 +74,7 @@ def test_the_spec_stage_hashes_its_own_trees_kernel(tmp_path: Path) -> None:
     kfile.write_text(kfile.read_text() + "\n# edited\n")
     env = {**os.environ, "DVC_ROOT": str(ROOT)}
     r = subprocess.run(
-        [sys.executable, "stages/spec.py", "--out", "reports/spec.json"],
+        [sys.executable, "-m", "stages.spec", "--out", "reports/spec.json"],
         cwd=copy_root,
         env=env,
         capture_output=True,
@@ -126,7 +126,7 @@ def test_the_configured_kernel_module_is_the_one_benchmarked(tmp_path: Path) -> 
         """
         import sys, yaml
         sys.path.insert(0, sys.argv[1])
-        from kernelcamp import kernel_bench
+        from kernelcamp.bench import kernel as kernel_bench
         from kernelcamp.spec import import_kernel
         p = yaml.safe_load(open("params.yaml"))
         p["kernel"]["module"] = "kernels.alt"
@@ -256,10 +256,10 @@ def test_the_spec_stage_refuses_bad_params_before_writing_anything(tmp_path: Pat
     out = tmp_path / "reports" / "spec.json"
     out.parent.mkdir()
     out.write_text("previous\n")
-    env = {**os.environ, "DVC_ROOT": str(tmp_path)}
+    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT)}  # the stage from this tree
     env.pop("MLFLOW_TRACKING_URI", None)
     r = subprocess.run(
-        [sys.executable, str(ROOT / "stages" / "spec.py"), "--params", "params.yaml", "--out", str(out)],
+        [sys.executable, "-m", "stages.spec", "--params", "params.yaml", "--out", str(out)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -318,7 +318,7 @@ def test_a_server_tied_to_its_caller_dies_with_it_even_on_sigkill(tmp_path: Path
     code = textwrap.dedent(
         f"""
         import subprocess, sys, time
-        from kernelcamp.serving.deploy import pdeathsig_preexec
+        from kernelcamp.deploy.common import pdeathsig_preexec
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=pdeathsig_preexec(),
                              start_new_session=True)
         open({str(pidfile)!r}, "w").write(str(p.pid))
@@ -370,8 +370,8 @@ def test_a_deploy_with_required_values_unset_names_them() -> None:
 
 def test_the_benchmarks_baseline_server_is_tied_to_the_stage(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The flag was lost once in a rewrite of serving/bench.py while the README promised it."""
-    import kernelcamp.serving.bench as sb
-    import kernelcamp.serving.deploy as sd
+    import kernelcamp.bench.serving as sb
+    import kernelcamp.deploy.embedded as sd
 
     seen = {}
 
@@ -438,7 +438,7 @@ def test_a_gpu_server_never_serves_the_reference_in_place_of_a_broken_kernel() -
     variant's hash: a benchmark would then compare the reference with itself."""
     from types import SimpleNamespace
 
-    from kernelcamp.serving.model import attention_impl
+    from kernelcamp.serve.model import attention_impl
 
     broken = SimpleNamespace(module="kernels.alt", SparseMLADecode=None, error="SyntaxError: invalid syntax")
     with pytest.raises(KernelcampError, match=r"kernel module 'kernels.alt' did not load \(SyntaxError"):

@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from kernelcamp.bench import serving as bench
+from kernelcamp.bench.serving import baseline_params, serving_benchmark
+from kernelcamp.deploy.common import _alive
 from kernelcamp.errors import KernelcampError
+from kernelcamp.hashes import params_variant_hash
 from kernelcamp.io import load_params
-from kernelcamp.serving import bench, params_variant_hash
-from kernelcamp.serving.bench import baseline_params, serving_benchmark
-from kernelcamp.serving.deploy import _alive
-from kernelcamp.serving.server import FakeSpec, build_state, make_app, make_fake_app
-from kernelcamp.serving.testing import ServerThread, free_port_block, port_is_free
+from kernelcamp.serve.fake import FakeSpec, make_fake_app
+from kernelcamp.serve.server import build_state, make_app
+from kernelcamp.serve.testing import ServerThread, free_port_block, port_is_free
 from kernelcamp.stats import DECISIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +62,7 @@ def _record(params, url):
 
 
 def _spy_baseline(monkeypatch):
-    from kernelcamp.serving import deploy as dep
+    from kernelcamp.deploy import embedded as dep
 
     seen = {}
 

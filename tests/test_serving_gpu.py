@@ -30,10 +30,10 @@ def small_params():
 def test_server_on_cuda_with_graphs_verify_and_overhead(small_params):
     from torch.profiler import ProfilerActivity, profile
 
-    from kernelcamp.serving import params_variant_hash
-    from kernelcamp.serving.check import serving_verify
-    from kernelcamp.serving.server import build_state, make_app
-    from kernelcamp.serving.testing import ServerThread
+    from kernelcamp.hashes import params_variant_hash
+    from kernelcamp.serve.server import build_state, make_app
+    from kernelcamp.serve.testing import ServerThread
+    from kernelcamp.verify.serving import serving_verify
 
     state = build_state(small_params, "cuda:0")
     model = state.engine.model

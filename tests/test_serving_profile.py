@@ -15,9 +15,9 @@ import pytest
 
 from kernelcamp import report as kr
 from kernelcamp.io import load_params
-from kernelcamp.serving.client import request_profile
-from kernelcamp.serving.server import PROFILE_PATH, build_state, make_app
-from kernelcamp.serving.testing import ServerThread
+from kernelcamp.serve.client import PROFILE_PATH, request_profile
+from kernelcamp.serve.server import build_state, make_app
+from kernelcamp.serve.testing import ServerThread
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "report"
@@ -158,7 +158,7 @@ def test_kernel_rows_leave_out_the_step_annotation() -> None:
 
     from torch.autograd import DeviceType
 
-    from kernelcamp.serving.server import kernel_rows
+    from kernelcamp.serve.server import kernel_rows
 
     def ev(key, dev_us, dtype=DeviceType.CUDA):
         return SimpleNamespace(

@@ -9,15 +9,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kernelcamp.bench.serving import serving_benchmark
 from kernelcamp.errors import KernelcampError
+from kernelcamp.hashes import params_variant_hash
 from kernelcamp.io import load_params
-from kernelcamp.serving import params_variant_hash
-from kernelcamp.serving.bench import serving_benchmark
-from kernelcamp.serving.check import serving_verify
-from kernelcamp.serving.loadgen import run_load
-from kernelcamp.serving.model import encode, token_text
-from kernelcamp.serving.server import build_state, make_app
-from kernelcamp.serving.testing import ServerThread
+from kernelcamp.loadgen import run_load
+from kernelcamp.serve.model import encode, token_text
+from kernelcamp.serve.server import build_state, make_app
+from kernelcamp.serve.testing import ServerThread
+from kernelcamp.verify.serving import serving_verify
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,13 +120,13 @@ def test_serve_on_a_busy_port_is_one_clear_line_before_any_url(capsys):
     # `kernelcamp serve --port <busy>` printed its URL, then uvicorn failed to bind and it exited 1.
     import socket
 
-    from kernelcamp.serving.server import cli_main
+    from kernelcamp.cli import main
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen(1)
         port = held.getsockname()[1]
-        rc = cli_main(["--fake", "ttft_ms=1,itl_ms=1", "--port", str(port)])
+        rc = main(["serve", "--fake", "ttft_ms=1,itl_ms=1", "--port", str(port)])
     cap = capsys.readouterr()
     assert rc == 2
     assert f"cannot listen on 127.0.0.1:{port}" in cap.err and "pass --port" in cap.err

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kernelcamp.serving.check import compare_outputs, serving_verify
-from kernelcamp.serving.server import FakeSpec, make_fake_app
-from kernelcamp.serving.testing import ServerThread
+from kernelcamp.serve.fake import FakeSpec, make_fake_app
+from kernelcamp.serve.testing import ServerThread
+from kernelcamp.verify.serving import compare_outputs, serving_verify
 
 PARAMS = {
     "verify": {"serving": {"concurrency": 4, "num_prompts": 8, "max_tokens": 6}},

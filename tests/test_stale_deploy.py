@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernelcamp.serving.testing import free_port
+from kernelcamp.serve.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_stopped_server_fails_fast_with_the_redeploy_command(tmp_path: Path, sta
     env = {**os.environ, "DVC_ROOT": str(tmp_path)}
     env.pop("MLFLOW_TRACKING_URI", None)
     r = subprocess.run(
-        [sys.executable, str(ROOT / "stages" / f"{stage}.py"), "--params", str(pfile), "--deploy", str(deploy), *args],
+        [sys.executable, "-m", f"stages.{stage}", "--params", str(pfile), "--deploy", str(deploy), *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernelcamp.serving.bench import step_model_from_steps
+from kernelcamp.bench.serving import step_model_from_steps
 
 
 def _steps(rng: np.random.Generator) -> list[dict]:

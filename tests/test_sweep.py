@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcamp import sweep
+from kernelcamp import cli, ports, sweep
 from kernelcamp.errors import KernelcampError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ STAGE = textwrap.dedent(
     import json, os, sys, time
     sys.path.insert(0, os.environ["KC_ROOT"])
     import mlflow
-    from kernelcamp.sweep import worker_port
+    from kernelcamp.ports import worker_port
     import yaml
     x = yaml.safe_load(open("params.yaml"))["x"]
     time.sleep(2)  # long enough that the two workers overlap
@@ -187,19 +187,19 @@ def test_sigterm_stops_workers_their_experiment_and_slot_servers(tmp_path: Path)
 
 def test_worker_env_pins_one_gpu() -> None:
     env = sweep.worker_env({"CUDA_VISIBLE_DEVICES": "0,1,2"}, "2", 1)
-    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env[sweep.SLOT_ENV] == "1"
+    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env[ports.SLOT_ENV] == "1"
 
 
 def test_worker_port_offsets_by_slot(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(sweep.SLOT_ENV, raising=False)
-    assert sweep.worker_port(8765) == 8765
-    monkeypatch.setenv(sweep.SLOT_ENV, "0")
-    assert sweep.worker_port(8765) == 8765 + sweep.PORT_STRIDE, "slot 0 must not take the workspace's port"
-    monkeypatch.setenv(sweep.SLOT_ENV, "3")
-    assert sweep.worker_port(8765) == 8765 + 4 * sweep.PORT_STRIDE
-    monkeypatch.setenv(sweep.SLOT_ENV, "x")
+    monkeypatch.delenv(ports.SLOT_ENV, raising=False)
+    assert ports.worker_port(8765) == 8765
+    monkeypatch.setenv(ports.SLOT_ENV, "0")
+    assert ports.worker_port(8765) == 8765 + ports.PORT_STRIDE, "slot 0 must not take the workspace's port"
+    monkeypatch.setenv(ports.SLOT_ENV, "3")
+    assert ports.worker_port(8765) == 8765 + 4 * ports.PORT_STRIDE
+    monkeypatch.setenv(ports.SLOT_ENV, "x")
     with pytest.raises(KernelcampError, match="KERNELCAMP_WORKER_SLOT"):
-        sweep.worker_slot()
+        ports.worker_slot()
 
 
 def test_sweep_refuses_no_gpu_and_repeated_gpu(tmp_path: Path) -> None:
@@ -210,13 +210,13 @@ def test_sweep_refuses_no_gpu_and_repeated_gpu(tmp_path: Path) -> None:
 
 
 def test_embedded_deploy_state_is_per_worker_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernelcamp.serving.deploy import state_dir
+    from kernelcamp.deploy.common import state_dir
 
-    monkeypatch.delenv(sweep.SLOT_ENV, raising=False)
+    monkeypatch.delenv(ports.SLOT_ENV, raising=False)
     assert state_dir(tmp_path) == tmp_path / ".kernelcamp"
-    monkeypatch.setenv(sweep.SLOT_ENV, "0")
+    monkeypatch.setenv(ports.SLOT_ENV, "0")
     assert state_dir(tmp_path) == tmp_path / ".kernelcamp" / "slot0", "a worker must not stop the workspace's server"
-    monkeypatch.setenv(sweep.SLOT_ENV, "1")
+    monkeypatch.setenv(ports.SLOT_ENV, "1")
     assert state_dir(tmp_path) == tmp_path / ".kernelcamp" / "slot1", "workers must not stop each other's servers"
 
 
@@ -230,7 +230,7 @@ def test_sweep_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.C
         (["--repo", str(tmp_path), "--gpus", "0", "--poll", "-1"], "--poll -1.0: must be a positive"),
     ]
     for argv, needle in cases:
-        assert sweep.cli_main(argv) == 2, argv
+        assert cli.main(["sweep", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
@@ -244,8 +244,6 @@ def test_sweep_refuses_an_empty_queue(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_bare_kernelcamp_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
-    from kernelcamp import cli
-
     assert cli.main([]) == 2
     assert "usage: kernelcamp <command>" in capsys.readouterr().err
     assert cli.main(["--help"]) == 0

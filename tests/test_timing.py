@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernelcamp import timing
+from kernelcamp.bench import timing
 from kernelcamp.errors import KernelcampError
 
 

@@ -71,7 +71,7 @@ def test_finished_run_holds_params_metrics_tags(store):
     assert r.data.params["workload.batch_sizes"] == "[1, 8]"
     assert r.data.params["workload.sm_scale"] == "null"
     assert r.data.tags["variant"] == "bt16_w8" and len(r.data.tags["variant_config_hash"]) == 16
-    from kernelcamp.serving import params_variant_hash
+    from kernelcamp.hashes import params_variant_hash
 
     assert r.data.tags["variant_hash"] == params_variant_hash(PARAMS), "the hash the deployed server reports"
     assert r.data.tags["kernelcamp.pid"] == str(os.getpid())

@@ -9,11 +9,24 @@ from __future__ import annotations
 
 import gzip
 import shutil
+import sys
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
+from kernelcamp.bench.kernel import dot_dtype, launch_args, run_batch_sizes
+from kernelcamp.bench.serving import (
+    _check_baseline,
+    baseline_server,
+    check_server,
+    fetch_info,
+    server_on_cpu,
+    serving_plan,
+)
 from kernelcamp.io import atomic_path
-from kernelcamp.kernel_bench import dot_dtype, launch_args, run_batch_sizes
+from kernelcamp.loadgen import default_prompts, run_load
+from kernelcamp.serve.client import INFO_PATH, PROFILE_PATH, request_profile
 
 #: Kernels per impl kept in the report's profile table.
 TOP_KERNELS = 12
@@ -61,7 +74,7 @@ def kernel_launch_profile(
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprof
 
-    from kernelcamp.serving.server import ANNOTATION_PREFIX, kernel_rows
+    from kernelcamp.serve.server import ANNOTATION_PREFIX, kernel_rows
     from kernelcamp.spec import import_kernel
 
     k = import_kernel(params["kernel"]["module"])
@@ -125,8 +138,6 @@ def server_profile(params: dict, deploy: dict, serving: dict, traces: dict[str, 
     why not); rows empty (with why) when the servers cannot be profiled."""
     if not serving.get("levels"):
         return [], {}, f"serving not measured ({serving.get('skipped') or 'no levels'})"
-    from kernelcamp.serving.bench import profile_decode_steps
-
     steps = int(params["benchmark"]["profile"].get("decode_steps") or 5)
     try:
         got = profile_decode_steps(params, deploy, {k_: str(v) for k_, v in traces.items()}, steps)
@@ -163,3 +174,126 @@ def server_profile(params: dict, deploy: dict, serving: dict, traces: dict[str, 
     if not any(m.get("kernels") for m in meta.values()):
         return [], meta, "; ".join(f"{i}: {m.get('skipped')}" for i, m in meta.items()) or "no profile rows"
     return rows, meta, ""
+
+
+# ---- decode-step profiles of the serving servers ------------------------------------------------
+
+
+def _profile_one(
+    url: str,
+    check: Any,
+    concurrency: int,
+    max_tokens: int,
+    steps: int,
+    trace_path: str,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Load ``url`` at ``concurrency`` in a background thread and profile ``steps`` decode steps once
+    the batch is full (or the wait gives up); on a GPU, a graph-replay profile without a single
+    device kernel is retried with ``eager: true``."""
+    import time
+
+    info = fetch_info(url)
+    check(info)
+    max_running = int(((info or {}).get("config") or {}).get("max_running_requests") or concurrency)
+    want = max(1, min(concurrency, max_running))
+    load: dict[str, Any] = {}
+
+    def _load() -> None:
+        try:
+            load["rows"] = run_load(
+                url,
+                [concurrency],
+                prompts=default_prompts(),
+                max_tokens=max_tokens,
+                num_prompts_per_level=2 * concurrency,
+                timeout_s=timeout_s,
+                progress=False,
+            )
+        except Exception as e:  # noqa: BLE001 - reported with the profile
+            load["error"] = f"{type(e).__name__}: {e}"
+
+    th = threading.Thread(target=_load, name="kernelcamp-profile-load", daemon=True)
+    th.start()
+    t_end = time.monotonic() + 60
+    running = 0
+    while th.is_alive() and time.monotonic() < t_end:
+        running = int((((fetch_info(url, steps=0) or {}).get("counts")) or {}).get("running") or 0)
+        if running >= want:
+            break
+        time.sleep(0.05)
+    out: dict[str, Any] = {"url": url, "running_when_armed": running, "batch_wanted": want}
+    try:
+        attempts = [False, True]
+        for eager in attempts:
+            # the server keeps the trace in its own folder; request_profile downloads it to trace_path
+            status, res = request_profile(url, trace_path, steps=steps, eager=eager, timeout_s=60, http_timeout_s=120)
+            if status != 200:
+                out.update(skipped=f"{PROFILE_PATH} answered {status}: {(res.get('error') or {}).get('message')}")
+                break
+            out.pop("skipped", None)
+            out.update(res)
+            on_gpu = not str(res.get("device", "cpu")).startswith("cpu")
+            if eager or not on_gpu or res.get("kernel_rows") or not th.is_alive():
+                if on_gpu and not res.get("kernel_rows"):
+                    out["note"] = "no device kernels in the profile (graph replay reported none)"
+                break
+            out["graph_replay_profile_had_no_kernels"] = True  # retried eagerly
+    finally:
+        th.join(timeout=timeout_s + 30)
+    out["load_error"] = load.get("error")
+    out["load_rows"] = [
+        {k: v for k, v in row.items() if not isinstance(v, (dict, list))} for row in load.get("rows") or []
+    ]
+    check(fetch_info(url))
+    return out
+
+
+def profile_decode_steps(
+    params: dict[str, Any],
+    deploy_record: dict[str, Any],
+    traces: dict[str, str | Path],
+    steps: int = 5,
+    root: str | Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Per-kernel tables of a few decode steps of the deployed candidate and (embedded deploys) the
+    baseline, each under load at the highest serving level, via the server's profile endpoint.
+
+    ``traces``: ``{impl: path}`` for the gzipped Kineto traces (written by the server; absolute
+    paths). The baseline runs on a temporary server again (:func:`baseline_server`), started after
+    the serving benchmark so the benchmark's own windows never include a profiled step. Returns
+    ``{"impls": {impl: profile result | {"skipped": why}}, concurrency, max_tokens, steps}``, or
+    ``{"skipped": why}`` when the candidate has no info endpoint (a foreign server)."""
+    url = str(deploy_record.get("url") or "").rstrip("/")
+    info = fetch_info(url)
+    if info is None:
+        return {"skipped": f"server at {url} has no {INFO_PATH} (a foreign server): no decode-step profile"}
+    check_server(deploy_record, info)
+    plan = serving_plan(params, server_on_cpu(info))
+    c = int(max(plan["concurrency"]))
+    max_tokens = max(int(plan["max_tokens"]), 4 * steps + 16)
+    sv = (params.get("benchmark") or {}).get("serving") or {}
+    out: dict[str, Any] = {"concurrency": c, "max_tokens": max_tokens, "steps": steps, "impls": {}}
+
+    def one(impl: str, u: str, check: Any) -> None:
+        if progress:
+            print(f"[profile {impl}] {steps} decode steps at concurrency {c} on {u}", file=sys.stderr, flush=True)
+        out["impls"][impl] = _profile_one(
+            u, check, c, max_tokens, steps, str(Path(traces[impl]).resolve()), plan["timeout_s"]
+        )
+
+    one("candidate", url, lambda i: check_server(deploy_record, i))
+    why_not = None
+    if deploy_record.get("kind") != "embedded":
+        why_not = f"deploy.kind={deploy_record.get('kind')}: no baseline server beside a foreign server"
+    elif not sv.get("measure_baseline", True):
+        why_not = "benchmark.serving.measure_baseline is false"
+    elif not params.get("baseline"):
+        why_not = "params.yaml has no baseline section"
+    if why_not:
+        out["impls"]["baseline"] = {"skipped": why_not}
+    else:
+        with baseline_server(params, url, root) as b:
+            one("baseline", b["url"], lambda i: _check_baseline(b, i))
+    return out

@@ -9,7 +9,7 @@ share, pid; ``?steps=N`` returns the last N step records, ``?since=I`` those wit
 next N decode steps the scheduler runs, with a per-kernel time table; the gzipped trace stays in the
 server's own folder, ``--trace-dir`` or a private temporary one, and is downloaded by the id the
 answer gives from ``GET /v1/kernelcamp/profile/traces/{id}``: a request never names a server path;
-:func:`kernelcamp.serving.client.request_profile` does both steps).
+:func:`kernelcamp.serve.client.request_profile` does both steps).
 
 Requests (both the real server and the fake): bodies are checked by pydantic models
 (:class:`CompletionRequest`, :class:`ChatRequest`, :class:`ProfileRequest`) with strict types (``"stream":
@@ -31,7 +31,7 @@ Scheduling (continuous batching): one asyncio task admits waiting requests up to
 ``server.max_running_requests`` (and while the page pool has room for prompt + max_tokens), prefills
 each new one, then runs one decode step for every running request; model work runs on one worker
 thread so the event loop keeps serving. ``server.overlap_scheduling`` is not implemented
-(``overlap_scheduling_active: false`` in info); the embedded deploy refuses it (kernelcamp.serving.deploy).
+(``overlap_scheduling_active: false`` in info); the embedded deploy refuses it (kernelcamp.deploy.embedded).
 
     kernelcamp serve --params params.yaml [--host 127.0.0.1] [--port N] [--device cuda:0] [--api-key KEY]
                      [--trace-dir DIR]
@@ -44,9 +44,6 @@ import argparse
 import asyncio
 import collections
 import concurrent.futures
-import hmac
-import json
-import math
 import os
 import re
 import shutil
@@ -54,358 +51,33 @@ import sys
 import tempfile
 import time
 import uuid
-import zlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
-from pydantic import (
-    AfterValidator,
-    AllowInfNan,
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
-    field_validator,
-    model_validator,
-)
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.serving import INFO_PATH, kernel_source_hash, server_flags, variant_hash
-from kernelcamp.serving.client import API_KEY_ENV, PROFILE_PATH, TRACE_PATH, client_url, exposure_warning
+from kernelcamp.hashes import kernel_source_hash, server_flags, variant_hash
+from kernelcamp.serve.client import API_KEY_ENV, INFO_PATH, PROFILE_PATH, TRACE_PATH, client_url, exposure_warning
+from kernelcamp.serve.fake import FakeSpec, make_fake_app
+from kernelcamp.serve.openai import (
+    MODEL_NAME,
+    ChatRequest,
+    CompletionRequest,
+    ProfileRequest,
+    _add_completion_routes,
+    _check_model,
+    _error,
+    _full,
+    _openai_app,
+    _stream_tokens,
+)
 
-MODEL_NAME = "kernelcamp-decoder"
 PROFILE_MAX_STEPS = 200
 PROFILE_TABLE_ROWS = 60
-
-
-# ---- request models and OpenAI shapes ---------------------------------------------------------------
-def _utf8(s: str) -> str:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"not valid Unicode (a lone surrogate at character {e.start})") from None
-    return s
-
-
-#: A string that is valid Unicode (JSON allows an unpaired ``\\ud800`` escape; UTF-8 does not).
-Text = Annotated[StrictStr, AfterValidator(_utf8)]
-
-
-#: The most tokens one request may ask for, before any context check (the fake server has no context:
-#: without a bound, a max_tokens of 10**23 kept it generating until the client gave up).
-MAX_TOKENS_LIMIT = 1 << 16
-#: A strict float that is finite: NaN and infinities are refused (pydantic's StrictFloat takes them).
-FiniteFloat = Annotated[float, Strict(), AllowInfNan(False)]
-
-
-class _Open(BaseModel):
-    """OpenAI request objects: known fields are type-checked strictly, unknown fields are ignored (as
-    vLLM and SGLang do: clients send ``seed``, ``stop``, ``user`` ...)."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-class StreamOptions(_Open):
-    """``stream_options``: only ``include_usage`` has an effect."""
-
-    include_usage: StrictBool = False
-
-
-class TextPart(_Open):
-    """One part of a message's content list; only ``{"type": "text", "text": ...}`` is taken."""
-
-    type: StrictStr
-    text: Text | None = None
-
-    @model_validator(mode="after")
-    def _text_only(self) -> TextPart:
-        if self.type != "text":
-            raise ValueError(f"content part type {self.type!r} is not supported: this server takes text parts only")
-        if self.text is None:
-            raise ValueError("a text content part needs a `text` string")
-        return self
-
-
-class ChatMessage(_Open):
-    """A chat message; ``content`` is a string, a list of text parts (joined by newlines) or null."""
-
-    role: Text = "user"
-    content: Text | list[TextPart] | None = None
-
-    def text(self) -> str:
-        """The content as one string."""
-        if isinstance(self.content, list):
-            return "\n".join(p.text or "" for p in self.content)
-        return self.content or ""
-
-
-class _Generate(_Open):
-    model: Text | None = None
-    max_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
-    n: StrictInt = 1
-    stream: StrictBool = False
-    stream_options: StreamOptions | None = None
-    temperature: FiniteFloat | StrictInt | None = None
-    top_p: FiniteFloat | StrictInt | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _one(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
-
-    def tokens_wanted(self) -> int:
-        """``max_tokens``, else ``max_completion_tokens``, else 16."""
-        return self.max_tokens or self.max_completion_tokens or 16
-
-    def include_usage(self) -> bool:
-        """Whether the stream ends with a usage chunk."""
-        return bool(self.stream_options and self.stream_options.include_usage)
-
-
-class CompletionRequest(_Generate):
-    """``POST /v1/completions``: ``prompt`` is a string or a list holding exactly one string."""
-
-    prompt: Text | list[Text] = ""
-
-    @field_validator("prompt")
-    @classmethod
-    def _single(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list) and len(v) != 1:
-            raise ValueError("a list must hold exactly one string (one completion per request)")
-        return v
-
-    def text(self) -> str:
-        """The prompt text."""
-        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
-
-
-class ChatRequest(_Generate):
-    """``POST /v1/chat/completions``: a non-empty ``messages`` list, rendered ``role: content`` per line."""
-
-    messages: list[ChatMessage] = Field(min_length=1)
-
-    def text(self) -> str:
-        """The conversation as the prompt text."""
-        return "\n".join(f"{m.role}: {m.text()}" for m in self.messages)
-
-
-class ProfileRequest(BaseModel):
-    """``POST /v1/kernelcamp/profile``. Unknown keys are refused: the server chooses where a trace is
-    kept (a request naming a path, as ``trace_path`` once did, is a 400)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    steps: StrictInt = Field(default=5, ge=1, le=200)
-    eager: StrictBool = False
-    trace: StrictBool = True
-    timeout_s: StrictFloat | StrictInt = Field(default=60, gt=0, le=3600)
-    trace_path: Any = None  # refused below, with what to do instead
-
-    @field_validator("trace_path")
-    @classmethod
-    def _no_server_path(cls, v: Any) -> None:
-        if v is not None:
-            raise ValueError(
-                f'a request cannot choose where the server writes; send "trace": true and download the trace '
-                f"from the answer's trace_url ({TRACE_PATH}; kernelcamp.serving.client.request_profile does both)"
-            )
-        return None
-
-
-def _error(
-    msg: str, status: int = 400, param: str | None = None, code: str | None = None, kind: str = ""
-) -> JSONResponse:
-    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = kind or ("invalid_request_error" if status < 500 else "server_error")
-    msg = msg.encode("utf-8", "backslashreplace").decode("utf-8")  # never echo a lone surrogate
-    return JSONResponse({"error": {"message": msg, "type": kind, "param": param, "code": code}}, status_code=status)
-
-
-def _loc_name(loc: tuple) -> str:
-    """``("body", "messages", 0, "content")`` -> ``messages[0].content``; pydantic's union-member tags
-    (``function-after[...]``, ``list[TextPart]``, ``str``) are left out."""
-    out = ""
-    for x in loc:
-        if x == "body" and not out:
-            continue
-        if isinstance(x, int):
-            out += f"[{x}]"
-            continue
-        x = str(x)
-        if "[" in x or "(" in x or x in ("str", "int", "float", "bool", "list", "dict", "none"):
-            continue
-        out += f".{x}" if out else x
-    return out
-
-
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's request validation errors as a 400 in the OpenAI error shape (not 422).
-
-    One message: the first of our own checks that failed (a ``ValueError`` in a validator), else the
-    first error; it names the field (``param``) and never echoes the input."""
-    errs = list(exc.errors()) or [{"loc": (), "msg": "invalid request", "type": "invalid"}]
-    e = next((x for x in errs if x.get("type") == "value_error"), errs[0])
-    loc = tuple(e.get("loc") or ())
-    param = _loc_name(loc) or None
-    if e.get("type") == "json_invalid":
-        msg, param = f"the body is not valid JSON ({(e.get('ctx') or {}).get('error', 'parse error')})", None
-    elif param is None and loc[:1] == ("body",):
-        msg = "the request body must be a JSON object"
-    else:
-        msg = f"{param or 'request'}: {str(e.get('msg', 'invalid')).removeprefix('Value error, ')}"
-    others = {_loc_name(tuple(x.get("loc") or ())) for x in errs} - {param or ""}
-    if others:
-        msg += f" (also: {', '.join(sorted(o or 'body' for o in others)[:5])})"
-    return _error(msg, 400, param, str(e.get("type") or "invalid"))
-
-
-def _is_json(content_type: str) -> bool:
-    main = content_type.split(";", 1)[0].strip().lower()
-    return main == "application/json" or (main.startswith("application/") and main.endswith("+json"))
-
-
-class _Guard:
-    """ASGI middleware: the API key (``Authorization: Bearer``) on every path but ``/health`` when a
-    key is set, then 415 for a POST whose ``Content-Type`` is not JSON (a cross-site form or
-    ``text/plain`` request never reaches a handler)."""
-
-    def __init__(self, app: Any, api_key: str | None = None):
-        self.app, self.key = app, (api_key or "").encode() or None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers") or []}
-            if self.key is not None and scope.get("path") != "/health":
-                got = headers.get("authorization", b"")
-                scheme, _, token = got.partition(b" ")
-                if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
-                    resp = _error(
-                        "missing or wrong API key: send `Authorization: Bearer <key>`",
-                        401,
-                        code="invalid_api_key",
-                    )
-                    resp.headers["WWW-Authenticate"] = "Bearer"
-                    return await resp(scope, receive, send)
-            if scope.get("method") == "POST" and not _is_json(headers.get("content-type", b"").decode("latin-1")):
-                ct = headers.get("content-type", b"").decode("latin-1") or "none"
-                resp = _error(
-                    f"Content-Type {ct!r}: send the body as application/json", 415, code="unsupported_media_type"
-                )
-                return await resp(scope, receive, send)
-        await self.app(scope, receive, send)
-
-
-def _openai_app(title: str, api_key: str | None, lifespan: Any = None) -> FastAPI:
-    """A FastAPI app with the guard (API key, JSON-only POSTs) and 400 validation errors."""
-    app = FastAPI(title=title, lifespan=lifespan)
-    app.add_middleware(_Guard, api_key=api_key)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    return app
-
-
-async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """Starlette's own errors (unknown route 404, wrong method 405) in the OpenAI error shape too."""
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return _error(str(exc.detail), exc.status_code, code=code)
-
-
-def _check_model(req: _Generate) -> JSONResponse | None:
-    if req.model is not None and req.model != MODEL_NAME:
-        return _error(
-            f"The model `{req.model}` does not exist: this server serves `{MODEL_NAME}` (GET /v1/models)",
-            404,
-            "model",
-            "model_not_found",
-        )
-    return None
-
-
-def _chunk(rid: str, chat: bool, text: str | None, k: int | None, finish: str | None, first: bool) -> dict[str, Any]:
-    if chat:
-        delta: dict[str, Any] = {}
-        if first:
-            delta["role"] = "assistant"
-        if text is not None:
-            delta["content"] = text
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        obj = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-        obj = "text_completion"
-    out = {"id": rid, "object": obj, "created": int(time.time()), "model": MODEL_NAME, "choices": [choice]}
-    if k is not None:
-        out["kernelcamp_tokens"] = k
-    return out
-
-
-def _full(rid: str, chat: bool, text: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
-        obj = "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": MODEL_NAME,
-        "choices": [choice],
-        "usage": _usage(prompt_tokens, completion_tokens),
-    }
-
-
-def _usage(p: int, c: int) -> dict[str, int]:
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-async def _stream_tokens(
-    rid: str,
-    chat: bool,
-    prompt_tokens: int,
-    pieces: AsyncIterator[tuple[str, int]],
-    include_usage: bool,
-    counts: bool = True,
-) -> AsyncIterator[bytes]:
-    """SSE body: one chunk per piece (text, tokens it holds), a finish chunk, optional usage, [DONE].
-
-    ``counts``: put ``kernelcamp_tokens`` in every chunk (False imitates a foreign server)."""
-    n, first = 0, True
-    async for text, k in pieces:
-        yield _sse(_chunk(rid, chat, text, k if counts else None, None, first))
-        first = False
-        n += k
-    yield _sse(_chunk(rid, chat, None if chat else "", 0 if counts else None, "length", first))
-    if include_usage:
-        yield _sse(
-            {
-                "id": rid,
-                "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": MODEL_NAME,
-                "choices": [],
-                "usage": _usage(prompt_tokens, n),
-            }
-        )
-    yield b"data: [DONE]\n\n"
 
 
 # ---- the engine --------------------------------------------------------------------------------------
@@ -420,7 +92,7 @@ class _Req:
 
 
 class Engine:
-    """Continuous-batching scheduler over a :class:`kernelcamp.serving.model.DecoderModel`."""
+    """Continuous-batching scheduler over a :class:`kernelcamp.serve.model.DecoderModel`."""
 
     def __init__(self, model: Any, max_running: int, history: int = 20000):
         self.model, self.max_running = model, max_running
@@ -894,7 +566,7 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
 
     @app.get(INFO_PATH)
     async def info(steps: int = 256, since: int | None = None):
-        from kernelcamp.serving.model import _jsonable
+        from kernelcamp.serve.model import _jsonable
 
         m = eng.model
         return {
@@ -967,7 +639,7 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
         return FileResponse(path, media_type="application/gzip", filename=f"trace-{trace_id}.json.gz")
 
     async def _complete(req: CompletionRequest | ChatRequest, chat: bool, request: Request):
-        from kernelcamp.serving.model import encode, token_text
+        from kernelcamp.serve.model import encode, token_text
 
         bad = _check_model(req)
         if bad is not None:
@@ -998,23 +670,11 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
     return app
 
 
-def _add_completion_routes(app: FastAPI, complete: Any) -> None:
-    """The two OpenAI completion routes, both served by ``complete(request model, chat=...)``."""
-
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
-        return await complete(req, chat=False, request=request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatRequest, request: Request):
-        return await complete(req, chat=True, request=request)
-
-
 def build_state(params: dict[str, Any], device: str, never_ready: bool = False) -> ServeState:
     """Parse the variant, build and warm up the model (graphs captured, attention share calibrated)."""
     import torch
 
-    from kernelcamp.serving.model import DecoderModel, ModelConfig
+    from kernelcamp.serve.model import DecoderModel, ModelConfig
     from kernelcamp.variant import parse_variant
 
     variant = parse_variant(params.get("variant") or {})
@@ -1048,176 +708,7 @@ def build_state(params: dict[str, Any], device: str, never_ready: bool = False) 
     )
 
 
-# ---- the fixed-rate fake -----------------------------------------------------------------------------
-@dataclass
-class FakeSpec:
-    """Fixed-rate fake server behaviour (all times in ms).
-
-    A request for N tokens sleeps ``ttft_ms``, sends a chunk of ``chunk`` tokens, then every
-    ``itl_ms * chunk`` another chunk, so: TTFT = ttft_ms, ITL per token = itl_ms, e2e = ttft_ms +
-    (ceil(N/chunk) - 1) * chunk * itl_ms, TPOT = (e2e - ttft) / (N - 1). Failure modes act on every
-    n-th request (1-based count of requests received; 0 = never): ``fail_every`` answers 500,
-    ``hang_every`` never answers (a client timeout), ``empty_every`` streams zero tokens,
-    ``broken_every`` drops the connection after half the tokens. ``swap``: while another request is
-    in flight, stream that request's tokens instead (a corrupted scheduler). ``usage_only``: chunks
-    carry no ``kernelcamp_tokens`` (a foreign server; usage only in the final chunk if asked).
-    Output tokens are a function of the prompt only (as greedy decoding would give).
-    """
-
-    ttft_ms: float = 0.0
-    itl_ms: float = 0.0
-    chunk: int = 1
-    fail_every: int = 0
-    hang_every: int = 0
-    empty_every: int = 0
-    broken_every: int = 0
-    swap: bool = False
-    usage_only: bool = False
-    never_ready: bool = False
-    variant_hash: str = "fake"
-
-    @classmethod
-    def parse(cls, spec: str) -> FakeSpec:
-        """``"ttft_ms=50,itl_ms=10,chunk=2"`` -> FakeSpec. Raises ``KernelcampError`` naming the key for an
-        unknown key, a value that is not of the key's type, a negative or non-finite time, a negative
-        count or ``chunk < 1``."""
-        kw: dict[str, Any] = {}
-        types = {f.name: f.type for f in fields(cls)}
-        for part in filter(None, (p.strip() for p in spec.split(","))):
-            k, eq, v = (x.strip() for x in part.partition("="))
-            if k not in types:
-                raise KernelcampError(f"--fake: unknown key {k!r}; keys: {', '.join(types)}")
-            if not eq:
-                raise KernelcampError(f"--fake {k}: expected {k}=<value>")
-            t = str(types[k].__name__ if isinstance(types[k], type) else types[k])
-            if t == "bool":
-                if v.lower() not in ("1", "true", "yes", "0", "false", "no"):
-                    raise KernelcampError(f"--fake {k}={v!r}: expected true or false")
-                kw[k] = v.lower() in ("1", "true", "yes")
-            elif t == "str":
-                kw[k] = v
-            elif t == "float":
-                try:
-                    x = float(v)
-                except ValueError:
-                    raise KernelcampError(f"--fake {k}={v!r}: expected a number of milliseconds") from None
-                if not math.isfinite(x) or x < 0:
-                    raise KernelcampError(f"--fake {k}={v!r}: expected a finite number >= 0")
-                kw[k] = x
-            else:
-                try:
-                    n = int(v)
-                except ValueError:
-                    raise KernelcampError(f"--fake {k}={v!r}: expected an integer") from None
-                low = 1 if k == "chunk" else 0
-                if n < low:
-                    raise KernelcampError(f"--fake {k}={v!r}: expected an integer >= {low}")
-                kw[k] = n
-        return cls(**kw)
-
-
-def fake_tokens(prompt: str, n: int) -> list[int]:
-    """The fake server's deterministic output ids for a prompt (distinct prompts -> distinct outputs)."""
-    seed = zlib.crc32(prompt.encode())
-    return [zlib.crc32(f"{seed}:{i}".encode()) % 50000 for i in range(n)]
-
-
-def make_fake_app(spec: FakeSpec, api_key: str | None = None) -> FastAPI:
-    """A server with known timing and optional failure modes (see :class:`FakeSpec`); the same request
-    models, error shapes, JSON-only POSTs and optional API key as the real server."""
-    from kernelcamp.serving.model import token_text
-
-    if spec.chunk < 1 or spec.ttft_ms < 0 or spec.itl_ms < 0:
-        raise KernelcampError(f"fake spec: chunk must be >= 1 and times >= 0 (got {spec})")
-    app = _openai_app("kernelcamp fixed-rate fake", api_key)
-    state = {"n": 0, "inflight": {}}
-
-    @app.get("/health")
-    async def health():
-        return JSONResponse({"status": "starting"}, status_code=503) if spec.never_ready else {"status": "ok"}
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]}
-
-    @app.get(INFO_PATH)
-    async def info(steps: int = 256, since: int | None = None):
-        return {
-            "variant_name": "fake",
-            "variant_hash": spec.variant_hash,
-            "fake": spec.__dict__,
-            "pid": os.getpid(),
-            "attention_impl": "none",
-            "device": "cpu",
-            "steps": [],
-            "counts": {"requests_total": state["n"]},
-        }
-
-    async def _complete(req: CompletionRequest | ChatRequest, chat: bool, request: Request):
-        bad = _check_model(req)
-        if bad is not None:
-            return bad
-        state["n"] += 1
-        n_req = state["n"]
-        prompt, max_tokens = req.text(), req.tokens_wanted()
-
-        def every(k: int) -> bool:
-            return k > 0 and n_req % k == 0
-
-        if every(spec.fail_every):
-            return _error("fake failure", 500)
-        if every(spec.hang_every):  # never answer; give up once the client has gone
-            while not await request.is_disconnected():
-                await asyncio.sleep(0.05)
-            return _error("client gone", 499)
-        rid = f"fake-{n_req}"
-        toks = [] if every(spec.empty_every) else fake_tokens(prompt, max_tokens)
-        state["inflight"][rid] = toks
-        broken = every(spec.broken_every)
-
-        async def pieces():
-            try:
-                await asyncio.sleep(spec.ttft_ms / 1e3)
-                t_next = time.perf_counter()
-                for i in range(0, len(toks), spec.chunk):
-                    if broken and i >= len(toks) // 2:
-                        raise RuntimeError("fake broken stream")
-                    src = toks
-                    if spec.swap:
-                        others = [v for k, v in state["inflight"].items() if k != rid and len(v) == len(toks)]
-                        src = others[0] if others else toks
-                    part = src[i : i + spec.chunk]
-                    yield "".join(token_text(t) for t in part), len(part)
-                    t_next += spec.itl_ms * spec.chunk / 1e3
-                    delay = t_next - time.perf_counter()
-                    if i + spec.chunk < len(toks) and delay > 0:
-                        await asyncio.sleep(delay)
-            finally:
-                state["inflight"].pop(rid, None)
-
-        if req.stream:
-            gen = _stream_tokens(
-                rid, chat, len(prompt.split()), pieces(), req.include_usage(), counts=not spec.usage_only
-            )
-            return StreamingResponse(gen, media_type="text/event-stream")
-        text, n = "", 0
-        async for t, k in pieces():
-            text, n = text + t, n + k
-        return _full(rid, chat, text, len(prompt.split()), n)
-
-    _add_completion_routes(app, _complete)
-    return app
-
-
 # ---- command line ------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are one ``error: ...`` line on stderr (exit 2), like the checks below."""
-
-    def error(self, message: str):  # noqa: D102 - argparse's hook
-        print(f"error: {message} (see `kernelcamp serve --help`)", file=sys.stderr, flush=True)
-        raise SystemExit(2)
-
-
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -1245,16 +736,9 @@ def _load_serve_params(path: str) -> dict[str, Any]:
         raise KernelcampError(f"--params {path}: cannot read it ({e.strerror or e})") from None
 
 
-def cli_main(argv: list[str] | None = None) -> int:
-    """``kernelcamp serve``: run until SIGTERM/SIGINT. Binds 127.0.0.1 unless --host says otherwise.
-
-    Every bad option (port outside 1..65535, an unknown --device, unreadable or broken --params, a bad
-    --fake spec, a busy port) is one ``error: ...`` line on stderr and exit status 2, before any model
-    is built. A host that is not loopback is bound as given, with a warning on stderr; the printed
-    URL is one a client on this machine can use (``0.0.0.0`` -> ``127.0.0.1``)."""
-    import uvicorn
-
-    ap = _Parser(prog="kernelcamp serve", description=__doc__.split("\n")[0])
+def build_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``serve`` to ``sub`` (the subparsers of :func:`kernelcamp.cli.build_parser`)."""
+    ap = sub.add_parser("serve", description=__doc__.split("\n")[0])
     ap.add_argument("--params", default="params.yaml", help="params.yaml (variant, workload, server, kernel)")
     ap.add_argument("--host", default=None, help="bind address (default: server.host, else 127.0.0.1)")
     ap.add_argument("--port", type=int, default=None, help="port (default: server.port, else 8765)")
@@ -1277,7 +761,19 @@ def cli_main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--never-ready", action="store_true", help="test aid: /health answers 503 forever")
     ap.add_argument("--log-level", default="warning")
-    args = ap.parse_args(argv)
+    ap.set_defaults(main=main)
+    return ap
+
+
+def main(args: argparse.Namespace) -> int:
+    """``kernelcamp serve``: run until SIGTERM/SIGINT. Binds 127.0.0.1 unless --host says otherwise.
+
+    Every bad option (port outside 1..65535, an unknown --device, unreadable or broken --params, a bad
+    --fake spec, a busy port) is one ``error: ...`` line on stderr and exit status 2, before any model
+    is built. A host that is not loopback is bound as given, with a warning on stderr; the printed
+    URL is one a client on this machine can use (``0.0.0.0`` -> ``127.0.0.1``)."""
+    import uvicorn
+
     try:
         if args.port is not None and not 1 <= args.port <= 65535:
             raise KernelcampError(f"--port {args.port}: expected a port number 1..65535")
@@ -1308,7 +804,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         if busy:
             raise KernelcampError(
                 f"cannot listen on {host}:{port}: {busy}; pass --port, or stop the server holding it "
-                "(`python stages/deploy.py --stop` for this workspace's)"
+                "(`python -m stages.deploy --stop` for this workspace's)"
             )
         if spec is not None:
             if args.never_ready:

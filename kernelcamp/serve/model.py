@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.serving.attention import CacheWriter, check_writer, load_backend
+from kernelcamp.serve.attention import CacheWriter, check_writer, load_backend
 
 _CONS, _VOW = "bdfgklmnprstvz", "aeiou"
 CPU_MODEL_DEFAULTS = {"num_layers": 2, "hidden_size": 256, "mlp_size": 512, "vocab_size": 4096}
@@ -138,7 +138,7 @@ def attention_impl(on_gpu: bool, backend: Any) -> str:
     ``"torch_reference_cpu"`` (no GPU: the interpreter would be far too slow for serving).
 
     Raises ``KernelcampError`` on a GPU whose configured kernel module failed to load
-    (:func:`kernelcamp.serving.attention.load_backend`): serving the torch reference there, under the
+    (:func:`kernelcamp.serve.attention.load_backend`): serving the torch reference there, under the
     variant's hash, would have a benchmark compare the reference against itself and call it a result.
     """
     if not on_gpu:

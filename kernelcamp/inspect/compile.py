@@ -59,7 +59,6 @@ without ``TRITON_INTERPRET`` too.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import hashlib
@@ -80,8 +79,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.targets import Target, block_limit, load_target, occupancy
-from kernelcamp.variant import LaunchConfig, Variant
+from kernelcamp.variant import LaunchConfig
 
 FIGURES = (
     "shared_bytes",
@@ -397,7 +395,7 @@ def _spills(log: str, kernel: str, figures: Mapping[str, Any]) -> tuple[dict[str
     return {k: got[k] for k in names}, {}
 
 
-def _short_error(e: BaseException) -> str:
+def short_error(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("^")]
     # Triton's CompilationError puts the source excerpt first and the message last.
@@ -431,7 +429,7 @@ def _compile_one(spec: KernelSpecLike, arch: int) -> tuple[dict, bytes | None]:
                 options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
             )
     except Exception as e:  # noqa: BLE001 - any compiler failure becomes a row error
-        error = _short_error(e)
+        error = short_error(e)
         unreadable = dict.fromkeys(FIGURES, "did not compile")
     else:
         shared = getattr(compiled.metadata, "shared", None)
@@ -551,7 +549,10 @@ def _run_child(mode: str, jobs: Sequence[tuple[KernelSpecLike, int]]) -> list:
     with tempfile.TemporaryDirectory(prefix="kernelcamp-inspect-") as tmp:
         inp, out, err = Path(tmp) / "jobs.pkl", Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
         inp.write_bytes(pickle.dumps(payload))
-        code = f"from kernelcamp.inspect import _child_main; _child_main({str(inp)!r}, {str(out)!r}, {os.getpid()})"
+        code = (
+            "from kernelcamp.inspect.compile import _child_main; "
+            f"_child_main({str(inp)!r}, {str(out)!r}, {os.getpid()})"
+        )
         with open(err, "wb") as errf:
             rc = _wait_child([sys.executable, "-c", code], env, errf)
         if rc != 0 or not out.exists():
@@ -661,208 +662,6 @@ def compile_figures(spec: KernelSpecLike, arch: int, use_cache: bool = True, roo
 
 
 # ----------------------------------------------------------------------------------------------
-# Configs x kernels x targets
-
-
-def _fit(fig: dict, target: Target, config_is_list: bool, num_warps: int) -> tuple[bool, str | None]:
-    """Whether one kernel of a config can launch on ``target``, and why not: the per-block limits of
-    ``kernelcamp.targets.block_limit`` (threads, registers per thread and per block, shared memory)."""
-    if fig["error"]:
-        return False, f"does not compile for {target.name}: {fig['error']}"
-    shared, static, regs = fig["shared_bytes"], fig.get("static_shared_bytes") or 0, fig["registers"]
-    limit = target.shared_bytes_per_block
-    consequence = (
-        "Triton's autotuner would drop it silently" if config_is_list else "the launch would fail with OutOfResources"
-    )
-    if shared is not None and shared > limit:
-        return False, (f"needs {shared} B shared memory, {target.name} allows {limit} B per block: {consequence}")
-    if shared is not None and shared + static > limit:
-        return False, (
-            f"needs {shared} B dynamic + {static} B static shared memory, {target.name} allows {limit} B "
-            "per block: Triton's check passes but the driver refuses the launch"
-        )
-    why = block_limit(target, regs, None if shared is None else shared + static, num_warps)
-    if why:
-        return False, why
-    return True, None  # a figure that could not be read is named in `unreadable`, not guessed
-
-
-def inspect_configs(
-    configs: Sequence[LaunchConfig],
-    targets: Sequence[Target],
-    specs_for: SpecsFor,
-    *,
-    is_list: bool | None = None,
-    use_cache: bool = True,
-    cache_root: Path | None = None,
-    progress: Progress | None = None,
-    strict: bool = False,
-) -> list[dict]:
-    """One row per (target, config, kernel) with the figures, occupancy and fit.
-
-    ``specs_for(config)`` returns the kernels of one config (e.g. ``compile_specs`` bound to a
-    shape). A config whose specs cannot be built or whose kernel does not compile gets rows with
-    ``error`` and ``fits: False`` naming it; with ``strict`` that raises ``KernelcampError`` instead.
-    Raises ``KernelcampError`` for ``TRITON_OVERRIDE_ARCH`` set to another arch (``check_target_env``)
-    and as ``compile_many`` does. Figures are in bytes (per block for shared memory, per thread for
-    stack, local memory and spills) and registers per thread. Row keys: target, arch, config_index,
-    config (label), the launch fields, kernel, the figures, ctas_per_sm, warps_per_sm, limited_by,
-    fits, reason, error, unreadable, compile_s, cached.
-    """
-    for target in targets:  # before any work: an environment that retargets the compile is one line
-        check_target_env(target.arch)
-    is_list = len(configs) > 1 if is_list is None else is_list
-    built: list[tuple[Target, int, LaunchConfig, list | str]] = []  # specs, or why they cannot be built
-    for target in targets:
-        for i, cfg in enumerate(configs):
-            try:
-                built.append((target, i, cfg, list(specs_for(cfg))))
-            except Exception as e:  # noqa: BLE001 - the kernel module rejects the config
-                msg = f"config {cfg.label()} cannot be built: {_short_error(e)}"
-                if strict:
-                    raise KernelcampError(msg) from e
-                built.append((target, i, cfg, msg))
-    jobs = [(spec, t.arch) for t, _, _, specs in built if not isinstance(specs, str) for spec in specs]
-    if progress:
-        progress(f"inspecting {len(jobs)} kernel compile(s) for {', '.join(t.name for t in targets)}")
-    figs = iter(compile_many(jobs, use_cache=use_cache, root=cache_root))
-    rows: list[dict] = []
-    for target, i, cfg, specs in built:
-        base = {"target": target.name, "arch": target.arch, "config_index": i, "config": cfg.label(), **cfg.as_dict()}
-        if isinstance(specs, str):
-            rows.append(
-                {
-                    **base,
-                    "kernel": None,
-                    **dict.fromkeys(FIGURES),
-                    "ctas_per_sm": 0,
-                    "warps_per_sm": 0,
-                    "limited_by": None,
-                    "fits": False,
-                    "reason": specs,
-                    "error": specs,
-                    "unreadable": dict.fromkeys(FIGURES, "not built"),
-                    "compile_s": 0.0,
-                    "cached": False,
-                }
-            )
-            continue
-        for spec in specs:
-            fig = next(figs)
-            if progress:
-                took = "cached" if fig["cached"] else f"compiled in {fig['compile_s']:.2f} s"
-                failed = f": ERROR {fig['error']}" if fig["error"] else ""
-                progress(f"{target.name}  {cfg.label()}  {spec.name}  {took}{failed}")
-            fits, reason = _fit(fig, target, is_list, spec.num_warps)
-            if fig["error"]:
-                reason = f"config {cfg.label()} kernel {spec.name}: {reason}"
-                if strict:
-                    raise KernelcampError(reason)
-            elif reason:
-                reason = f"kernel {spec.name} {reason}"
-            shared = fig["shared_bytes"]
-            if shared is not None and fig.get("static_shared_bytes"):
-                shared += fig["static_shared_bytes"]
-            occ = (
-                occupancy(target, fig["registers"], shared, spec.num_warps)
-                if not fig["error"]
-                else {"ctas_per_sm": 0, "warps_per_sm": 0, "limited_by": None}
-            )
-            rows.append(
-                {
-                    **base,
-                    "kernel": spec.name,
-                    "kernel_num_warps": spec.num_warps,
-                    **{k: fig[k] for k in FIGURES},
-                    **occ,
-                    "fits": fits,
-                    "reason": reason,
-                    "error": fig["error"],
-                    "unreadable": fig["unreadable"],
-                    "compile_s": fig["compile_s"],
-                    "cached": fig["cached"],
-                }
-            )
-    return rows
-
-
-def config_fits(rows: Sequence[dict], target: str, config_index: int) -> bool:
-    """A config fits a target when it has rows there and all its kernels fit."""
-    mine = [r for r in rows if r["target"] == target and r["config_index"] == config_index]
-    return bool(mine) and all(r["fits"] for r in mine)
-
-
-def summarize(variant: Variant, rows: Sequence[dict], target: str) -> dict:
-    """Per target: ``n_configs``, ``n_fit``, ``pruned`` [{config, reason}], ``will_run``.
-
-    ``will_run``: a single-config variant runs its config if it fits (else None); a list is
-    "chosen by autotune among the fitting configs" (named), known only at run time on the GPU.
-    """
-    labels = [c.label() for c in variant.configs]
-    fit = [i for i in range(len(labels)) if config_fits(rows, target, i)]
-    pruned = []
-    for i, label in enumerate(labels):
-        if i in fit:
-            continue
-        reasons = [r["reason"] for r in rows if r["target"] == target and r["config_index"] == i and r["reason"]]
-        pruned.append({"config_index": i, "config": label, "reason": "; ".join(reasons) or "no rows"})
-    if not fit:
-        will_run = None
-    elif not variant.is_list:
-        will_run = {
-            "mode": "single",
-            "configs": [labels[0]],
-            "note": "one config: no autotune benchmarking (safe under CUDA-graph capture)",
-        }
-    else:
-        will_run = {
-            "mode": "autotune",
-            "configs": [labels[i] for i in fit],
-            "note": f"chosen by autotune among the {len(fit)} fitting config(s) at run time on the GPU",
-        }
-    return {
-        "target": target,
-        "n_configs": len(labels),
-        "n_fit": len(fit),
-        "fit": [labels[i] for i in fit],
-        "pruned": pruned,
-        "will_run": will_run,
-    }
-
-
-# ----------------------------------------------------------------------------------------------
-# The kernel module
-
-
-def kernel_module(kernel: Mapping[str, Any] | str = "kernels.sparse_mla_decode") -> Any:
-    """Import the kernel module named by a params ``kernel`` section (``module``) or a dotted name."""
-    name = kernel if isinstance(kernel, str) else kernel.get("module", "kernels.sparse_mla_decode")
-    from kernelcamp.spec import import_kernel
-
-    # From this working tree, never $DVC_ROOT's: a queued experiment runs in a temporary copy, and the
-    # workspace's kernel may have been edited after it was queued.
-    module = import_kernel(name)
-    if not hasattr(module, "compile_specs"):
-        raise KernelcampError(f"kernel module {name!r} has no compile_specs(layout, num_heads, topk, config, ...)")
-    return module
-
-
-def specs_for_workload(module: Any, workload: Mapping[str, Any], dot_dtype: str = "bf16") -> SpecsFor:
-    """``config -> module.compile_specs(layout, num_heads, topk, config, dot_dtype)`` at the workload's
-    full shape (compile cost and figures do not depend on the batch size)."""
-    for f in ("layout", "num_heads", "topk"):
-        if f not in workload:
-            raise KernelcampError(f"workload lacks {f!r}: see conf/workload/deepseek_v4_flash.yaml")
-    layout, heads, topk = workload["layout"], int(workload["num_heads"]), int(workload["topk"])
-    return lambda cfg: module.compile_specs(layout, heads, topk, cfg, dot_dtype=dot_dtype)
-
-
-def module_source_hash(module: Any) -> str | None:
-    fn = getattr(module, "kernel_source_hash", None)
-    return fn() if callable(fn) else None
-
-
-# ----------------------------------------------------------------------------------------------
 # Live readout on a GPU
 
 
@@ -933,162 +732,3 @@ def compare_live(cross: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]
         for k in ("shared_bytes", "registers", "local_bytes")
         if cross.get(k) != live.get(k)
     ]
-
-
-# ----------------------------------------------------------------------------------------------
-# Command line
-
-
-def _load_yaml(path: Path) -> dict:
-    from omegaconf import OmegaConf
-
-    if not path.exists():
-        choices = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise KernelcampError(f"no {path.parent.name} named {path.stem!r}: choose one of {choices}")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-
-
-def render_table(rows: Sequence[dict], summaries: Sequence[dict], file: Any = None) -> None:
-    """Readable table (rich) with dead configs highlighted, then each target's summary."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(file=file or sys.stdout, width=160)
-    table = Table(title="compile inspection", header_style="bold")
-    for col in (
-        "target",
-        "config",
-        "kernel",
-        "shared B",
-        "regs",
-        "spill B",
-        "stack B",
-        "CTAs/SM",
-        "warps/SM",
-        "limited by",
-        "fits",
-        "compile",
-    ):
-        table.add_column(col, justify="right" if col not in ("target", "config", "kernel", "limited by") else "left")
-
-    def cell(r: dict, k: str) -> str:
-        v = r.get(k)
-        return "?" if v is None and k in r.get("unreadable", {}) else ("" if v is None else str(v))
-
-    for r in rows:
-        style = None if r["fits"] else "bold red"
-        table.add_row(
-            r["target"],
-            r["config"],
-            str(r["kernel"]),
-            cell(r, "shared_bytes"),
-            cell(r, "registers"),
-            cell(r, "spill_bytes"),
-            cell(r, "stack_bytes"),
-            str(r["ctas_per_sm"]),
-            str(r["warps_per_sm"]),
-            str(r["limited_by"] or ""),
-            "yes" if r["fits"] else "NO",
-            "cached" if r["cached"] else f"{r['compile_s']:.2f} s",
-            style=style,
-        )
-    console.print(table)
-    for s in summaries:
-        run = s["will_run"]
-        what = "nothing fits" if run is None else f"{run['mode']}: {', '.join(run['configs'])}"
-        console.print(
-            f"[bold]{s['target']}[/bold]: {s['n_fit']}/{s['n_configs']} configs fit; will run: {what}",
-            style=None if run else "bold red",
-        )
-
-
-def announce_pruned(summaries: Sequence[dict], file: Any = None) -> None:
-    """One loud stderr line per config a target prunes."""
-    for s in summaries:
-        for p in s["pruned"]:
-            print(f"PRUNED on {s['target']}: {p['config']}: {p['reason']}", file=file or sys.stderr)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kernelcamp inspect",
-        description="Compile every config of a variant for target GPUs (no GPU needed) and report shared memory, "
-        "registers, spills and occupancy, and which configs a target would prune.",
-        epilog="examples:\n  kernelcamp inspect --variant story_autotune --target sm120 --target sm90\n"
-        "  kernelcamp inspect --params params.yaml --target sm120 --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--variant", help="a file name in conf/variant/ (default: the params.yaml `variant` with --params)")
-    p.add_argument(
-        "--target",
-        action="append",
-        default=[],
-        help="a file name in conf/target/ or `auto`; repeat for several (default: params.yaml's target)",
-    )
-    p.add_argument("--workload", help="a file name in conf/workload/ (default: params.yaml's, else deepseek_v4_flash)")
-    p.add_argument("--kernel", help="a file name in conf/kernel/ (default: params.yaml's, else sparse_mla_decode)")
-    p.add_argument("--params", help="read variant/target/workload/kernel sections from this params.yaml")
-    p.add_argument("--json", action="store_true", help="print JSON (rows and per-target summaries) on stdout")
-    p.add_argument("--no-cache", action="store_true", help="compile even when the disk cache has the figures")
-    p.add_argument("--quiet", action="store_true", help="no per-compile progress on stderr")
-    return p
-
-
-def cli_main(argv: Sequence[str] | None = None) -> int:
-    """``kernelcamp inspect``: returns 0, or 1 when some target has no fitting config, 2 on errors."""
-    from kernelcamp.io import load_params
-    from kernelcamp.targets import conf_dir
-    from kernelcamp.variant import parse_variant
-
-    args = build_parser().parse_args(argv)
-    if "triton" not in sys.modules:  # interpreter mode (read at triton's import) cannot cross-compile
-        os.environ.pop("TRITON_INTERPRET", None)
-    try:
-        params = load_params(args.params) if args.params else {}
-        conf = conf_dir()
-
-        def group(name: str, chosen: str | None, default: str | None) -> Any:
-            if chosen:
-                return _load_yaml(conf / name / f"{chosen}.yaml")
-            if name in params:
-                return params[name]
-            if default is None:
-                raise KernelcampError(f"give --{name} (a file in conf/{name}/) or --params params.yaml")
-            return _load_yaml(conf / name / f"{default}.yaml")
-
-        variant = parse_variant(group("variant", args.variant, None))
-        workload = group("workload", args.workload, "deepseek_v4_flash")
-        kernel = group("kernel", args.kernel, "sparse_mla_decode")
-        targets = (
-            [load_target(t) for t in args.target]
-            if args.target
-            else [load_target(params["target"])]
-            if "target" in params
-            else [load_target("sm90")]
-        )
-        module = kernel_module(kernel)
-        specs_for = specs_for_workload(module, workload, kernel.get("dot_dtype", "bf16"))
-        progress = None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-        rows = inspect_configs(
-            variant.configs, targets, specs_for, is_list=variant.is_list, use_cache=not args.no_cache, progress=progress
-        )
-    except KernelcampError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    summaries = [summarize(variant, rows, t.name) for t in targets]
-    announce_pruned(summaries)
-    if args.json:
-        out = {
-            "variant": variant.name,
-            "config_hash": variant.config_hash(),
-            "workload": workload.get("name"),
-            "kernel_source_hash": module_source_hash(module),
-            "triton": triton_version(),
-            "targets": [t.as_dict() for t in targets],
-            "summaries": summaries,
-            "rows": rows,
-        }
-        print(json.dumps(out, indent=2, default=str))
-    else:
-        render_table(rows, summaries)
-    return 0 if all(s["n_fit"] for s in summaries) else 1

@@ -26,6 +26,7 @@ from typing import Any
 #: Environment variable holding the API key (server and clients).
 API_KEY_ENV = "KERNELCAMP_API_KEY"
 #: The decode-step profile endpoint and where its traces are downloaded from (``{trace_id}``).
+INFO_PATH = "/v1/kernelcamp/info"
 PROFILE_PATH = "/v1/kernelcamp/profile"
 TRACE_PATH = "/v1/kernelcamp/profile/traces/{trace_id}"
 

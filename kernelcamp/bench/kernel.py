@@ -1,7 +1,7 @@
 """The kernel-level measurement of the benchmark stage: interleaved A/B rounds per batch size.
 
 The shapes, batch sizes, dot dtype and inputs of a run come from one helper each, shared by the
-rounds here and by the kernel-launch profile (kernelcamp.profiling).
+rounds here and by the kernel-launch profile (kernelcamp.bench.profile).
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
 
     ``variants``: ``{"baseline": Variant, "candidate": Variant}``. One round times every batch size,
     baseline and candidate back to back (the order of the whole round reversed every other round:
-    kernelcamp.timing.round_order). On ``device == "cuda"``: CUDA-graph replays with L2 flushed
-    before each (kernelcamp.timing.GraphTimer, one per batch size and impl, captured before the
+    kernelcamp.bench.timing.round_order). On ``device == "cuda"``: CUDA-graph replays with L2 flushed
+    before each (kernelcamp.bench.timing.GraphTimer, one per batch size and impl, captured before the
     first round), ``replays_per_round`` per round, the round's figure the median; otherwise the
     interpreter at ``workload.cpu`` shapes, timed with perf_counter and labelled
     ``cpu_interpreter_perf_counter``. At each planned look the overall figure is analysed: per round
@@ -166,7 +166,7 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
 
     import torch
 
-    from kernelcamp import timing
+    from kernelcamp.bench import timing
     from kernelcamp.provenance import ClockSampler, smi_index
     from kernelcamp.spec import import_kernel
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from kernelcamp.bench.serving import REDEPLOY, check_server, fetch_info, server_on_cpu, serving_plan
 from kernelcamp.errors import KernelcampError
+from kernelcamp.loadgen import default_prompts, run_level
 from kernelcamp.provenance import now_utc
-from kernelcamp.serving.bench import REDEPLOY, check_server, fetch_info, server_on_cpu, serving_plan
-from kernelcamp.serving.loadgen import default_prompts, run_level
 
 
 def _first_diff(a: str, b: str) -> int:
@@ -96,3 +96,11 @@ def serving_verify(params: dict[str, Any], deploy_record: dict[str, Any]) -> dic
         "deploy_id": deploy_record.get("deploy_id"),
         "measured_at": now_utc(),
     }
+
+
+def check_serving(params: dict, deploy: dict) -> dict[str, Any]:
+    """:func:`serving_verify` when ``verify.serving.enabled``, else why it was skipped."""
+    if not params["verify"]["serving"].get("enabled"):
+        return {"skipped": "verify.serving.enabled is false", "passed": None}
+    print("[verify] serving outputs at concurrency 1 vs N", flush=True)
+    return serving_verify(params, deploy)

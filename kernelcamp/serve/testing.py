@@ -15,6 +15,8 @@ from typing import Any
 
 import uvicorn
 
+from kernelcamp.ports import port_is_free
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free on ``host`` a moment ago (bind to 0, read, close)."""
@@ -39,21 +41,6 @@ def free_port_block(n: int = 2, host: str = "127.0.0.1", lo: int = 20000, hi: in
         if all(port_is_free(p + i, host) for i in range(n)):
             return p
     raise RuntimeError(f"no {n} consecutive free ports in [{lo}, {hi})")
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when nothing accepts connections on host:port and the port can be bound."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        if s.connect_ex((host, port)) == 0:
-            return False
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 class ServerThread:

@@ -1,16 +1,10 @@
-"""Serving: the embedded decode server, load generation, deploy targets, serving benchmark and verify.
+"""What a server runs, as one hash both sides of a deploy share.
 
-The one definition both sides of a deploy share lives here: :func:`variant_hash` is what the
-server reports on ``/v1/kernelcamp/info`` and what ``deploy`` records and ``benchmark`` checks, so
-a server running something else can never pass for the deployed variant (DESIGN.md, "is the new
-config really live?"). Nothing here imports torch.
-
-    serve      kernelcamp.serving.server   (kernelcamp serve --params params.yaml)
-    model      kernelcamp.serving.model    (the DeepSeek-class stand-in decoder)
-    loadgen    kernelcamp.serving.loadgen  (async OpenAI-compatible load generator)
-    deploy     kernelcamp.serving.deploy   (embedded / command / ssh targets)
-    bench      kernelcamp.serving.bench    (serving_benchmark, used by stages/benchmark.py)
-    check      kernelcamp.serving.check    (serving_verify, used by stages/verify.py)
+:func:`variant_hash` is what the server reports on ``/v1/kernelcamp/info`` and what ``deploy``
+records and ``benchmark`` checks, so a server running something else can never pass for the deployed
+variant (DESIGN.md, "is the new config really live?"). The kernel file's path and hash come from one
+function each (:func:`kernel_path`, :func:`kernel_source_hash`), so build, deploy, the server and the
+report agree. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.variant import Variant
+from kernelcamp.variant import Variant, parse_variant
 
 # Server flags that change what the server computes or how it schedules: they enter the variant
 # hash. host/port are where it listens, not what it runs, so they are left out.
@@ -35,7 +29,6 @@ SERVER_FLAG_KEYS = (
     "env",
     "args",
 )
-INFO_PATH = "/v1/kernelcamp/info"
 
 
 def server_flags(server: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -53,10 +46,18 @@ def server_flags(server: Mapping[str, Any] | None) -> dict[str, Any]:
     return flags
 
 
+def project_root() -> Path:
+    """The working tree this code runs from (the repo, or a queued experiment's temporary copy)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def kernel_path(module: str, root: Path | None = None) -> Path:
+    """File of kernel module ``module`` (``kernels.<name>``) in the tree ``root`` (default: this one)."""
+    return (root or project_root()) / (module.replace(".", "/") + ".py")
+
+
 def kernel_module_path(kernel: Mapping[str, Any] | None, root: str | Path | None = None) -> Path:
     """Path of the kernel's module file (``kernel.module``, e.g. ``kernels.sparse_mla_decode``)."""
-    from kernelcamp.spec import kernel_path
-
     return kernel_path(
         (kernel or {}).get("module", "kernels.sparse_mla_decode"), Path(root) if root is not None else None
     )
@@ -95,8 +96,6 @@ def variant_hash(variant: Variant, kernel_source_hash: str, flags: Mapping[str, 
 
 def params_variant_hash(params: Mapping[str, Any], root: str | Path | None = None) -> str:
     """:func:`variant_hash` of params.yaml's ``variant``, ``kernel`` and ``server`` sections."""
-    from kernelcamp.variant import parse_variant
-
     if "variant" not in params:
         raise KernelcampError("params.yaml has no `variant` section: check conf/config.yaml's defaults list")
     v = parse_variant(params["variant"])

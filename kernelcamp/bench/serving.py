@@ -18,7 +18,7 @@ is measured, with ``baseline_measured: false`` and the reason.
 Order and windows: a repeat runs every level (configured order; a level listed twice is refused,
 :func:`check_serving_params`); at each level one round runs a short steady-state window against each
 server, the first alternating round by round (baseline first in even rounds). A window
-(:func:`kernelcamp.serving.loadgen.run_window`) is closed-loop load at the level for ``warmup_s``
+(:func:`kernelcamp.loadgen.run_window`) is closed-loop load at the level for ``warmup_s``
 (not measured) + ``window_s`` (measured) seconds, then a drain, so neither server runs while the
 other is measured (they share the GPU). One row per (impl, level, repeat): ``impl``, ``variant``,
 ``variant_hash``, ``repeat``, ``round``, ``position`` and every loadgen metric with ``valid``. A/B
@@ -60,10 +60,11 @@ from urllib.parse import urlsplit
 import httpx
 
 from kernelcamp.errors import KernelcampError
+from kernelcamp.hashes import params_variant_hash
+from kernelcamp.loadgen import default_prompts, progress_line, run_window_sync
+from kernelcamp.ports import baseline_port
 from kernelcamp.provenance import device_info, git_info, now_utc
-from kernelcamp.serving import INFO_PATH, params_variant_hash
-from kernelcamp.serving.client import auth_headers, client_url, request_profile
-from kernelcamp.serving.loadgen import default_prompts, progress_line, run_load, run_window_sync
+from kernelcamp.serve.client import INFO_PATH, auth_headers, client_url
 from kernelcamp.stats import SequentialPlan, decision, fit_step_model
 
 CPU_DEFAULT = {"concurrency": [4, 1], "max_tokens": 16, "warmup_s": 0.25, "window_s": 1.0, "repeats": 2}
@@ -301,7 +302,6 @@ def attention_share(info: dict[str, Any] | None) -> dict[str, Any] | None:
 # ---- baseline beside the candidate ---------------------------------------------------------------------
 IMPLS = ("baseline", "candidate")
 AB_METRIC = "steady_output_tok_s"
-BASELINE_STEM = "baseline-server"
 _SUM_KEYS = ("num_requests", "requests_ok", "requests_failed", "incomplete", "output_tokens")
 
 
@@ -310,27 +310,13 @@ def baseline_params(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "variant": params["baseline"]}
 
 
-def baseline_port(candidate_port: int, params: dict[str, Any]) -> int:
-    """The temporary baseline server's port: the candidate's + ``benchmark.serving.baseline_port_offset``
-    (default 1; 1..PORT_STRIDE-1 so it stays inside this sweep worker's port range)."""
-    from kernelcamp.sweep import PORT_STRIDE
-
-    sv = (params.get("benchmark") or {}).get("serving") or {}
-    off = int(sv.get("baseline_port_offset", 1))
-    if not 1 <= off < PORT_STRIDE:
-        raise KernelcampError(
-            f"benchmark.serving.baseline_port_offset={off}: expected 1..{PORT_STRIDE - 1} "
-            "(a sweep worker owns the candidate port + 0..9)"
-        )
-    return int(candidate_port) + off
-
-
 def _free_baseline_port(params: dict[str, Any], host: str, port: int, root: str | Path | None) -> None:
     """Stop a baseline server left by a SIGKILLed benchmark, then wait for ``port`` to be free.
 
     Raises ``KernelcampError`` when another process holds it.
     """
-    from kernelcamp.serving.deploy import _wait_port_free, state_dir, stop_state
+    from kernelcamp.deploy.common import _wait_port_free, state_dir, stop_state
+    from kernelcamp.deploy.embedded import BASELINE_STEM
 
     stop_state(state_dir(root) / f"{BASELINE_STEM}.json")
     cfg = dict(params.get("deploy") or {})
@@ -408,11 +394,12 @@ def baseline_server(
     Port :func:`baseline_port`, state ``<state dir>/baseline-server.json`` (never the deploy state
     file: the deployed candidate is untouched). A leftover baseline server from a killed run is
     stopped first. Ready means health 200, one completion, the reported variant hash equal to
-    :func:`~kernelcamp.serving.params_variant_hash` of :func:`baseline_params`, and the pid we
+    :func:`~kernelcamp.hashes.params_variant_hash` of :func:`baseline_params`, and the pid we
     started. Always stopped on exit (process group, port freed), also on KeyboardInterrupt/SIGTERM.
     Yields ``{url, port, pid, variant_name, variant_hash, seconds_to_ready, state_file, log}``.
     """
-    from kernelcamp.serving.deploy import _wait_port_free, kill_group, start_embedded, state_dir, stop_state
+    from kernelcamp.deploy.common import _wait_port_free, kill_group, state_dir, stop_state
+    from kernelcamp.deploy.embedded import BASELINE_STEM, start_embedded
 
     u = urlsplit(candidate_url)
     host, port = u.hostname or "127.0.0.1", baseline_port(u.port or 80, params)
@@ -746,127 +733,3 @@ def serving_benchmark(
         "measured_at": measured_at,
         "provenance": {**git_info(), "client": device_info()},
     }
-
-
-# ---- decode-step profiles ------------------------------------------------------------------------------
-PROFILE_PATH = "/v1/kernelcamp/profile"
-
-
-def _profile_one(
-    url: str,
-    check: Any,
-    concurrency: int,
-    max_tokens: int,
-    steps: int,
-    trace_path: str,
-    timeout_s: float,
-) -> dict[str, Any]:
-    """Load ``url`` at ``concurrency`` in a background thread and profile ``steps`` decode steps once
-    the batch is full (or the wait gives up); on a GPU, a graph-replay profile without a single
-    device kernel is retried with ``eager: true``."""
-    import time
-
-    info = fetch_info(url)
-    check(info)
-    max_running = int(((info or {}).get("config") or {}).get("max_running_requests") or concurrency)
-    want = max(1, min(concurrency, max_running))
-    load: dict[str, Any] = {}
-
-    def _load() -> None:
-        try:
-            load["rows"] = run_load(
-                url,
-                [concurrency],
-                prompts=default_prompts(),
-                max_tokens=max_tokens,
-                num_prompts_per_level=2 * concurrency,
-                timeout_s=timeout_s,
-                progress=False,
-            )
-        except Exception as e:  # noqa: BLE001 - reported with the profile
-            load["error"] = f"{type(e).__name__}: {e}"
-
-    th = threading.Thread(target=_load, name="kernelcamp-profile-load", daemon=True)
-    th.start()
-    t_end = time.monotonic() + 60
-    running = 0
-    while th.is_alive() and time.monotonic() < t_end:
-        running = int((((fetch_info(url, steps=0) or {}).get("counts")) or {}).get("running") or 0)
-        if running >= want:
-            break
-        time.sleep(0.05)
-    out: dict[str, Any] = {"url": url, "running_when_armed": running, "batch_wanted": want}
-    try:
-        attempts = [False, True]
-        for eager in attempts:
-            # the server keeps the trace in its own folder; request_profile downloads it to trace_path
-            status, res = request_profile(url, trace_path, steps=steps, eager=eager, timeout_s=60, http_timeout_s=120)
-            if status != 200:
-                out.update(skipped=f"{PROFILE_PATH} answered {status}: {(res.get('error') or {}).get('message')}")
-                break
-            out.pop("skipped", None)
-            out.update(res)
-            on_gpu = not str(res.get("device", "cpu")).startswith("cpu")
-            if eager or not on_gpu or res.get("kernel_rows") or not th.is_alive():
-                if on_gpu and not res.get("kernel_rows"):
-                    out["note"] = "no device kernels in the profile (graph replay reported none)"
-                break
-            out["graph_replay_profile_had_no_kernels"] = True  # retried eagerly
-    finally:
-        th.join(timeout=timeout_s + 30)
-    out["load_error"] = load.get("error")
-    out["load_rows"] = [
-        {k: v for k, v in row.items() if not isinstance(v, (dict, list))} for row in load.get("rows") or []
-    ]
-    check(fetch_info(url))
-    return out
-
-
-def profile_decode_steps(
-    params: dict[str, Any],
-    deploy_record: dict[str, Any],
-    traces: dict[str, str | Path],
-    steps: int = 5,
-    root: str | Path | None = None,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Per-kernel tables of a few decode steps of the deployed candidate and (embedded deploys) the
-    baseline, each under load at the highest serving level, via the server's profile endpoint.
-
-    ``traces``: ``{impl: path}`` for the gzipped Kineto traces (written by the server; absolute
-    paths). The baseline runs on a temporary server again (:func:`baseline_server`), started after
-    the serving benchmark so the benchmark's own windows never include a profiled step. Returns
-    ``{"impls": {impl: profile result | {"skipped": why}}, concurrency, max_tokens, steps}``, or
-    ``{"skipped": why}`` when the candidate has no info endpoint (a foreign server)."""
-    url = str(deploy_record.get("url") or "").rstrip("/")
-    info = fetch_info(url)
-    if info is None:
-        return {"skipped": f"server at {url} has no {INFO_PATH} (a foreign server): no decode-step profile"}
-    check_server(deploy_record, info)
-    plan = serving_plan(params, server_on_cpu(info))
-    c = int(max(plan["concurrency"]))
-    max_tokens = max(int(plan["max_tokens"]), 4 * steps + 16)
-    sv = (params.get("benchmark") or {}).get("serving") or {}
-    out: dict[str, Any] = {"concurrency": c, "max_tokens": max_tokens, "steps": steps, "impls": {}}
-
-    def one(impl: str, u: str, check: Any) -> None:
-        if progress:
-            print(f"[profile {impl}] {steps} decode steps at concurrency {c} on {u}", file=sys.stderr, flush=True)
-        out["impls"][impl] = _profile_one(
-            u, check, c, max_tokens, steps, str(Path(traces[impl]).resolve()), plan["timeout_s"]
-        )
-
-    one("candidate", url, lambda i: check_server(deploy_record, i))
-    why_not = None
-    if deploy_record.get("kind") != "embedded":
-        why_not = f"deploy.kind={deploy_record.get('kind')}: no baseline server beside a foreign server"
-    elif not sv.get("measure_baseline", True):
-        why_not = "benchmark.serving.measure_baseline is false"
-    elif not params.get("baseline"):
-        why_not = "params.yaml has no baseline section"
-    if why_not:
-        out["impls"]["baseline"] = {"skipped": why_not}
-    else:
-        with baseline_server(params, url, root) as b:
-            one("baseline", b["url"], lambda i: _check_baseline(b, i))
-    return out

@@ -1,0 +1,368 @@
+"""The OpenAI-compatible surface both servers share (the real one, :mod:`kernelcamp.serve.server`, and
+the fixed-rate fake, :mod:`kernelcamp.serve.fake`): request models with strict types, OpenAI error
+objects for every refusal (FastAPI's validation errors included, 400 not 422), JSON-only POSTs, the
+optional API key, the completion routes and the streamed / full response shapes.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kernelcamp.serve.client import TRACE_PATH
+
+MODEL_NAME = "kernelcamp-decoder"
+
+
+# ---- request models and OpenAI shapes ---------------------------------------------------------------
+def _utf8(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode (a lone surrogate at character {e.start})") from None
+    return s
+
+
+#: A string that is valid Unicode (JSON allows an unpaired ``\\ud800`` escape; UTF-8 does not).
+Text = Annotated[StrictStr, AfterValidator(_utf8)]
+
+
+#: The most tokens one request may ask for, before any context check (the fake server has no context:
+#: without a bound, a max_tokens of 10**23 kept it generating until the client gave up).
+MAX_TOKENS_LIMIT = 1 << 16
+#: A strict float that is finite: NaN and infinities are refused (pydantic's StrictFloat takes them).
+FiniteFloat = Annotated[float, Strict(), AllowInfNan(False)]
+
+
+class _Open(BaseModel):
+    """OpenAI request objects: known fields are type-checked strictly, unknown fields are ignored (as
+    vLLM and SGLang do: clients send ``seed``, ``stop``, ``user`` ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    """``stream_options``: only ``include_usage`` has an effect."""
+
+    include_usage: StrictBool = False
+
+
+class TextPart(_Open):
+    """One part of a message's content list; only ``{"type": "text", "text": ...}`` is taken."""
+
+    type: StrictStr
+    text: Text | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> TextPart:
+        if self.type != "text":
+            raise ValueError(f"content part type {self.type!r} is not supported: this server takes text parts only")
+        if self.text is None:
+            raise ValueError("a text content part needs a `text` string")
+        return self
+
+
+class ChatMessage(_Open):
+    """A chat message; ``content`` is a string, a list of text parts (joined by newlines) or null."""
+
+    role: Text = "user"
+    content: Text | list[TextPart] | None = None
+
+    def text(self) -> str:
+        """The content as one string."""
+        if isinstance(self.content, list):
+            return "\n".join(p.text or "" for p in self.content)
+        return self.content or ""
+
+
+class _Generate(_Open):
+    model: Text | None = None
+    max_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    temperature: FiniteFloat | StrictInt | None = None
+    top_p: FiniteFloat | StrictInt | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    def tokens_wanted(self) -> int:
+        """``max_tokens``, else ``max_completion_tokens``, else 16."""
+        return self.max_tokens or self.max_completion_tokens or 16
+
+    def include_usage(self) -> bool:
+        """Whether the stream ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Generate):
+    """``POST /v1/completions``: ``prompt`` is a string or a list holding exactly one string."""
+
+    prompt: Text | list[Text] = ""
+
+    @field_validator("prompt")
+    @classmethod
+    def _single(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and len(v) != 1:
+            raise ValueError("a list must hold exactly one string (one completion per request)")
+        return v
+
+    def text(self) -> str:
+        """The prompt text."""
+        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+
+
+class ChatRequest(_Generate):
+    """``POST /v1/chat/completions``: a non-empty ``messages`` list, rendered ``role: content`` per line."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+
+    def text(self) -> str:
+        """The conversation as the prompt text."""
+        return "\n".join(f"{m.role}: {m.text()}" for m in self.messages)
+
+
+class ProfileRequest(BaseModel):
+    """``POST /v1/kernelcamp/profile``. Unknown keys are refused: the server chooses where a trace is
+    kept (a request naming a path, as ``trace_path`` once did, is a 400)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: StrictInt = Field(default=5, ge=1, le=200)
+    eager: StrictBool = False
+    trace: StrictBool = True
+    timeout_s: StrictFloat | StrictInt = Field(default=60, gt=0, le=3600)
+    trace_path: Any = None  # refused below, with what to do instead
+
+    @field_validator("trace_path")
+    @classmethod
+    def _no_server_path(cls, v: Any) -> None:
+        if v is not None:
+            raise ValueError(
+                f'a request cannot choose where the server writes; send "trace": true and download the trace '
+                f"from the answer's trace_url ({TRACE_PATH}; kernelcamp.serve.client.request_profile does both)"
+            )
+        return None
+
+
+def _error(
+    msg: str, status: int = 400, param: str | None = None, code: str | None = None, kind: str = ""
+) -> JSONResponse:
+    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+    msg = msg.encode("utf-8", "backslashreplace").decode("utf-8")  # never echo a lone surrogate
+    return JSONResponse({"error": {"message": msg, "type": kind, "param": param, "code": code}}, status_code=status)
+
+
+def _loc_name(loc: tuple) -> str:
+    """``("body", "messages", 0, "content")`` -> ``messages[0].content``; pydantic's union-member tags
+    (``function-after[...]``, ``list[TextPart]``, ``str``) are left out."""
+    out = ""
+    for x in loc:
+        if x == "body" and not out:
+            continue
+        if isinstance(x, int):
+            out += f"[{x}]"
+            continue
+        x = str(x)
+        if "[" in x or "(" in x or x in ("str", "int", "float", "bool", "list", "dict", "none"):
+            continue
+        out += f".{x}" if out else x
+    return out
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's request validation errors as a 400 in the OpenAI error shape (not 422).
+
+    One message: the first of our own checks that failed (a ``ValueError`` in a validator), else the
+    first error; it names the field (``param``) and never echoes the input."""
+    errs = list(exc.errors()) or [{"loc": (), "msg": "invalid request", "type": "invalid"}]
+    e = next((x for x in errs if x.get("type") == "value_error"), errs[0])
+    loc = tuple(e.get("loc") or ())
+    param = _loc_name(loc) or None
+    if e.get("type") == "json_invalid":
+        msg, param = f"the body is not valid JSON ({(e.get('ctx') or {}).get('error', 'parse error')})", None
+    elif param is None and loc[:1] == ("body",):
+        msg = "the request body must be a JSON object"
+    else:
+        msg = f"{param or 'request'}: {str(e.get('msg', 'invalid')).removeprefix('Value error, ')}"
+    others = {_loc_name(tuple(x.get("loc") or ())) for x in errs} - {param or ""}
+    if others:
+        msg += f" (also: {', '.join(sorted(o or 'body' for o in others)[:5])})"
+    return _error(msg, 400, param, str(e.get("type") or "invalid"))
+
+
+def _is_json(content_type: str) -> bool:
+    main = content_type.split(";", 1)[0].strip().lower()
+    return main == "application/json" or (main.startswith("application/") and main.endswith("+json"))
+
+
+class _Guard:
+    """ASGI middleware: the API key (``Authorization: Bearer``) on every path but ``/health`` when a
+    key is set, then 415 for a POST whose ``Content-Type`` is not JSON (a cross-site form or
+    ``text/plain`` request never reaches a handler)."""
+
+    def __init__(self, app: Any, api_key: str | None = None):
+        self.app, self.key = app, (api_key or "").encode() or None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers") or []}
+            if self.key is not None and scope.get("path") != "/health":
+                got = headers.get("authorization", b"")
+                scheme, _, token = got.partition(b" ")
+                if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                    resp = _error(
+                        "missing or wrong API key: send `Authorization: Bearer <key>`",
+                        401,
+                        code="invalid_api_key",
+                    )
+                    resp.headers["WWW-Authenticate"] = "Bearer"
+                    return await resp(scope, receive, send)
+            if scope.get("method") == "POST" and not _is_json(headers.get("content-type", b"").decode("latin-1")):
+                ct = headers.get("content-type", b"").decode("latin-1") or "none"
+                resp = _error(
+                    f"Content-Type {ct!r}: send the body as application/json", 415, code="unsupported_media_type"
+                )
+                return await resp(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def _openai_app(title: str, api_key: str | None, lifespan: Any = None) -> FastAPI:
+    """A FastAPI app with the guard (API key, JSON-only POSTs) and 400 validation errors."""
+    app = FastAPI(title=title, lifespan=lifespan)
+    app.add_middleware(_Guard, api_key=api_key)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    return app
+
+
+async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own errors (unknown route 404, wrong method 405) in the OpenAI error shape too."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return _error(str(exc.detail), exc.status_code, code=code)
+
+
+def _check_model(req: _Generate) -> JSONResponse | None:
+    if req.model is not None and req.model != MODEL_NAME:
+        return _error(
+            f"The model `{req.model}` does not exist: this server serves `{MODEL_NAME}` (GET /v1/models)",
+            404,
+            "model",
+            "model_not_found",
+        )
+    return None
+
+
+def _chunk(rid: str, chat: bool, text: str | None, k: int | None, finish: str | None, first: bool) -> dict[str, Any]:
+    if chat:
+        delta: dict[str, Any] = {}
+        if first:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    out = {"id": rid, "object": obj, "created": int(time.time()), "model": MODEL_NAME, "choices": [choice]}
+    if k is not None:
+        out["kernelcamp_tokens"] = k
+    return out
+
+
+def _full(rid: str, chat: bool, text: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+        obj = "text_completion"
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": MODEL_NAME,
+        "choices": [choice],
+        "usage": _usage(prompt_tokens, completion_tokens),
+    }
+
+
+def _usage(p: int, c: int) -> dict[str, int]:
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _stream_tokens(
+    rid: str,
+    chat: bool,
+    prompt_tokens: int,
+    pieces: AsyncIterator[tuple[str, int]],
+    include_usage: bool,
+    counts: bool = True,
+) -> AsyncIterator[bytes]:
+    """SSE body: one chunk per piece (text, tokens it holds), a finish chunk, optional usage, [DONE].
+
+    ``counts``: put ``kernelcamp_tokens`` in every chunk (False imitates a foreign server)."""
+    n, first = 0, True
+    async for text, k in pieces:
+        yield _sse(_chunk(rid, chat, text, k if counts else None, None, first))
+        first = False
+        n += k
+    yield _sse(_chunk(rid, chat, None if chat else "", 0 if counts else None, "length", first))
+    if include_usage:
+        yield _sse(
+            {
+                "id": rid,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": MODEL_NAME,
+                "choices": [],
+                "usage": _usage(prompt_tokens, n),
+            }
+        )
+    yield b"data: [DONE]\n\n"
+
+
+def _add_completion_routes(app: FastAPI, complete: Any) -> None:
+    """The two OpenAI completion routes, both served by ``complete(request model, chat=...)``."""
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        return await complete(req, chat=False, request=request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest, request: Request):
+        return await complete(req, chat=True, request=request)

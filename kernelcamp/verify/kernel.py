@@ -1,0 +1,107 @@
+"""The verify stage's kernel checks: every config vs the fp32 torch reference, and CUDA-graph capture.
+
+Kernel: every config of the candidate and the baseline, each launched as a single config (and, on
+a GPU, each list variant through its autotuner too), over ``verify.kernel.shapes`` (``cpu_shapes``
+with TRITON_INTERPRET=1 and fp16 dots without a GPU) on the workload's layout, with
+``empty_slot_fraction`` of the slots -1. Pass: ``max|out - ref| <= max(3 * e_torch, 0.01 *
+max(1, max|ref|))`` where ``e_torch`` is torch's own error computing the reference in the dot dtype
+(the yardstick of STYLE.md), and ``max|lse - lse_ref| <= 0.01`` (both -inf on all-empty rows).
+Capture: :func:`kernelcamp.verify.capture.check_capture_safety` on each variant's launcher, warmed at
+the same shape (a warmed server); skipped with the reason on a CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernelcamp.errors import KernelcampError
+
+
+def log(msg: str) -> None:
+    print(f"[verify] {msg}", flush=True)
+
+
+LSE_ATOL = 0.01
+
+
+def _err(a, b) -> float:
+    import torch
+
+    a, b = a.float(), b.float()
+    both_inf = torch.isinf(a) & torch.isinf(b) & (torch.sign(a) == torch.sign(b))
+    d = torch.where(both_inf, torch.zeros_like(a), (a - b).abs())
+    return float(torch.nan_to_num(d, nan=float("inf")).max()) if d.numel() else 0.0
+
+
+def check_kernel(params: dict, variants: dict, device: str, dot: str) -> list[dict]:
+    import torch
+
+    from kernelcamp.spec import import_kernel
+    from kernelcamp.variant import Variant
+
+    k = import_kernel(params["kernel"]["module"])
+
+    wl, vk = params["workload"], params["verify"]["kernel"]
+    shapes = vk["shapes"] if device == "cuda" else vk["cpu_shapes"]
+    ps = wl["page_size"] if device == "cuda" else wl["cpu"]["page_size"]
+    cdt = torch.bfloat16 if dot == "bf16" else torch.float16
+    cases = []
+    for B, H, topk in shapes:
+        n_tok = ps * -(-max(2 * topk, ps) // ps)
+        inp = k.make_inputs(
+            wl["layout"], B, H, topk, ps, n_tok, device, seed=B * 1000 + topk, empty_fraction=vk["empty_slot_fraction"]
+        )
+        args = (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+        ref, ref_lse = k.sparse_mla_decode_ref(*args)
+        e_torch = _err(k.sparse_mla_decode_ref(*args, compute_dtype=cdt)[0], ref)
+        tol = max(3 * e_torch, 0.01 * max(1.0, float(ref.abs().max())))
+        for name, v in variants.items():
+            runs = [(c.label(), Variant(v.name, (c,))) for c in v.configs]
+            if device == "cuda" and not v.single:
+                runs.append(("autotune", v))
+            for label, vv in runs:
+                case = {
+                    "impl": name,
+                    "variant": v.name,
+                    "config": label,
+                    "B": B,
+                    "H": H,
+                    "topk": topk,
+                    "layout": wl["layout"],
+                    "dot_dtype": dot,
+                    "tol": tol,
+                    "e_torch": e_torch,
+                }
+                try:
+                    out, lse = k.SparseMLADecode(vv, dot_dtype=dot)(*args)
+                    case.update(max_abs_err=_err(out, ref), lse_max_abs_err=_err(lse, ref_lse))
+                    case["passed"] = case["max_abs_err"] <= tol and case["lse_max_abs_err"] <= LSE_ATOL
+                except Exception as e:  # noqa: BLE001 - a launch failure is a failed case, named
+                    case.update(passed=False, error=f"{type(e).__name__}: {e}")
+                cases.append(case)
+                log(
+                    f"{name} {label} B={B} H={H} topk={topk}: "
+                    + ("ok" if case["passed"] else "FAILED " + str(case.get("error") or case))
+                )
+    return cases
+
+
+def check_capture(params: dict, variants: dict, device: str) -> dict[str, Any]:
+    if device != "cuda":
+        return {"skipped": "no GPU: CUDA-graph capture needs one", "passed": None}
+    from kernelcamp.spec import import_kernel
+    from kernelcamp.verify.capture import check_capture_safety
+
+    k = import_kernel(params["kernel"]["module"])
+
+    wl = params["workload"]
+    inp = k.make_inputs(wl["layout"], 8, wl["num_heads"], wl["topk"], wl["page_size"], wl["num_cache_tokens"], "cuda")
+    res: dict[str, Any] = {}
+    for name, v in variants.items():
+        launcher = k.SparseMLADecode(v, dot_dtype=params["kernel"].get("dot_dtype", "bf16"))
+        try:
+            res[name] = {**check_capture_safety(launcher, inp, warmup_inputs=inp), "passed": True}
+        except KernelcampError as e:
+            res[name] = {"passed": False, "error": str(e)}
+        log(f"capture {name}: " + ("ok" if res[name]["passed"] else "FAILED " + res[name]["error"]))
+    return {"passed": all(r["passed"] for r in res.values()), "impls": res}

@@ -1,0 +1,140 @@
+"""The package's import graph: no cycles among ``kernelcamp`` modules, and kernels never import it.
+
+Walks every module of ``kernelcamp`` with ``ast`` (nothing is imported), counting every import
+statement, also those inside functions (a lazy import is still a dependency; hiding a cycle inside a
+function is how the serving/deploy/sweep knot grew). Imports under ``if TYPE_CHECKING:`` are left
+out: they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "kernelcamp"
+
+
+def _module_name(path: Path) -> str:
+    parts = list((path.relative_to(ROOT) if path.is_relative_to(ROOT) else Path(path.name)).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """Absolute names of the modules ``path`` imports at run time (relative imports resolved)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found.update(f"{mod}.{a.name}" for a in node.names)  # `from pkg import module`
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def package_graph() -> dict[str, set[str]]:
+    """{module: kernelcamp modules it imports}; a package's ``__init__`` counts as the package."""
+    files = {_module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        deps = set()
+        for imp in runtime_imports(path):
+            # the longest known module that names ``imp`` (``kernelcamp.deploy.ssh.SshRunner``: ``...ssh``)
+            parts = imp.split(".")
+            for n in range(len(parts), 0, -1):
+                cand = ".".join(parts[:n])
+                if cand in files:
+                    if cand != name:
+                        deps.add(cand)
+                    break
+        graph[name] = deps
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of module names (first == last), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep) :] + [dep]
+            if dep not in state:
+                got = dfs(dep)
+                if got:
+                    return got
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            got = dfs(node)
+            if got:
+                return got
+    return None
+
+
+def test_the_walk_sees_the_package() -> None:
+    graph = package_graph()
+    assert "kernelcamp.cli" in graph and "kernelcamp.spec" in graph
+    assert "kernelcamp.errors" in graph["kernelcamp.spec"]
+
+
+def test_kernelcamp_has_no_import_cycle() -> None:
+    cycle = find_cycle(package_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_planted_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_kernels_never_import_kernelcamp_at_run_time() -> None:
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(i for i in runtime_imports(p) if i.split(".")[0] == PACKAGE)
+        for p in sorted((ROOT / "kernels").rglob("*.py"))
+    }
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, (
+        f"a kernel imports only torch and triton at run time (kernelcamp under TYPE_CHECKING): {offenders}"
+    )
+
+
+def test_type_checking_imports_are_not_run_time_imports(tmp_path: Path) -> None:
+    src = tmp_path / "k.py"
+    src.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kernelcamp.variant import Variant\n"
+        "def f():\n    import kernelcamp.io\n"
+    )
+    assert {i for i in runtime_imports(src) if i.startswith("kernelcamp")} == {"kernelcamp.io"}
