@@ -61,16 +61,16 @@ def table_rows(winners: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def render(name: str, family: str, grid: Path, winners: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+def render(name: str, family: str, grids: list[Path], winners: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     """The variant file's text: a provenance comment, then the yaml."""
     r0 = winners[0]["row"]
     head = [
         f"# Batch table for {family} ({r0['layout']}, H={r0['H']}, top-k {r0['topk']}), made by",
-        f"# benchmarks/make_tuned_tables.py from {grid.as_posix()}: the fastest grid config at each measured",
-        f"# batch size (p50, CUDA-graph replays, L2 flushed). Measured {r0.get('measured_at', '?')[:10]} on "
-        f"{r0.get('gpu_name', '?')},",
-        f"# driver {r0.get('driver', '?')}, torch {r0.get('torch', '?')}, Triton {r0.get('triton', '?')}, "
-        f"kernel source {r0.get('kernel_source_hash', '?')}.",
+        "# benchmarks/make_tuned_tables.py from " + " + ".join(g.as_posix() for g in grids) + ":",
+        "# the fastest grid config at each measured batch size (p50, CUDA-graph replays, L2 flushed).",
+        f"# Measured {r0.get('measured_at', '?')[:10]} on {r0.get('gpu_name', '?')}, driver {r0.get('driver', '?')}, "
+        f"torch {r0.get('torch', '?')}, Triton {r0.get('triton', '?')},",
+        f"# kernel source {r0.get('kernel_source_hash', '?')}.",
     ]
     head += [f"#   B={w['B']}: {w['config']} {w['p50_us']:.1f} us" for w in winners]
     head.append("# A batch between two measured sizes runs the row of the next larger one (max_batch).")
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text = render(a.name, a.family, Path(a.grid[0]), winners, table_rows(winners))
+    text = render(a.name, a.family, [Path(g) for g in a.grid], winners, table_rows(winners))
     out = Path(a.out) / f"{a.name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -1,0 +1,72 @@
+"""benchmarks/make_tuned_tables.py: grid CSV rows -> a batch-table variant that parses and picks the winners."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import yaml
+
+from kernelcamp.variant import parse_variant
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("make_tuned_tables", ROOT / "benchmarks" / "make_tuned_tables.py")
+mtt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mtt)
+
+
+def _row(B: int, label: str, us: float, **kw: str) -> dict[str, str]:
+    t, h, w, s, _ = label.split("_")
+    base = {"family": "v32", "impl": "triton", "layout": "deepseek_v32", "H": "128", "topk": "2048", "B": str(B)}
+    cfg = {"BLOCK_T": t[1:], "BLOCK_H": h[1:], "num_warps": w[1:], "num_stages": s[1:]}
+    return {**base, **cfg, "config": label, "latency_us_p50": str(us), **kw}
+
+
+def test_fastest_per_batch_merged_into_a_table_that_parses(tmp_path):
+    rows = [
+        _row(1, "T64_H32_w8_s2_kauto", 19.0),
+        _row(1, "T32_H64_w8_s1_kauto", 21.0),
+        _row(8, "T32_H64_w8_s3_kauto", 52.0),
+        _row(8, "T64_H32_w8_s2_kauto", 50.0, error="OutOfResources"),  # an error row never wins
+        _row(32, "T32_H64_w8_s3_kauto", 160.0),
+        _row(128, "T32_H64_w8_s3_kauto", 600.0),
+        _row(128, "T32_H64_w8_s1_k2", 640.0),
+        _row(128, "T16_H16_w4_s2_kauto", 1.0, family="v32_tp8"),  # another family is ignored
+    ]
+    winners = mtt.best_per_batch(rows, "v32")
+    assert [(w["B"], w["config"]) for w in winners] == [
+        (1, "T64_H32_w8_s2_kauto"),
+        (8, "T32_H64_w8_s3_kauto"),
+        (32, "T32_H64_w8_s3_kauto"),
+        (128, "T32_H64_w8_s3_kauto"),
+    ]
+    table = mtt.table_rows(winners)
+    assert table == [
+        {"max_batch": 1, "BLOCK_T": 64, "BLOCK_H": 32, "num_warps": 8, "num_stages": 2, "num_splits": "auto"},
+        {"BLOCK_T": 32, "BLOCK_H": 64, "num_warps": 8, "num_stages": 3, "num_splits": "auto"},
+    ]
+    v = parse_variant(yaml.safe_load(mtt.render("t", "v32", [Path("g.csv")], winners, table)))
+    assert v.is_table and v.config_for_batch(1).BLOCK_H == 32 and v.config_for_batch(2).BLOCK_H == 64
+
+
+def test_one_winner_everywhere_is_written_as_a_single_config():
+    rows = [_row(b, "T64_H16_w8_s2_k8", 10.0 * b) for b in (1, 8, 128)]
+    winners = mtt.best_per_batch(rows, "v32")
+    doc = yaml.safe_load(mtt.render("t", "v32", [Path("g.csv")], winners, mtt.table_rows(winners)))
+    v = parse_variant(doc)
+    assert "configs" not in doc and v.single and v.configs[0].num_splits == 8
+
+
+def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
+    d = "reports/campaigns/kernel_speed"
+    jobs = [
+        ("v32", "tuned_deepseek_v32", [f"{d}/grid_1/v32.csv", f"{d}/grid_2/v32.csv"]),
+        ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_1/v32_tp8.csv"]),
+        ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/grid_1/v4_flash.csv", f"{d}/grid_2/v4_flash.csv"]),
+    ]
+    for fam, name, grids in jobs:
+        args = ["--grid", *[str(ROOT / g) for g in grids], "--family", fam, "--name", name, "--out", str(tmp_path)]
+        assert mtt.main(args) == 0
+        made = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
+        committed = yaml.safe_load((ROOT / "conf" / "variant" / f"{name}.yaml").read_text())
+        assert made == committed, name
