@@ -37,7 +37,7 @@ import yaml  # noqa: E402 - pyyaml is on the lent GPU machine (../shared/tools/d
 
 from kernelcamp.io import write_csv_atomic, write_text_atomic  # noqa: E402
 from kernelcamp.provenance import device_info, git_info, now_utc  # noqa: E402
-from kernelcamp.timing import bench_graph, summarize  # noqa: E402
+from kernelcamp.bench.timing import bench_graph, summarize  # noqa: E402
 from kernelcamp.variant import LaunchConfig, Variant  # noqa: E402
 from kernels import sparse_mla_decode as smd  # noqa: E402
 
