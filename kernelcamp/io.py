@@ -144,34 +144,12 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
-def die_with_parent() -> None:
-    """Have Linux send this process SIGTERM when its parent exits (``prctl(PR_SET_PDEATHSIG)``).
-
-    DVC runs a stage as its child; when ``dvc exp run`` itself is terminated (``kill``, ``timeout``, a
-    cancelled job), the stage would otherwise run on, orphaned, and write outputs nobody records.
-    With this the stage gets SIGTERM, which ``kernelcamp.tracking.tracked_stage`` turns into a KILLED
-    run and a clean exit (servers it started are stopped by its ``finally`` blocks). The setting is
-    not inherited by children, so servers started on purpose to outlive the stage are unaffected.
-    No-op where prctl is unavailable (not Linux).
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent was already gone before the call
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def stage_main(fn: Callable[[], int | None]) -> None:
     """Run a stage's ``main``: a ``KernelcampError`` becomes one ``error:`` line and exit status 2.
 
-    The stage dies with its parent (:func:`die_with_parent`)."""
+    The stage dies with its parent (:func:`kernelcamp.signals.die_with_parent`)."""
+    from kernelcamp.signals import die_with_parent
+
     die_with_parent()
     try:
         rc = fn()

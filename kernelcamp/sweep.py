@@ -20,12 +20,12 @@ the one tracking store at ``$DVC_ROOT`` (created once, before any worker: kernel
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +33,7 @@ from typing import Any
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.ports import SLOT_ENV
+from kernelcamp.signals import Terminated, signals_raise
 
 
 def detect_gpus() -> list[str]:
@@ -175,15 +176,6 @@ def stop_slot_servers(repo_root: Path, slots: list[int]) -> list[int]:
     return stopped
 
 
-class _Terminated(BaseException):
-    """SIGTERM reached ``kernelcamp sweep``. A BaseException, like KeyboardInterrupt, so that no
-    ``except Exception`` on the way (the progress line's queue count, DVC's own code) swallows it."""
-
-
-def _raise_terminated(signum, frame):  # noqa: ARG001 - signal handler signature
-    raise _Terminated
-
-
 def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) -> int:
     """Drain the DVC queue with one worker per GPU; return 0 if every worker exited cleanly.
 
@@ -217,8 +209,10 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
         )
     log(f"sweep: {n} queued experiment(s), {len(gpus)} worker(s) on GPU(s) {', '.join(gpus)}")
     log_dir = repo_root / ".dvc" / "tmp" / "kernelcamp-sweep"
-    in_main = threading.current_thread() is threading.main_thread()
-    old_term = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
+    # SIGTERM raises Terminated (a BaseException, like KeyboardInterrupt, so that no `except Exception`
+    # on the way, the progress line's queue count or DVC's own code, swallows it)
+    sig = contextlib.ExitStack()
+    sig.enter_context(signals_raise((signal.SIGTERM,)))
     workers: list[Worker] = []
     t0 = time.monotonic()
     interrupted = None
@@ -234,7 +228,7 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
             log(f"sweep: {time.monotonic() - t0:6.0f} s, {left}workers running: {', '.join(alive) or 'none'}")
     except KeyboardInterrupt:
         interrupted = ("interrupted", 130)
-    except _Terminated:
+    except Terminated:
         interrupted = ("terminated (SIGTERM)", 143)
     finally:
         if interrupted:
@@ -243,8 +237,7 @@ def run_sweep(repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print) 
         stopped = stop_slot_servers(repo_root, [w.slot for w in workers])
         if stopped:
             log(f"sweep: stopped the embedded servers of slot(s) {', '.join(map(str, stopped))}")
-        if in_main:
-            signal.signal(signal.SIGTERM, old_term)
+        sig.close()
     if interrupted:
         return interrupted[1]
     bad = [w for w in workers if w.proc.returncode != 0]

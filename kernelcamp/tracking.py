@@ -32,7 +32,6 @@ import functools
 import json
 import os
 import re
-import signal
 import socket
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from typing import Any
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import pid_alive
 from kernelcamp.provenance import dvc_root
+from kernelcamp.signals import Terminated, signals_raise
 
 MAX_PARAM_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3.17)
 MAX_TAG_LEN = 8000  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH
@@ -230,32 +230,6 @@ def split_long_params(flat: Mapping[str, str], max_len: int = MAX_PARAM_LEN) -> 
 # ---------------------------------------------------------------------------------------------- runs
 
 
-class _Killed(BaseException):
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """For the block, SIGTERM and SIGINT raise ``_Killed`` (main thread only; elsewhere a no-op)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, _frame):
-        raise _Killed(signum)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 class Run:
     """An open MLflow run; every write takes the store lock (SQLite) and goes through ``log_batch``."""
 
@@ -351,10 +325,10 @@ def tracked_run(
     """A run that ends FINISHED only if the block completes; FAILED (with the error) on an exception
     or a non-zero ``SystemExit``; KILLED on SIGTERM/SIGINT, after which the process exits 128+signal."""
     run = start_run(params, run_name, tags, start_time_ms)
-    with _signals_raise():
+    with signals_raise():
         try:
             yield run
-        except _Killed as k:
+        except Terminated as k:
             run.end("KILLED", f"killed by {k}")
             raise SystemExit(128 + k.signum) from None
         except SystemExit as e:
@@ -432,7 +406,7 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
                 params = {}
             ensure_store(params)
         self._sig = contextlib.ExitStack()
-        self._sig.enter_context(_signals_raise())
+        self._sig.enter_context(signals_raise())
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -440,7 +414,7 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
         self._sig.close()
         if exc is None or getattr(exc, "kernelcamp_recorded", False):
             return False  # succeeded, or a tracked_run inside already ended its run FAILED
-        if isinstance(exc, _Killed):
+        if isinstance(exc, Terminated):
             record_stage_failure(self.name, f"killed by {exc}", self.params_path, status="KILLED")
             raise SystemExit(128 + exc.signum) from None
         if isinstance(exc, SystemExit):

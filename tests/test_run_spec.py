@@ -318,7 +318,7 @@ def test_a_server_tied_to_its_caller_dies_with_it_even_on_sigkill(tmp_path: Path
     code = textwrap.dedent(
         f"""
         import subprocess, sys, time
-        from kernelcamp.deploy.common import pdeathsig_preexec
+        from kernelcamp.signals import pdeathsig_preexec
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=pdeathsig_preexec(),
                              start_new_session=True)
         open({str(pidfile)!r}, "w").write(str(p.pid))

@@ -50,7 +50,6 @@ import contextlib
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +64,7 @@ from kernelcamp.loadgen import default_prompts, progress_line, run_window_sync
 from kernelcamp.ports import baseline_port
 from kernelcamp.provenance import device_info, git_info, now_utc
 from kernelcamp.serve.client import INFO_PATH, auth_headers, client_url
+from kernelcamp.signals import signals_deferred, signals_raise
 from kernelcamp.stats import SequentialPlan, decision, fit_step_model
 
 CPU_DEFAULT = {"concurrency": [4, 1], "max_tokens": 16, "warmup_s": 0.25, "window_s": 1.0, "repeats": 2}
@@ -350,42 +350,6 @@ def check_baseline_port(params: dict[str, Any], deploy_record: dict[str, Any], r
 
 
 @contextlib.contextmanager
-def _signals_raise_if_default() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt in this block when nobody handles it yet (main thread only), so
-    the ``finally`` that stops the baseline server runs; a handler already installed (the stage's
-    tracked run raises on SIGTERM) is left alone."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
-        signal.SIG_DFL,
-        None,
-    ):
-        yield
-        return
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Block SIGTERM/SIGINT for the block (cleanup must not be cut short); delivered afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = {signal.SIGTERM, signal.SIGINT}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-@contextlib.contextmanager
 def baseline_server(
     params: dict[str, Any], candidate_url: str, root: str | Path | None = None
 ) -> Iterator[dict[str, Any]]:
@@ -410,7 +374,11 @@ def baseline_server(
     spath = sdir / f"{BASELINE_STEM}.json"
     cfg = dict(params.get("deploy") or {})
     proc = None
-    with _signals_raise_if_default():
+    # SIGTERM raises KeyboardInterrupt here when nobody handles it yet, so the `finally` that stops the
+    # baseline server runs; a handler already installed (the tracked stage raises on SIGTERM) is kept
+    with signals_raise(
+        (signal.SIGTERM,), only_if_default=True, exc=lambda s: KeyboardInterrupt(signal.Signals(s).name)
+    ):
         try:
             _free_baseline_port(params, host, port, root)
             # die_with_caller: a SIGKILLed benchmark must not orphan its temporary baseline server
@@ -429,7 +397,7 @@ def baseline_server(
                 "log": str(sdir / f"{BASELINE_STEM}.log"),
             }
         finally:
-            with _signals_deferred():
+            with signals_deferred():
                 stop_state(spath, grace_s=10.0)
                 if proc is not None:
                     if proc.poll() is None:

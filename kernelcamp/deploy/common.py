@@ -288,19 +288,3 @@ def stop_state(path: Path, grace_s: float = 15.0, wait_port: bool = True) -> boo
         _wait_port_free(int(st["port"]), st.get("host") or "127.0.0.1", 10.0)
     path.unlink(missing_ok=True)
     return stopped
-
-
-def pdeathsig_preexec() -> Any:
-    """A ``preexec_fn`` that has Linux send the child SIGTERM when its parent dies, even by SIGKILL
-    (``prctl(PR_SET_PDEATHSIG)``; see :func:`kernelcamp.io.die_with_parent`). libc's ``prctl`` is
-    resolved here, in the parent: between fork and exec the child only makes the call (no import, no
-    dlopen, which are not safe in a forked child of a threaded process). None where there is no prctl."""
-    import ctypes
-    import signal
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    sig = int(signal.SIGTERM)
-    return lambda: prctl(1, sig)  # 1 = PR_SET_PDEATHSIG

@@ -20,7 +20,6 @@ from kernelcamp.deploy.common import (
     _variant_facts,
     _wait_port_free,
     kill_group,
-    pdeathsig_preexec,
     port_is_free,
     probe_ready,
     state_dir,
@@ -33,6 +32,7 @@ from kernelcamp.io import write_json_atomic, write_text_atomic
 from kernelcamp.ports import PORT_STRIDE, baseline_port, worker_port
 from kernelcamp.provenance import now_utc, sha256_file
 from kernelcamp.serve.client import client_url, exposure_warning
+from kernelcamp.signals import pdeathsig_preexec
 
 
 def stop_embedded(root: str | Path | None = None, grace_s: float = 15.0, slot: int | None = None) -> bool:

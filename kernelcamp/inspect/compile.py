@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kernelcamp.errors import KernelcampError
+from kernelcamp.signals import Terminated, die_with_parent, signals_raise
 from kernelcamp.variant import LaunchConfig
 
 FIGURES = (
@@ -502,10 +503,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=CHILD_KILL_GRACE_S)
 
 
-class _Terminated(BaseException):
-    """SIGTERM arrived while waiting for a compile child and nobody else handles SIGTERM."""
-
-
 def _wait_child(cmd: list[str], env: dict[str, str], stderr: Any) -> int:
     """Run ``cmd`` in its own process group and wait for it; return its exit status.
 
@@ -514,21 +511,20 @@ def _wait_child(cmd: list[str], env: dict[str, str], stderr: Any) -> int:
     SIGTERM has its default action (a plain ``kernelcamp inspect``), it is caught for the wait, the
     child's group is killed, and the signal is delivered again so the process still dies of it.
     """
-    main = threading.current_thread() is threading.main_thread()
-    old_term = signal.getsignal(signal.SIGTERM) if main else None
-    take_term = main and old_term == signal.SIG_DFL
-
-    def on_term(signum, _frame):
-        raise _Terminated(signum)
-
     proc = subprocess.Popen(
         cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
     )
+    # ours to take only where SIGTERM has its default action (a tracked stage's own Terminated passes through)
+    take_term = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
+        signal.SIG_DFL,
+        None,
+    )
     try:
-        if take_term:
-            signal.signal(signal.SIGTERM, on_term)
-        return proc.wait()
-    except _Terminated:
+        with signals_raise((signal.SIGTERM,), only_if_default=True):
+            return proc.wait()
+    except Terminated:
+        if not take_term:
+            raise
         _kill_group(proc)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -536,8 +532,6 @@ def _wait_child(cmd: list[str], env: dict[str, str], stderr: Any) -> int:
     finally:
         if proc.poll() is None:
             _kill_group(proc)
-        if take_term:
-            signal.signal(signal.SIGTERM, old_term)
 
 
 def _run_child(mode: str, jobs: Sequence[tuple[KernelSpecLike, int]]) -> list:
@@ -572,23 +566,11 @@ def _compile_in_child(jobs: Sequence[tuple[KernelSpecLike, int]]) -> list[tuple[
     return _run_child("compile", jobs)
 
 
-def _die_with_parent(parent_pid: int | None) -> None:
-    """In the compile child: SIGKILL when the parent dies (Linux ``PR_SET_PDEATHSIG``); exit at once
-    when the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
-    if parent_pid is not None and os.getppid() != parent_pid:
-        os._exit(1)
-
-
 def _child_main(jobs_path: str, out_path: str, parent_pid: int | None = None) -> None:
     """Entry point of ``_run_child``'s subprocess."""
     from types import SimpleNamespace
 
-    _die_with_parent(parent_pid)
+    die_with_parent(signal.SIGKILL, parent_pid)  # SIGKILL when the parent dies (or is already gone)
     request = pickle.loads(Path(jobs_path).read_bytes())
     if request["mode"] == "compile":  # the ptxas -v log of every compile (spill figures); not in the key
         os.environ["TRITON_ALWAYS_COMPILE"] = "1"
