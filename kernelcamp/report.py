@@ -658,7 +658,8 @@ def _who(note: Mapping[str, Any]) -> str:
     [T16_H16_w8_s2_kauto]``, ``story_autotune [3 configs]``), so that an override of the variant file
     (``-S variant.num_warps=8``) shows in the title."""
     cfgs = note.get("configs") or []
-    what = cfgs[0] if len(cfgs) == 1 else f"{len(cfgs)} configs" if cfgs else None
+    table = "batch table" in str(note.get("config_list", ""))
+    what = cfgs[0] if len(cfgs) == 1 else f"table of {len(cfgs)}" if table else f"{len(cfgs)} configs" if cfgs else None
     return f"{note['name']} [{what}]" if what else str(note["name"])
 
 

@@ -99,7 +99,8 @@ def serving_summary(serving: dict, device: str) -> list[dict]:
 def variants_to_run(spec, build: dict, device: str) -> tuple[dict, dict]:
     """{impl: Variant as it will run} and {impl: notes} for baseline and candidate: the configs the
     ``benchmark.run_as_target`` would prune dropped (build.json), the first config only on a CPU
-    (Triton's autotuner needs a GPU driver). Raises ``KernelcampError`` when nothing would run."""
+    (Triton's autotuner needs a GPU driver; a batch table runs whole). Raises ``KernelcampError`` when
+    nothing would run, or when the target would drop a row of a batch table."""
     params = spec.raw
     run_as = spec.benchmark.run_as_target
     variants, notes = {}, {}
@@ -110,9 +111,15 @@ def variants_to_run(spec, build: dict, device: str) -> tuple[dict, dict]:
             keep = kept_configs(build, sec, run_as, len(v.configs))
             if not keep:
                 raise KernelcampError(f"{sec} {v.name!r}: no config fits {run_as} (build.json), nothing would run")
+            if v.is_table and len(keep) < len(v.configs):
+                raise KernelcampError(
+                    f"{sec} {v.name!r}: batch-table row(s) {sorted(set(range(len(v.configs))) - set(keep))} do not "
+                    f"fit {run_as} (build.json); a table runs every row at its batch sizes: change those rows"
+                )
             v = v.restricted(keep)
-        if device == "cpu" and not v.single:
-            v = v.restricted([0])  # Triton's autotuner needs a GPU driver
+        cpu_first_only = device == "cpu" and not v.single and not v.is_table
+        if cpu_first_only:
+            v = v.restricted([0])  # Triton's autotuner needs a GPU driver (a batch table needs none)
         notes[name] = {
             "name": params[sec]["name"],
             "config_hash": full_hash,  # the variant's, as build.json and the MLflow tags give it
@@ -120,7 +127,8 @@ def variants_to_run(spec, build: dict, device: str) -> tuple[dict, dict]:
             "configs": full,
             "configs_ran": [c.label() for c in v.configs],
             "config_list": (f"as {run_as} would run it (configs it prunes dropped)" if run_as else "every config")
-            + ("; CPU: first config only, no autotune" if device == "cpu" and len(full) > 1 else ""),
+            + ("; CPU: first config only, no autotune" if cpu_first_only else "")
+            + ("; batch table: each batch size runs its row" if v.is_table else ""),
         }
         variants[name] = v
         log(f"{name} {notes[name]['name']}: runs {notes[name]['configs_ran']} ({notes[name]['config_list']})")

@@ -149,7 +149,8 @@ def config_fits(rows: Sequence[dict], target: str, config_index: int) -> bool:
 def summarize(variant: Variant, rows: Sequence[dict], target: str) -> dict:
     """Per target: ``n_configs``, ``n_fit``, ``pruned`` [{config, reason}], ``will_run``.
 
-    ``will_run``: a single-config variant runs its config if it fits (else None); a list is
+    ``will_run``: a single-config variant runs its config if it fits (else None); a batch table runs
+    every row at its batch sizes, so it runs only if every row fits (else None); an autotune list is
     "chosen by autotune among the fitting configs" (named), known only at run time on the GPU.
     """
     labels = [c.label() for c in variant.configs]
@@ -162,6 +163,16 @@ def summarize(variant: Variant, rows: Sequence[dict], target: str) -> dict:
         pruned.append({"config_index": i, "config": label, "reason": "; ".join(reasons) or "no rows"})
     if not fit:
         will_run = None
+    elif getattr(variant, "is_table", False):
+        if len(fit) < len(labels):
+            will_run = None  # a batch table runs every row (each at its batch sizes): one that does not fit fails
+        else:
+            will_run = {
+                "mode": "table",
+                "configs": labels,
+                "note": "batch table: the row for each batch size, chosen on the host (no autotune benchmarking; "
+                "safe under CUDA-graph capture)",
+            }
     elif not variant.is_list:
         will_run = {
             "mode": "single",

@@ -1,7 +1,8 @@
 """The verify stage's kernel checks: every config vs the fp32 torch reference, and CUDA-graph capture.
 
 Kernel: every config of the candidate and the baseline, each launched as a single config (and, on
-a GPU, each list variant through its autotuner too), over ``verify.kernel.shapes`` (``cpu_shapes``
+a GPU, each autotune list through its autotuner too; on any device, each batch table as a whole,
+which runs the row chosen for the case's B), over ``verify.kernel.shapes`` (``cpu_shapes``
 with TRITON_INTERPRET=1 and fp16 dots without a GPU) on the workload's layout, with
 ``empty_slot_fraction`` of the slots -1. Pass: ``max|out - ref| <= max(3 * e_torch, 0.01 *
 max(1, max|ref|))`` where ``e_torch`` is torch's own error computing the reference in the dot dtype
@@ -57,7 +58,9 @@ def check_kernel(params: dict, variants: dict, device: str, dot: str) -> list[di
         tol = max(3 * e_torch, 0.01 * max(1.0, float(ref.abs().max())))
         for name, v in variants.items():
             runs = [(c.label(), Variant(v.name, (c,))) for c in v.configs]
-            if device == "cuda" and not v.single:
+            if v.is_table:
+                runs.append(("table", v))  # the row chosen for this B, as the server launches it
+            elif device == "cuda" and not v.single:
                 runs.append(("autotune", v))
             for label, vv in runs:
                 case = {
