@@ -127,6 +127,22 @@ def test_capture_autotune_warmed_passes(inputs):
     assert rep["replay_matches_eager"] and rep["autotune_runs_during_capture"] == 0
 
 
+def test_batch_table_captures_each_batch_size_with_its_row(inputs):
+    # a server captures one graph per batch bucket: each capture runs its own row, warmed, with no
+    # autotuning and the same result as an eager launch and as the reference
+    from kernelcamp.verify.capture import check_capture_safety
+
+    inp = inputs["v4_flash"]
+    small, large = LaunchConfig(32, 16, 4, 2, "auto", max_batch=2), LaunchConfig(32, 64, 8, 1, "auto")
+    k = smd.SparseMLADecode(Variant("tbl", (small, large), (), is_list=True))
+    for B, want in ((2, small), (8, large)):
+        x = {**inp, "q": inp["q"][:B], "indices": inp["indices"][:B]}
+        rep = check_capture_safety(k, x, warmup_inputs=x)
+        assert rep["replay_matches_eager"] and rep["autotune_runs_during_capture"] == 0
+        assert rep["compiles_during_capture"] == 0 and k.last_config == want
+        _assert_close(x, *k(*_args(x)))
+
+
 def test_capture_autotune_cold_is_caught(inputs):
     # last: a failed capture is the one test here that leaves the CUDA context doing extra work
     from kernelcamp.verify.capture import check_capture_safety
