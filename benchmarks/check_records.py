@@ -66,7 +66,7 @@ def main() -> int:
         time.sleep(5)
     print(f"queue done in {time.time() - t0:.0f} s:\n{st}", flush=True)
     sh(["dvc", "exp", "run", "-n", "workspace-edited", *env_port, "-S", "variant.num_warps=4"], repo)
-    sh(["python", "stages/deploy.py", "--stop"], repo, check=False)
+    sh(["python", "-m", "stages.deploy", "--stop"], repo, check=False)
     shown = json.loads(sh(["dvc", "exp", "show", "--json", "-A"], repo).stdout or "[]")
     revs = {}
     for base in shown:
