@@ -20,7 +20,7 @@ start=$(date +%s)
 timeout -s TERM "${SWEEP_TIMEOUT_S:-240}" python -m kernelcamp.cli sweep --gpus 0 --poll 10 2>&1 \
   | while IFS= read -r line; do echo "$(( $(date +%s) - start ))s $line"; done > "$dest/sweep_2.log"
 tail -2 "$dest/sweep_2.log"
-python -m kernelcamp.campaign collect "ks-table_v4-$stamp" "$dest/table_v4" || echo "collect: table_v4 not finished"
+python -m kernelcamp.cli campaign collect "ks-table_v4-$stamp" "$dest/table_v4" || echo "collect: table_v4 not finished"
 dvc queue logs "ks-table_v4-$stamp" > "$dest/table_v4.log" 2>&1 || true
 grep -h -A1 "^## Decision" "$dest/table_v4/report.md" 2>/dev/null | tail -1
 CFGS="T64_H32_w8_s3_kauto,T32_H64_w8_s3_kauto,T64_H16_w8_s2_kauto,T32_H16_w4_s2_kauto,T32_H64_w8_s1_kauto,T32_H16_w8_s2_kauto"

@@ -39,7 +39,7 @@ timeout -s TERM "${SWEEP_TIMEOUT_S:-330}" python -m kernelcamp.cli sweep --gpus 
   | while IFS= read -r line; do echo "$(( $(date +%s) - start ))s $line"; done | tee "$dest/sweep.log"
 echo "sweep ended after $(( $(date +%s) - start )) s"
 for n in "${names[@]}"; do
-  python -m kernelcamp.campaign collect "ks-$n-$stamp" "$dest/$n" || echo "collect: $n not finished"
+  python -m kernelcamp.cli campaign collect "ks-$n-$stamp" "$dest/$n" || echo "collect: $n not finished"
   dvc queue logs "ks-$n-$stamp" > "$dest/$n.log" 2>&1 || true
   grep -h -i -E "decision|faster|slower|equivalent|inconclusive" "$dest/$n/report.md" 2>/dev/null | head -8
 done

@@ -123,3 +123,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     print(f"collected {args.experiment}: {len(copied)} files into {args.dest}")
     return 0
+
+
+if __name__ == "__main__":  # `python -m kernelcamp.campaign ...` is `kernelcamp campaign ...`
+    from kernelcamp.cli import main as _cli_main
+
+    sys.exit(_cli_main(["campaign", *sys.argv[1:]]))

@@ -104,3 +104,9 @@ def main(args: argparse.Namespace) -> int:
     write_text_atomic(path, text)
     print(f"wrote {path} from conf/ ({len(args.overrides)} override(s))")
     return 0
+
+
+if __name__ == "__main__":  # `python -m kernelcamp.compose ...` is `kernelcamp compose ...`
+    from kernelcamp.cli import main as _cli_main
+
+    sys.exit(_cli_main(["compose", *sys.argv[1:]]))

@@ -695,3 +695,9 @@ def main(args: argparse.Namespace) -> int:
         print("loadgen: interrupted", file=sys.stderr, flush=True)
         return 130
     return 0 if all(r["valid"] for r in rows) else 1
+
+
+if __name__ == "__main__":  # `python -m kernelcamp.loadgen ...` is `kernelcamp loadgen ...`
+    from kernelcamp.cli import main as _cli_main
+
+    sys.exit(_cli_main(["loadgen", *sys.argv[1:]]))

@@ -178,3 +178,9 @@ def main(args: argparse.Namespace) -> int:
     else:
         render_table(rows, summaries)
     return 0 if all(s["n_fit"] for s in summaries) else 1
+
+
+if __name__ == "__main__":  # `python -m kernelcamp.inspect.cli ...` is `kernelcamp inspect ...`
+    from kernelcamp.cli import main as _cli_main
+
+    sys.exit(_cli_main(["inspect", *sys.argv[1:]]))

@@ -854,3 +854,9 @@ def _bind_error(host: str, port: int) -> str | None:
         except OSError as e:
             return str(e)
     return None
+
+
+if __name__ == "__main__":  # `python -m kernelcamp.serve.server ...` is `kernelcamp serve ...`
+    from kernelcamp.cli import main as _cli_main
+
+    sys.exit(_cli_main(["serve", *sys.argv[1:]]))
