@@ -4,6 +4,7 @@
     kernelcamp serve ...      the embedded OpenAI-compatible decode server         (kernelcamp.serve.server)
     kernelcamp loadgen ...    load any OpenAI-compatible server, vLLM's metrics    (kernelcamp.loadgen)
     kernelcamp sweep ...      queued sweep, one DVC experiment worker per GPU      (kernelcamp.sweep)
+                              or submitit jobs on this machine or SLURM            (kernelcamp.launcher)
     kernelcamp compose ...    recompose params.yaml from conf/ as dvc exp run does (kernelcamp.compose)
     kernelcamp campaign ...   collect a finished experiment into a campaign folder (kernelcamp.campaign)
 
@@ -33,7 +34,10 @@ COMMANDS = {
         "kernelcamp.loadgen",
         "load an OpenAI-compatible server at concurrency levels: TTFT, TPOT, ITL, e2e, tok/s",
     ),
-    "sweep": ("kernelcamp.sweep", "run queued DVC experiments with one worker pinned to each GPU"),
+    "sweep": (
+        "kernelcamp.sweep",
+        "run queued DVC experiments: one worker pinned to each GPU, or submitit jobs (--launcher local|slurm)",
+    ),
     "compose": ("kernelcamp.compose", "recompose params.yaml from conf/ exactly as dvc exp run does"),
     "campaign": ("kernelcamp.campaign", "collect a finished experiment's params, lock and reports"),
 }

@@ -351,6 +351,14 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
+def parse_section(cls: type, raw: Any, where: str) -> Any:
+    """Check mapping ``raw`` against dataclass ``cls`` as every params section is checked (types strictly,
+    ``meta`` ranges, unknown keys refused with the closest one named); ``where`` names it in messages.
+
+    Raises ``KernelcampError`` (one line naming the key) on any bad value."""
+    return _build(cls, raw, where)
+
+
 # ------------------------------------------------------------------------------------------ kernel
 
 
@@ -474,7 +482,9 @@ def parse_spec(raw: Mapping[str, Any], path: Path | str = "params.yaml", text: s
     sections = {}
     for name, cls in SECTIONS.items():
         sections[name] = _build(cls, raw[name] if name in raw else {}, name)
-    known = set(SECTIONS) | {"variant", "baseline", "target"}
+    # `launcher` is how `kernelcamp sweep` runs jobs, never what a stage does: checked by
+    # kernelcamp.launcher when a sweep starts, not here, so no launcher setting can stop a run.
+    known = set(SECTIONS) | {"variant", "baseline", "target", "launcher"}
     extra = [k for k in raw if k not in known]
     if extra:
         raise KernelcampError(f"params.yaml has an unknown section {extra[0]!r}: known sections are {sorted(known)}")

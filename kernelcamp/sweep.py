@@ -8,6 +8,7 @@ DVC 3.67) itself, one per GPU, each with only its GPU visible::
     dvc exp run --queue -S 'variant.num_warps=4,8' -S 'variant.num_stages=1,2'
     kernelcamp sweep                 # one worker per visible GPU; waits until the queue is drained
     kernelcamp sweep --gpus 0,1      # choose the GPUs
+    kernelcamp sweep --launcher slurm -S launcher.partition=gpu   # submitit jobs instead: kernelcamp.launcher
 
 Each worker's environment carries ``CUDA_VISIBLE_DEVICES=<its GPU>`` and
 ``KERNELCAMP_WORKER_SLOT=<slot>``, the slot being the GPU's index (:func:`worker_slots`); the
@@ -264,6 +265,23 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--repo", default=".", help="the DVC repo [default: .]")
     p.add_argument("--poll", type=float, default=5.0, help="seconds between progress lines [default: 5]")
+    p.add_argument(
+        "--launcher",
+        default="queue",
+        choices=("queue", "local", "local-gpu", "slurm"),
+        help="queue: DVC queue workers in this workspace, one per GPU (today's sweep); local, local-gpu, slurm: "
+        "submitit jobs, each in its own clone of launcher.git_remote, pushing its experiment there and "
+        "logging to the MLflow server (conf/launcher/, kernelcamp.launcher) [default: queue]",
+    )
+    p.add_argument(
+        "-S",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a launcher.* or tracking.* setting for this sweep, as dvc exp run -S takes it (submitit launchers)",
+    )
     p.set_defaults(main=main)
     return p
 
@@ -272,6 +290,12 @@ def main(args: argparse.Namespace) -> int:
     """``kernelcamp sweep``: see the module docstring."""
     gpus = detect_gpus() if args.gpus == "auto" else [g.strip() for g in args.gpus.split(",") if g.strip()]
     try:
+        if args.launcher != "queue":
+            from kernelcamp.launcher import run_launcher_sweep
+
+            return run_launcher_sweep(Path(args.repo).resolve(), args.launcher, args.overrides, gpus, poll_s=args.poll)
+        if args.overrides:
+            raise KernelcampError("-S is for the submitit launchers (--launcher local, local-gpu or slurm)")
         return run_sweep(Path(args.repo).resolve(), gpus, poll_s=args.poll)
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr)
