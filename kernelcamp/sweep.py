@@ -300,3 +300,9 @@ def main(args: argparse.Namespace) -> int:
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":  # `python -m kernelcamp.sweep ...` is `kernelcamp sweep ...`
+    from kernelcamp.cli import main as _cli_main
+
+    sys.exit(_cli_main(["sweep", *sys.argv[1:]]))
