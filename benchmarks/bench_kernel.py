@@ -21,8 +21,8 @@ import concurrent.futures
 import functools
 import importlib
 import itertools
-import os
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,9 +35,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import yaml  # noqa: E402 - pyyaml is on the lent GPU machine (../shared/tools/device-packages.txt)
 
+from kernelcamp.bench.timing import bench_graph, summarize  # noqa: E402
 from kernelcamp.io import write_csv_atomic, write_text_atomic  # noqa: E402
 from kernelcamp.provenance import device_info, git_info, now_utc  # noqa: E402
-from kernelcamp.bench.timing import bench_graph, summarize  # noqa: E402
 from kernelcamp.variant import LaunchConfig, Variant  # noqa: E402
 from kernels import sparse_mla_decode as smd  # noqa: E402
 

@@ -6,10 +6,10 @@
 For each batch size the grid measured, the config with the lowest median latency wins (rows with an
 error or without a latency are skipped). The table's rows are those winners in batch order, each
 with ``max_batch`` = its batch size, the last row (largest batch) without it; neighbouring rows with
-the same config merge (the larger bound stays), and a table of one row is written as a single config. A batch between two measured sizes runs the row of
-the next larger measured size. The file's header comment names the grid, its GPU, versions, date and
-commit, and the measured latency of every row, so the table can be traced to the run that made it.
-"""
+the same config merge (the larger bound stays), and a table of one row is written as a single
+config. A batch between two measured sizes runs the row of the next larger measured size. The file's
+header comment names the grid, its GPU, versions, date and commit, and the measured latency of every
+row, so the table can be traced to the run that made it. """
 
 from __future__ import annotations
 
@@ -43,7 +43,10 @@ def best_per_batch(rows: list[dict[str, str]], family: str) -> list[dict[str, An
         B = int(r["B"])
         if B not in best or float(r["latency_us_p50"]) < float(best[B]["latency_us_p50"]):
             best[B] = r
-    return [{"B": B, "config": best[B]["config"], "p50_us": float(best[B]["latency_us_p50"]), "row": best[B]} for B in sorted(best)]
+    return [
+        {"B": B, "config": best[B]["config"], "p50_us": float(best[B]["latency_us_p50"]), "row": best[B]}
+        for B in sorted(best)
+    ]
 
 
 def table_rows(winners: list[dict[str, Any]]) -> list[dict[str, Any]]:

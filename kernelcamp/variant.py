@@ -150,7 +150,9 @@ def parse_config(raw: Mapping[str, Any], where: str, in_list: bool = False) -> L
     allowed = LAUNCH_FIELDS + (("max_batch",) if in_list else ())
     unknown = sorted(set(raw) - set(allowed))
     if unknown:
-        hint = "" if in_list or "max_batch" not in unknown else " (max_batch belongs to a row of a batch table: configs)"
+        hint = (
+            "" if in_list or "max_batch" not in unknown else " (max_batch belongs to a row of a batch table: configs)"
+        )
         raise KernelcampError(f"{where}: unknown key(s) {unknown}; the kernel takes {list(allowed)}{hint}")
     missing = [f for f in LAUNCH_FIELDS[:4] if f not in raw]
     if missing:
@@ -178,7 +180,9 @@ def _batch_table(name: str, rows: tuple[LaunchConfig, ...], raw: Mapping[str, An
             "remove it, or remove max_batch from every config for an autotune list"
         )
     if len(rows) < 2:
-        raise KernelcampError(f"{section} {name!r}: a batch table needs at least two rows; for one config drop max_batch")
+        raise KernelcampError(
+            f"{section} {name!r}: a batch table needs at least two rows; for one config drop max_batch"
+        )
     for i, c in enumerate(rows[:-1]):
         if c.max_batch is None:
             raise KernelcampError(

@@ -557,12 +557,13 @@ def _check_inputs(
 class SparseMLADecode:
     """Launcher for one variant: ``SparseMLADecode(variant)(q, kv_cache, indices, layout, page_size)``.
 
-    A single-config variant launches its config directly (never autotunes, so it is safe under
-    CUDA-graph capture once compiled). A batch table (``variant.is_table``: rows with ``max_batch``)
+    A single-config variant launches its config directly (never autotunes, so it is safe under CUDA-
+    graph capture once compiled). A batch table (``variant.is_table``: rows with ``max_batch``)
     launches the row ``variant.config_for_batch(B)`` chosen on the host from the batch size, also
-    without autotuning, so each captured batch size runs its own tuned config. A list variant wraps the split kernel in ``triton.autotune``
-    keyed on the variant's ``autotune_key`` (kernel args ``B``, ``H``, ``topk``); the first call per
-    key benchmarks every config. ``last_config`` is the config that ran on the last call.
+    without autotuning, so each captured batch size runs its own tuned config. A list variant wraps
+    the split kernel in ``triton.autotune`` keyed on the variant's ``autotune_key`` (kernel args
+    ``B``, ``H``, ``topk``); the first call per key benchmarks every config. ``last_config`` is the
+    config that ran on the last call.
 
     Counters for the capture check: ``compile_count`` (compiled binaries of the two kernels,
     process-wide: the kernels are module-level), ``autotune_bench_runs`` (configs benchmarked by this
@@ -642,7 +643,9 @@ class SparseMLADecode:
         # safe under CUDA-graph capture); an autotune list lets Triton's autotuner choose below
         chosen = self.variant.config_for_batch(B) if self._table else self.variant.configs[0]
         candidates = self.variant.configs if self._tuner is not None else (chosen,)
-        max_splits = max(resolve_num_splits(c.num_splits, B, H, topk, c.BLOCK_H, c.BLOCK_T, num_sms) for c in candidates)
+        max_splits = max(
+            resolve_num_splits(c.num_splits, B, H, topk, c.BLOCK_H, c.BLOCK_T, num_sms) for c in candidates
+        )
         out = torch.empty((B, H, lay.d_v), dtype=torch.bfloat16, device=q.device)
         lse = torch.empty((B, H), dtype=torch.float32, device=q.device)
         if max_splits > 1:

@@ -35,7 +35,9 @@ def build_report(variants: dict[str, Variant], target: Any, also: list[Any], spe
     targets = [target] + [t for t in also if t.name != target.name]
     rows, summaries = [], {}
     for role, variant in variants.items():
-        role_rows = kf.inspect_configs(variant.configs, targets, specs_for, is_list=variant.is_list and not variant.is_table, progress=progress)
+        role_rows = kf.inspect_configs(
+            variant.configs, targets, specs_for, is_list=variant.is_list and not variant.is_table, progress=progress
+        )
         rows += [{"role": role, "variant": variant.name, **r} for r in role_rows]
         summaries[role] = {
             "name": variant.name,

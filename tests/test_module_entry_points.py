@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_python_dash_m_module_is_the_command(command):
     module = COMMANDS[command][0]
-    r = subprocess.run(
-        [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    r = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-800:]
     assert f"kernelcamp {command}" in r.stdout, r.stdout[:400]
-    bad = subprocess.run([sys.executable, "-m", module, "--no-such-option"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", module, "--no-such-option"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error:"), bad.stderr[-400:]

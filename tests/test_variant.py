@@ -88,7 +88,9 @@ def test_batch_table_chooses_rows_by_batch_size():
         "T16_H16_w8_s2_kauto",
     ]
     # max_batch is part of the config hash, and configs without it hash as before the field existed
-    other = parse_variant({"name": "t", "configs": [_row(max_batch=2), _row(max_batch=16, BLOCK_T=32), _row(num_warps=8)]})
+    other = parse_variant(
+        {"name": "t", "configs": [_row(max_batch=2), _row(max_batch=16, BLOCK_T=32), _row(num_warps=8)]}
+    )
     assert other.config_hash() != v.config_hash()
     assert "max_batch" not in LaunchConfig(16, 16, 4, 2).as_dict()
 

@@ -156,7 +156,12 @@ def main(args: argparse.Namespace) -> int:
         specs_for = specs_for_workload(module, workload, kernel.get("dot_dtype", "bf16"))
         progress = None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
         rows = inspect_configs(
-            variant.configs, targets, specs_for, is_list=variant.is_list and not variant.is_table, use_cache=not args.no_cache, progress=progress
+            variant.configs,
+            targets,
+            specs_for,
+            is_list=variant.is_list and not variant.is_table,
+            use_cache=not args.no_cache,
+            progress=progress,
         )
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr)
