@@ -277,6 +277,63 @@ def headline(data: Mapping[str, Any], threshold: float) -> dict[str, Any]:
     }
 
 
+def headline_metrics(data: Mapping[str, Any], threshold: float) -> dict[str, float | int]:
+    """The headline figures of a run, flat keys of the one naming scheme (:mod:`kernelcamp.metrics`).
+
+    ``reports/metrics.json`` (the only metrics file ``dvc exp show`` lists) holds exactly these, and
+    the MLflow run logs exactly these. ``p`` is ``cpu.`` for a run timed on a CPU, else empty:
+
+    * ``{p}kernel.decision`` / ``.ratio`` / ``.ci_lo`` / ``.ci_hi`` / ``.resolution``: the overall
+      kernel A/B as :func:`headline` decides it (latency ratio candidate/baseline, lower is faster;
+      decision code of ``kernelcamp.stats.DECISION_CODES``; resolution = the interval's half-width,
+      ratio units). On a CPU the decision is always inconclusive (0).
+    * ``{p}kernel.candidate.latency_us_p50`` at ``{p}kernel.candidate.batch``: the candidate's median
+      kernel latency (us) at the largest batch size measured.
+    * ``{p}serving.decision`` / ``.ratio`` / ``.ci_lo`` / ``.ci_hi`` / ``.resolution``: the overall
+      serving A/B (ratio of ``steady_output_tok_s`` candidate/baseline, higher is faster); absent when
+      no serving interval was measured.
+    * ``{p}serving.candidate.output_tok_s`` at ``{p}serving.candidate.concurrency``: the candidate's
+      ``output_tok_s`` (ok tokens / wall s, mean over repeats) at the highest *valid* concurrency level
+      (no failed or incomplete request); absent when no level is valid.
+    * ``verify.passed``: 1 or 0.
+
+    Figures the records lack are left out (never logged as 0). Raises ``KeyError`` only on records
+    that :func:`load_inputs` would have refused.
+    """
+    from kernelcamp.metrics import is_number, timed_prefix
+
+    bench = data["benchmark"]
+    p = timed_prefix(bench.get("device"))
+    h = headline(data, threshold)
+    m: dict[str, Any] = {
+        f"{p}kernel.decision": DECISION_CODES[h["decision"]],
+        f"{p}kernel.ratio": h["ratio"],
+        f"{p}kernel.ci_lo": h["ci_lo"],
+        f"{p}kernel.ci_hi": h["ci_hi"],
+        f"{p}kernel.resolution": h["half_width"],
+    }
+    b_max = max(bench["kernel"]["batch"], key=int)
+    m[f"{p}kernel.candidate.latency_us_p50"] = bench["kernel"]["batch"][b_max]["candidate"].get("latency_us_p50")
+    m[f"{p}kernel.candidate.batch"] = int(b_max)
+    sv = bench.get("serving") or {}
+    o = (sv.get("ab") or {}).get("overall") or {}
+    if o.get("ci_lo") is not None and o.get("ratio") is not None:
+        m[f"{p}serving.decision"] = DECISION_CODES[_decision_of(o, threshold, True)]
+        m[f"{p}serving.ratio"] = o["ratio"]
+        m[f"{p}serving.ci_lo"] = o["ci_lo"]
+        m[f"{p}serving.ci_hi"] = o["ci_hi"]
+        m[f"{p}serving.resolution"] = o.get("half_width", (o["ci_hi"] - o["ci_lo"]) / 2)
+    valid = [
+        e for e in serving_levels(sv) if e.get("valid") and is_number((e.get("candidate") or {}).get("output_tok_s"))
+    ]
+    if valid:
+        top = max(valid, key=lambda e: int(e["concurrency"]))
+        m[f"{p}serving.candidate.output_tok_s"] = top["candidate"]["output_tok_s"]
+        m[f"{p}serving.candidate.concurrency"] = int(top["concurrency"])
+    m["verify.passed"] = int(bool(data["verify"]["passed"]))
+    return {k: v for k, v in m.items() if is_number(v)}
+
+
 def decision_line(d: Mapping[str, Any], what: str, unit_rounds: str = "rounds", note: str = "") -> str:
     """One sentence: the decision (then ``note``) with ratio, interval (and its confidence), threshold,
     resolution, rounds used of the maximum and why the rounds stopped."""

@@ -2,13 +2,17 @@
 
     python -m stages.report --params params.yaml --build reports/build.json --deploy reports/deploy.json \
         --benchmark reports/benchmark.json --verify reports/verify.json --out reports/report.md \
-        --plots reports/plots
+        --plots reports/plots --metrics reports/metrics.json
 
 Order, so that nothing is half-written and no run is FINISHED with half its figures: check every
 input -> check the tracking store (tracked_stage) -> render report and plots into a temporary folder
 -> open the MLflow run, log params (flattened params.yaml), metrics, tags and artifacts (reports/
-plus the rendered files) -> move the report and plots into place -> end the run FINISHED. Any
-failure after the run opened ends it FAILED with the error; SIGTERM/SIGINT end it KILLED.
+plus the rendered files) -> move the report, plots and headline metrics into place -> end the run
+FINISHED. Any failure after the run opened ends it FAILED with the error; SIGTERM/SIGINT end it KILLED.
+
+``--metrics`` (reports/metrics.json) is the headline (``kernelcamp.report.headline_metrics``): the
+only metrics file DVC lists (``dvc exp show``), the same keys the MLflow run logs. It is written only
+when the report succeeds (renamed into place with the report), so it never disagrees with report.md.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from pathlib import Path
 
 from kernelcamp import report as kr
 from kernelcamp import tracking
-from kernelcamp.io import stage_main
+from kernelcamp.io import stage_main, write_json_atomic
+from kernelcamp.metrics import nest
 from kernelcamp.runlock import release_run, run_started_ms
 from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, project_root, stage_spec
 
@@ -40,7 +45,7 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for a in ("params", "build", "deploy", "benchmark", "verify", "out", "plots"):
+    for a in ("params", "build", "deploy", "benchmark", "verify", "out", "plots", "metrics"):
         ap.add_argument(f"--{a}", required=True)
     args = ap.parse_args()
     spec = stage_spec("report", args.params)
@@ -51,8 +56,9 @@ def main() -> int:
     spec.check_record("build.json", data["build"], BUILD_KEYS)
     for name in ("deploy", "benchmark", "verify"):
         spec.check_record(f"{name}.json", data[name], DEPLOY_KEYS)
-    out, plots_dst = Path(args.out), Path(args.plots)
+    out, plots_dst, metrics_dst = Path(args.out), Path(args.plots), Path(args.metrics)
     head = kr.headline(data, threshold)
+    head_metrics = kr.headline_metrics(data, threshold)
     bench = data["benchmark"]
     tags = tracking.run_tags(
         params,
@@ -80,6 +86,7 @@ def main() -> int:
         plots = kr.make_plots(data, tmp / "plots")
         rel = os.path.relpath(plots_dst, out.parent)
         (tmp / out.name).write_text(kr.render_markdown(data, plots, threshold, rel), encoding="utf-8")
+        write_json_atomic(tmp / metrics_dst.name, nest(head_metrics))
         print(
             f"[report] rendered {out.name} and {len(plots)} plot(s); logging to {tracking.tracking_uri(params)}",
             flush=True,
@@ -90,13 +97,15 @@ def main() -> int:
             run.log_series(kr.mlflow_points(data, threshold))
             inputs = tmp / "inputs"
             inputs.mkdir()
+            mine = {out.name, metrics_dst.name}  # this stage's outputs: the new ones are logged, not the last run's
             for p in Path(args.benchmark).parent.iterdir():  # the stage records beside benchmark.json
-                if p.is_file() and not p.name.startswith(".") and p.name != out.name:
+                if p.is_file() and not p.name.startswith(".") and p.name not in mine:
                     shutil.copy2(p, inputs / p.name)
             run.log_artifacts(inputs, "reports")
             run.log_artifacts(tmp / "plots", "reports/plots")
-            run.log_artifacts(_only(tmp, out.name), "reports")
+            run.log_artifacts(_only(tmp, *mine), "reports")
             _replace_dir(tmp / "plots", plots_dst)
+            os.replace(tmp / metrics_dst.name, metrics_dst)
             os.replace(tmp / out.name, out)
             run_id = run.run_id
     release_run(project_root())
@@ -108,11 +117,12 @@ def main() -> int:
     return 0
 
 
-def _only(folder: Path, name: str) -> Path:
-    """A folder holding just ``folder/name`` (log_artifacts takes folders)."""
+def _only(folder: Path, *names: str) -> Path:
+    """A folder holding just ``folder/<name>`` of each name (log_artifacts takes folders)."""
     sub = folder / ".one"
     sub.mkdir(exist_ok=True)
-    shutil.copy2(folder / name, sub / name)
+    for name in names:
+        shutil.copy2(folder / name, sub / name)
     return sub
 
 

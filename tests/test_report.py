@@ -162,7 +162,7 @@ def _stage(tmp_path, env_extra, override=None):
     cmd = [sys.executable, "-m", "stages.report", "--params", "params.yaml"]
     for n in ("build", "deploy", "benchmark", "verify"):
         cmd += [f"--{n}", f"reports/{n}.json"]
-    cmd += ["--out", "reports/report.md", "--plots", "reports/plots"]
+    cmd += ["--out", "reports/report.md", "--plots", "reports/plots", "--metrics", "reports/metrics.json"]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -179,6 +179,14 @@ def test_report_stage_writes_report_and_one_finished_run(tmp_path):
     assert run.data.params["variant.name"] == yaml.safe_load((ROOT / "params.yaml").read_text())["variant"]["name"]
     arts = {a.path for a in c.list_artifacts(run.info.run_id, "reports")}
     assert "reports/report.md" in arts and "reports/benchmark.json" in arts
+    # the headline DVC lists, written with the report (nested JSON: DVC shows the dotted keys)
+    from kernelcamp.metrics import flatten
+
+    written = flatten(json.loads((tmp_path / "reports" / "metrics.json").read_text()))
+    assert written == kr.headline_metrics(
+        kr.load_inputs({n: tmp_path / "reports" / f"{n}.json" for n in kr.REQUIRED}), 0.02
+    )
+    assert "reports/metrics.json" in arts
 
 
 def test_report_stage_unreachable_server_leaves_nothing(tmp_path):
@@ -188,6 +196,7 @@ def test_report_stage_unreachable_server_leaves_nothing(tmp_path):
     assert len(lines) == 1 and "unreachable" in lines[0], r.stderr
     assert not (tmp_path / "reports" / "report.md").exists()
     assert not (tmp_path / "reports" / "plots").exists()
+    assert not (tmp_path / "reports" / "metrics.json").exists()
 
 
 def test_report_refuses_a_measurement_of_other_params(tmp_path):
@@ -199,6 +208,7 @@ def test_report_refuses_a_measurement_of_other_params(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "benchmark.json has variant_hash 0123456789abcdef but params.yaml gives" in lines[0]
     assert not (tmp_path / "reports" / "report.md").exists()
+    assert not (tmp_path / "reports" / "metrics.json").exists()  # a failed report writes no headline either
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
