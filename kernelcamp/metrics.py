@@ -84,6 +84,12 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def segment(name: str) -> str:
+    """A name (a target, a role) as one key segment: lower case, anything but ``[a-z0-9_]`` as ``_``."""
+    seg = re.sub(r"[^a-z0-9_]", "_", str(name).lower())
+    return seg if seg[:1].isalnum() else f"x{seg}"
+
+
 def check_key(key: str) -> str:
     """Return ``key``; raise ``ValueError`` naming it when it does not follow the scheme."""
     if not KEY_RE.match(key):

@@ -3,7 +3,9 @@
 Inputs are the stage records in reports/ (build.json, deploy.json, benchmark.json, verify.json).
 ``load_inputs`` checks them all before anything is written or logged, so a run is never marked
 finished with half its figures. CPU timings (``device == "cpu"``: Triton interpreter, perf_counter)
-are labelled as such on every plot, table and metric name (``kernel_cpu.*``), never as GPU results.
+are labelled as such on every plot, table and metric name (``cpu.kernel.*``: kernelcamp.metrics), never
+as GPU results. :func:`headline_metrics` is the run's headline: reports/metrics.json and the MLflow
+run's metrics, the same keys.
 """
 
 from __future__ import annotations
@@ -725,63 +727,3 @@ def _clock(bench: Mapping[str, Any]) -> str | None:
     if not c:
         return None
     return f"{c['sm_clock_mhz_min']} / {c['sm_clock_mhz_p50']} / {c['sm_clock_mhz_max']} ({c['samples']} samples)"
-
-
-# ----------------------------------------------------------------------------------------- metrics
-
-
-def mlflow_points(data: Mapping[str, Any], threshold: float) -> list[tuple[str, float | None, int]]:
-    """``(key, value, step)``: per-batch series use step = batch, per-concurrency step = concurrency.
-    Kernel figures from a CPU run are named ``kernel_cpu.*`` so they never mix with GPU runs."""
-    bench, verify, build = data["benchmark"], data["verify"], data["build"]
-    kp = "kernel_cpu" if is_cpu(bench) else "kernel"
-    pts: list[tuple[str, float | None, int]] = []
-    h = headline(data, threshold)
-    pts += [
-        (f"{kp}.ratio", h["ratio"], 0),
-        (f"{kp}.ratio_ci_lo", h["ci_lo"], 0),
-        (f"{kp}.ratio_ci_hi", h["ci_hi"], 0),
-        (f"{kp}.decision_code", DECISION_CODES[h["decision"]], 0),
-        (f"{kp}.half_width", h["half_width"], 0),
-        (f"{kp}.rounds_used", h["n_rounds"], 0),
-    ]
-    for b, r in bench["kernel"]["batch"].items():
-        step = int(b)
-        for impl in ("baseline", "candidate"):
-            for f in ("latency_us_p20", "latency_us_p50", "latency_us_p80", "tflops", "gbps", "roofline_pct"):
-                pts.append((f"{kp}.{impl}.{f}", r[impl].get(f), step))
-        for f in ("ratio", "ci_lo", "ci_hi"):
-            pts.append((f"{kp}.ab_{f}", (r.get("ab") or {}).get(f), step))
-    sv = bench.get("serving") or {}
-    for e in serving_levels(sv):
-        c = int(e["concurrency"])
-        if not e.get("valid"):
-            pts.append(("serving.invalid_level", 1, c))
-            continue
-        for impl in SERVING_IMPLS:
-            prefix = "serving." if impl == "candidate" else "serving.baseline."
-            for f, val in (e.get(impl) or {}).items():
-                if f != "concurrency" and isinstance(val, (int, float)) and not isinstance(val, bool):
-                    pts.append((f"{prefix}{f}", val, c))
-        for f in ("ratio", "ci_lo", "ci_hi", "half_width"):
-            if e.get(f) is not None:
-                pts.append((f"serving.ab_{f}", e[f], c))
-        if e.get("ci_lo") is not None:
-            pts.append(("serving.ab_decision_code", DECISION_CODES[_decision_of(e, threshold, True)], c))
-    o = (sv.get("ab") or {}).get("overall") or {}
-    for f in ("ratio", "ci_lo", "ci_hi", "half_width", "n_repeats"):
-        if o.get(f) is not None:
-            pts.append((f"serving.ab_overall_{f}", o[f], 0))
-    if o.get("ci_lo") is not None:
-        pts.append(("serving.decision_code", DECISION_CODES[_decision_of(o, threshold, True)], 0))
-    sms = serving_step_models(sv)
-    for f in ("a_ms", "b_ms_per_req", "r2"):
-        pts.append((f"step_model.{f}", (sms.get("candidate") or {}).get(f), 0))
-        if (sms.get("baseline") or {}).get(f) is not None:
-            pts.append((f"step_model.baseline.{f}", sms["baseline"][f], 0))
-    pts.append(("verify.passed", int(bool(verify["passed"])), 0))
-    for role, s in build["roles"].items():
-        for t, ts in s.get("targets", {}).items():
-            pts.append((f"build.{role}.{t}.configs_fit", ts.get("n_fit"), 0))
-            pts.append((f"build.{role}.{t}.configs_pruned", len(ts.get("pruned") or []), 0))
-    return pts

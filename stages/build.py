@@ -24,6 +24,7 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.inspect import compile as kc
 from kernelcamp.inspect import fit as kf
 from kernelcamp.io import stage_main, write_json_atomic
+from kernelcamp.metrics import nest, segment
 from kernelcamp.spec import BUILD_KEYS, stage_spec
 from kernelcamp.targets import load_target
 from kernelcamp.tracking import tracked_stage
@@ -51,15 +52,22 @@ def build_report(variants: dict[str, Variant], target: Any, also: list[Any], spe
 
 
 def metrics(report: dict) -> dict[str, Any]:
-    """Flat scalars for `dvc metrics` (the main target only)."""
+    """build_metrics.json, nested keys of the one naming scheme (kernelcamp.metrics; the role
+    ``variant`` is named ``candidate`` there, as everywhere else in the metrics). On the target:
+    ``build.<role>.{n_configs,n_fit,shared_bytes_max,registers_max,spill_bytes_max}`` (bytes,
+    registers per thread); on every inspected target: ``build.<role>.<target>.{n_fit,n_pruned}``."""
     out: dict[str, Any] = {}
     for role, s in report["roles"].items():
+        r_ = f"build.{'candidate' if role == 'variant' else role}."
         mine = [r for r in report["rows"] if r["role"] == role and r["target"] == report["target"]]
-        out[f"{role}_n_configs"], out[f"{role}_n_fit"] = s["n_configs"], s["n_fit"]
+        out[f"{r_}n_configs"], out[f"{r_}n_fit"] = s["n_configs"], s["n_fit"]
         for fig in ("shared_bytes", "registers", "spill_bytes"):
             vals = [r[fig] for r in mine if r[fig] is not None]
-            out[f"{role}_{fig}_max"] = max(vals) if vals else None
-    return out
+            out[f"{r_}{fig}_max"] = max(vals) if vals else None
+        for t, ts in (s.get("targets") or {}).items():
+            out[f"{r_}{segment(t)}.n_fit"] = ts.get("n_fit")
+            out[f"{r_}{segment(t)}.n_pruned"] = len(ts.get("pruned") or [])
+    return nest(out)
 
 
 def main() -> int:

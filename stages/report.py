@@ -94,7 +94,7 @@ def main() -> int:
         # the MLflow run spans the pipeline run (from its first stage's claim), not only this stage
         with tracking.tracked_run(spec.raw, tags=tags, start_time_ms=run_started_ms(project_root())) as run:
             run.log_params(params)
-            run.log_series(kr.mlflow_points(data, threshold))
+            run.log_metrics(head_metrics)  # the keys of metrics.json, no more, no fewer
             inputs = tmp / "inputs"
             inputs.mkdir()
             mine = {out.name, metrics_dst.name}  # this stage's outputs: the new ones are logged, not the last run's

@@ -56,11 +56,17 @@ def test_build_writes_report_and_names_pruned_configs(tmp_path, cache_root):
     sm120 = [row for row in rep["rows"] if row["target"] == "sm120" and row["role"] == "variant"]
     limit = yaml.safe_load((ROOT / "conf" / "target" / "sm120.yaml").read_text())["shared_bytes_per_block"]
     assert all(row["fits"] == (row["shared_bytes"] + (row["static_shared_bytes"] or 0) <= limit) for row in sm120)
-    metrics = json.loads(met.read_text())
-    assert metrics["variant_n_fit"] == v["n_fit"] and metrics["baseline_n_fit"] == rep["roles"]["baseline"]["n_fit"]
-    assert metrics["variant_shared_bytes_max"] == max(
+    from kernelcamp.metrics import KEY_RE, flatten
+
+    metrics = flatten(json.loads(met.read_text()))  # kernelcamp.metrics names (the role variant is candidate)
+    assert all(KEY_RE.match(k) for k in metrics), metrics
+    nb = rep["roles"]["baseline"]["n_fit"]
+    assert metrics["build.candidate.n_fit"] == v["n_fit"] and metrics["build.baseline.n_fit"] == nb
+    assert metrics["build.candidate.shared_bytes_max"] == max(
         row["shared_bytes"] for row in rep["rows"] if row["role"] == "variant" and row["target"] == "sm90"
     )
+    for tname, s in v["targets"].items():
+        assert metrics[f"build.candidate.{tname}.n_pruned"] == len(s["pruned"])
 
 
 @pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)

@@ -80,3 +80,20 @@ def test_nest_and_flatten_are_inverse_and_refuse_keys_off_the_scheme():
     for bad in ("kernel_cpu.ratio", "serving_cpu_c1_output_tok_s_candidate", "cpu.verify.passed", "Kernel.ratio"):
         with pytest.raises(ValueError, match="naming scheme"):
             km.nest({bad: 1.0})
+
+
+def test_detail_files_use_the_scheme_with_cpu_timings_under_cpu():
+    import stages.build as sb
+    from kernelcamp.bench.record import benchmark_metrics
+
+    d = _data()
+    bench = km.flatten(benchmark_metrics(d["benchmark"]["kernel"], d["benchmark"]["serving"], "cpu"))
+    build = km.flatten(sb.metrics(d["build"]))
+    for k in [*bench, *build]:
+        assert km.KEY_RE.match(k), k
+    assert bench["device.is_gpu"] == 0 and "cpu.kernel.b1.baseline.latency_us_p50" in bench
+    assert not [k for k in bench if k.split(".")[0] in km.TIMED_GROUPS]  # no CPU timing under a GPU name
+    assert build["build.candidate.sm120.n_fit"] == d["build"]["roles"]["variant"]["targets"]["sm120"]["n_fit"]
+    assert build["build.baseline.sm120.n_pruned"] == len(d["build"]["roles"]["baseline"]["targets"]["sm120"]["pruned"])
+    gpu = km.flatten(benchmark_metrics(d["benchmark"]["kernel"], d["benchmark"]["serving"], "cuda"))
+    assert {k.removeprefix("cpu.") for k in bench} == set(gpu) and gpu["device.is_gpu"] == 1

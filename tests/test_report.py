@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from kernelcamp import report as kr
+from kernelcamp.bench.record import benchmark_metrics
 from kernelcamp.errors import KernelcampError
+from kernelcamp.metrics import flatten
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "report"
@@ -55,8 +57,10 @@ def test_recorded_sequential_decision_is_reported_with_resolution_rounds_and_sto
     md = kr.render_markdown(d, {}, 0.02)
     assert "**slower**: latency ratio candidate/baseline 1.1000, 99.55% CI [1.0900, 1.1100]" in md
     assert "resolution: could detect \u00b11.0%; 10 rounds used of at most 60, stopped: decided" in md
-    pts = dict(((k, s_), v) for k, v, s_ in kr.mlflow_points(d, 0.02))
-    assert pts[("kernel.decision_code", 0)] == 1 and pts[("kernel.rounds_used", 0)] == 10
+    m = kr.headline_metrics(d, 0.02)
+    assert m["kernel.decision"] == 1 and m["kernel.resolution"] == 0.01
+    detail = flatten(benchmark_metrics(d["benchmark"]["kernel"], d["benchmark"]["serving"], "cuda"))
+    assert detail["kernel.ab.rounds_used"] == 10 and detail["kernel.ab.stopped_early"] == 1
     # a report at another threshold than the run stopped at recomputes from the interval
     assert kr.headline(d, 0.2)["decision"] == "equivalent"
 
@@ -78,7 +82,8 @@ def test_serving_per_level_decisions_in_report_and_plot(tmp_path):
     assert "| concurrency | ratio cand./base. (steady tok/s) | CI | decision | resolution | pairs |" in md
     assert "| 4 | 1.1000 | [1.0500, 1.1500]" in md and "| faster | +-5.0% | 3 |" in md
     assert "| equivalent | +-1.0% | 3 |" in md and "![serving ratio per level]" in md
-    codes = {s_: v for k, v, s_ in kr.mlflow_points(d, 0.02) if k == "serving.ab_decision_code"}
+    detail = flatten(benchmark_metrics(d["benchmark"]["kernel"], sv, "cuda"))
+    codes = {c: detail[f"serving.c{c}.ab.decision"] for c in (4, 1)}
     assert codes == {4: -1, 1: 2}  # faster, equivalent
 
 
@@ -96,9 +101,12 @@ def test_cpu_report_is_labelled_and_complete(tmp_path):
     assert md.startswith("# kernelcamp report: bt16_w8 [T16_H16_w8_s2_kauto] vs story_autotune [3 configs]\n")
     for needle in ("deploy id (benchmark)", "measured_at", "kernel source hash", "step_ms = ", "Attention's measured"):
         assert needle in md, needle
-    keys = {k for k, _, _ in kr.mlflow_points(data, 0.02)}
-    assert "kernel_cpu.ratio" in keys and not any(k.startswith("kernel.") for k in keys)
-    assert "serving.output_tok_s" in keys and "step_model.a_ms" in keys
+    keys = set(kr.headline_metrics(data, 0.02))
+    assert "cpu.kernel.ratio" in keys and "cpu.serving.candidate.output_tok_s" in keys
+    assert not any(k.startswith(("kernel.", "serving.", "step_model.")) for k in keys)  # CPU timings: cpu.*
+    detail = flatten(benchmark_metrics(data["benchmark"]["kernel"], data["benchmark"]["serving"], "cpu"))
+    assert "cpu.step_model.candidate.a_ms" in detail and detail["device.is_gpu"] == 0
+    assert not any(k.startswith(("kernel.", "serving.", "step_model.")) for k in detail)
 
 
 @pytest.mark.parametrize(
@@ -109,10 +117,13 @@ def test_decision_from_the_interval_and_threshold(ratio, expect):
     assert kr.headline(d, 0.02)["decision"] == expect
     md = kr.render_markdown(d, {}, 0.02)
     assert f"**{expect}**" in md and "CPU run" not in md
-    pts = kr.mlflow_points(d, 0.02)
-    assert ("kernel.ratio", ratio, 0) in pts
-    steps = {s for k, _, s in pts if k == "kernel.candidate.latency_us_p50"}
-    assert steps == {int(b) for b in d["benchmark"]["kernel"]["batch"]}  # per-batch series use the step
+    assert kr.headline_metrics(d, 0.02)["kernel.ratio"] == ratio
+    detail = flatten(benchmark_metrics(d["benchmark"]["kernel"], d["benchmark"]["serving"], "cuda"))
+    for b in d["benchmark"]["kernel"]["batch"]:  # per batch size: its own key
+        assert (
+            detail[f"kernel.b{b}.candidate.latency_us_p50"]
+            == d["benchmark"]["kernel"]["batch"][b]["candidate"]["latency_us_p50"]
+        )
 
 
 def test_invalid_serving_level_is_never_a_plain_number():
@@ -121,9 +132,9 @@ def test_invalid_serving_level_is_never_a_plain_number():
     lv.update(valid=False, requests_failed=2)
     md = kr.render_markdown(d, {}, 0.02)
     assert "INVALID" in md and "~~" in md
-    pts = kr.mlflow_points(d, 0.02)
-    assert ("serving.invalid_level", 1, lv["concurrency"]) in pts
-    assert not any(k == "serving.output_tok_s" and s == lv["concurrency"] for k, _, s in pts)
+    m = kr.headline_metrics(d, 0.02)  # the headline throughput comes from a valid level only
+    assert m["cpu.serving.candidate.concurrency"] != lv["concurrency"]
+    assert m["cpu.serving.candidate.output_tok_s"] != lv["output_tok_s"]
 
 
 def test_missing_or_broken_inputs_are_one_clear_error(tmp_path):
@@ -180,13 +191,16 @@ def test_report_stage_writes_report_and_one_finished_run(tmp_path):
     arts = {a.path for a in c.list_artifacts(run.info.run_id, "reports")}
     assert "reports/report.md" in arts and "reports/benchmark.json" in arts
     # the headline DVC lists, written with the report (nested JSON: DVC shows the dotted keys)
-    from kernelcamp.metrics import flatten
-
     written = flatten(json.loads((tmp_path / "reports" / "metrics.json").read_text()))
     assert written == kr.headline_metrics(
         kr.load_inputs({n: tmp_path / "reports" / f"{n}.json" for n in kr.REQUIRED}), 0.02
     )
     assert "reports/metrics.json" in arts
+    # one naming scheme: the MLflow run logs exactly the keys DVC shows, and every key follows it
+    from kernelcamp.metrics import KEY_RE
+
+    assert set(run.data.metrics) == set(written) and all(KEY_RE.match(k) for k in written), sorted(run.data.metrics)
+    assert {run.data.metrics[k] for k in written} == set(written.values())
 
 
 def test_report_stage_unreachable_server_leaves_nothing(tmp_path):

@@ -145,13 +145,19 @@ def _check_report(serving, tmp_path):
     lv = serving["ab"]["per_level"][0]
     assert f"| 4 | {lv['ratio']:.4f} | [{lv['ci_lo']:.4f}, {lv['ci_hi']:.4f}]" in md  # per-level decision row
     assert "- baseline: `step_ms = " in md and "- candidate: `step_ms = " in md
-    keys = {k for k, _, _ in kr.mlflow_points(data, 0.02)}
+    from kernelcamp.bench.record import serving_metrics
+
+    keys = set(serving_metrics(serving, "cpu."))  # the detail, benchmark_metrics.json
+    c = lv["concurrency"]
     assert {
-        "serving.output_tok_s",
-        "serving.baseline.output_tok_s",
-        "serving.ab_ratio",
-        "step_model.baseline.a_ms",
+        f"cpu.serving.c{c}.candidate.output_tok_s",
+        f"cpu.serving.c{c}.baseline.output_tok_s",
+        f"cpu.serving.c{c}.ab.ratio",
+        "cpu.step_model.baseline.a_ms",
+        "cpu.step_model.candidate.a_ms",
     } <= keys
+    head = kr.headline_metrics(data, 0.02)  # the headline: metrics.json and MLflow
+    assert {"cpu.serving.ratio", "cpu.serving.candidate.output_tok_s"} <= set(head)
 
 
 def test_candidate_dies_mid_run_baseline_still_stopped(params, candidate_app, env, monkeypatch):

@@ -1,8 +1,9 @@
 """The benchmark stage's record: which configs run, the measuring, and every output written at once.
 
 :func:`variants_to_run` and :func:`measure_and_write` are the body of ``stages/benchmark.py``;
-:func:`serving_metrics` and :func:`serving_summary` flatten the serving figures for the metrics file
-and the per-concurrency CSV.
+:func:`benchmark_metrics` (:func:`kernel_metrics`, :func:`serving_metrics`) gives the detail figures
+of benchmark_metrics.json in the one naming scheme (:mod:`kernelcamp.metrics`), and
+:func:`serving_summary` the per-concurrency CSV.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from kernelcamp.bench.kernel import decision_metrics, kept_configs, kernel_level
 from kernelcamp.bench.profile import TABLE_COLS, kernel_launch_profile, placeholder_trace, server_profile
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import write_csv_atomic, write_json_atomic
+from kernelcamp.metrics import is_number, nest, timed_prefix
 from kernelcamp.stats import DECISION_CODES
 
 
@@ -21,19 +23,26 @@ def log(msg: str) -> None:
     print(f"[benchmark] {msg}", flush=True)
 
 
-def serving_metrics(serving: dict) -> dict:
-    """Flat, numeric serving figures for benchmark_metrics.json (units in the names); None left out.
+def serving_metrics(serving: dict, prefix: str = "") -> dict[str, float | int]:
+    """Flat, numeric serving figures for benchmark_metrics.json, keys of :mod:`kernelcamp.metrics`
+    (``prefix``: ``"cpu."`` on a CPU); figures the record lacks are left out.
 
-    The A/B ratios are of ``steady_output_tok_s`` (tokens inside the measured steady-state window /
-    window seconds, kernelcamp.loadgen.run_window), which is what the serving A/B pairs;
-    ``output_tok_s`` (DESIGN.md: ok tokens / wall, ramp and drain included) is reported per impl."""
+    ``{p}serving.c<C>.<impl>.<figure>`` per level and impl, ``{p}serving.c<C>.valid`` (0: a failed or
+    incomplete request), ``{p}serving.c<C>.ab.{ratio,ci_lo,ci_hi,resolution,decision}`` and overall
+    ``{p}serving.ab.{ratio,ci_lo,ci_hi,resolution,repeats_used,decision}`` (decision codes of
+    ``kernelcamp.stats.DECISION_CODES``; resolution = the interval's half-width, ratio units),
+    ``{p}serving.baseline_measured``, and ``{p}step_model.<impl>.{a_ms,b_ms_per_req,r2}``. The A/B
+    ratios are of ``steady_output_tok_s`` (tokens inside the measured steady-state window / window
+    seconds, kernelcamp.loadgen.run_window), which is what the serving A/B pairs; ``output_tok_s``
+    (DESIGN.md: ok tokens / wall, ramp and drain included) is reported per impl."""
+    p = f"{prefix}serving."
     m: dict[str, Any] = {}
     ab = serving.get("ab") or {}
     if "baseline_measured" in serving:
-        m["serving_baseline_measured"] = int(bool(serving["baseline_measured"]))
+        m[f"{p}baseline_measured"] = int(bool(serving["baseline_measured"]))
     for e in ab.get("per_level") or []:
-        c = e["concurrency"]
-        m[f"serving_c{c}_valid"] = int(bool(e.get("valid")))
+        c = f"{p}c{e['concurrency']}."
+        m[f"{c}valid"] = int(bool(e.get("valid")))
         for impl in ("baseline", "candidate"):
             a = e.get(impl) or {}
             for f in (
@@ -44,23 +53,64 @@ def serving_metrics(serving: dict) -> dict:
                 "tpot_ms_p50",
                 "e2e_ms_p50",
             ):
-                m[f"serving_c{c}_{f}_{impl}"] = a.get(f)
-        m[f"serving_c{c}_ratio_steady_output_tok_s"] = e.get("ratio")
-        m[f"serving_c{c}_ratio_steady_output_tok_s_ci_lo"] = e.get("ci_lo")
-        m[f"serving_c{c}_ratio_steady_output_tok_s_ci_hi"] = e.get("ci_hi")
-        m[f"serving_c{c}_ratio_half_width"] = e.get("half_width")
-        m[f"serving_c{c}_decision_code"] = DECISION_CODES.get(e.get("decision"))
+                m[f"{c}{impl}.{f}"] = a.get(f)
+        m[f"{c}ab.ratio"] = e.get("ratio")
+        m[f"{c}ab.ci_lo"] = e.get("ci_lo")
+        m[f"{c}ab.ci_hi"] = e.get("ci_hi")
+        m[f"{c}ab.resolution"] = e.get("half_width")
+        m[f"{c}ab.decision"] = DECISION_CODES.get(e.get("decision"))
     o = ab.get("overall") or {}
-    m["serving_ratio_steady_output_tok_s"] = o.get("ratio")
-    m["serving_ratio_steady_output_tok_s_ci_lo"] = o.get("ci_lo")
-    m["serving_ratio_steady_output_tok_s_ci_hi"] = o.get("ci_hi")
-    m["serving_ratio_half_width"] = o.get("half_width")
-    m["serving_repeats_used"] = o.get("n_repeats")
-    m["serving_decision_code"] = DECISION_CODES.get(o.get("decision"))  # kernelcamp.stats.DECISION_CODES
-    for impl, sm in (serving.get("step_models") or {}).items():
+    m[f"{p}ab.ratio"] = o.get("ratio")
+    m[f"{p}ab.ci_lo"] = o.get("ci_lo")
+    m[f"{p}ab.ci_hi"] = o.get("ci_hi")
+    m[f"{p}ab.resolution"] = o.get("half_width")
+    m[f"{p}ab.repeats_used"] = o.get("n_repeats")
+    m[f"{p}ab.decision"] = DECISION_CODES.get(o.get("decision"))
+    sms = dict(serving.get("step_models") or {})
+    if "candidate" not in sms and serving.get("step_model"):
+        sms["candidate"] = serving["step_model"]  # an older record's single model is the candidate's
+    for impl, sm in sms.items():
         for f in ("a_ms", "b_ms_per_req", "r2"):
-            m[f"serving_step_{f}_{impl}"] = (sm or {}).get(f)
-    return {k_: v for k_, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            m[f"{prefix}step_model.{impl}.{f}"] = (sm or {}).get(f)
+    return {k_: v for k_, v in m.items() if is_number(v)}
+
+
+def kernel_metrics(kernel: dict, prefix: str = "") -> dict[str, float | int]:
+    """Flat, numeric kernel figures for benchmark_metrics.json, keys of :mod:`kernelcamp.metrics`
+    (``prefix``: ``"cpu."`` on a CPU); figures the record lacks are left out.
+
+    ``{p}kernel.ab.{ratio,ci_lo,ci_hi,decision,resolution,rounds_used,stopped_early}``: the overall A/B
+    as the rounds stopped on it (latency candidate/baseline; the report's decision, which on a CPU is
+    always inconclusive, is the headline's ``kernel.decision``); per batch size B
+    ``{p}kernel.b<B>.<impl>.{latency_us_p20,latency_us_p50,latency_us_p80,tflops,gbps,roofline_pct}``
+    and ``{p}kernel.b<B>.ab.{ratio,ci_lo,ci_hi}``."""
+    p = f"{prefix}kernel."
+    o = kernel["overall"]
+    dm = decision_metrics(o)
+    m: dict[str, Any] = {
+        f"{p}ab.ratio": o.get("ratio"),
+        f"{p}ab.ci_lo": o.get("ci_lo"),
+        f"{p}ab.ci_hi": o.get("ci_hi"),
+        f"{p}ab.decision": dm.get("decision_code"),
+        f"{p}ab.resolution": dm.get("half_width"),
+        f"{p}ab.rounds_used": dm.get("rounds_used"),
+        f"{p}ab.stopped_early": dm.get("stopped_early"),
+    }
+    for b, r in kernel["batch"].items():
+        for impl in ("baseline", "candidate"):
+            for f in ("latency_us_p20", "latency_us_p50", "latency_us_p80", "tflops", "gbps", "roofline_pct"):
+                m[f"{p}b{int(b)}.{impl}.{f}"] = (r.get(impl) or {}).get(f)
+        for f in ("ratio", "ci_lo", "ci_hi"):
+            m[f"{p}b{int(b)}.ab.{f}"] = (r.get("ab") or {}).get(f)
+    return {k_: v for k_, v in m.items() if is_number(v)}
+
+
+def benchmark_metrics(kernel: dict, serving: dict, device: str) -> dict[str, Any]:
+    """benchmark_metrics.json: ``device.is_gpu``, :func:`kernel_metrics` and :func:`serving_metrics`,
+    nested (DVC and MLflow read the dotted keys); timed figures carry ``cpu.`` on a CPU, so they are
+    never put beside GPU ones (DESIGN.md). Raises ``ValueError`` on a key off the naming scheme."""
+    p = timed_prefix(device)
+    return nest({"device.is_gpu": int(device == "cuda"), **kernel_metrics(kernel, p), **serving_metrics(serving, p)})
 
 
 def serving_summary(serving: dict, device: str) -> list[dict]:
@@ -235,26 +285,9 @@ def measure_and_write(args, spec, deploy, device, run_as, notes, variants, final
         }
         for b, r in kernel["batch"].items()
     ]
-    # CPU figures live under their own names (kernel_cpu, serving_cpu_*, as in MLflow), so that
-    # `dvc metrics diff` / `dvc exp show` never put interpreter timings beside GPU ones.
-    ns = "kernel" if device == "cuda" else "kernel_cpu"
-    metrics = {
-        "device_is_gpu": int(device == "cuda"),
-        ns: {
-            "ratio": kernel["overall"]["ratio"],
-            "ratio_ci_lo": kernel["overall"]["ci_lo"],
-            "ratio_ci_hi": kernel["overall"]["ci_hi"],
-            **decision_metrics(kernel["overall"]),
-            **{f"b{s['batch']}": {k_: v for k_, v in s.items() if k_ not in ("batch", "device")} for s in summary},
-        },
-    }
-    sm_ns = "step_model" if device == "cuda" else "step_model_cpu"
-    if serving.get("step_model"):
-        metrics[sm_ns] = {k_: serving["step_model"].get(k_) for k_ in ("a_ms", "b_ms_per_req", "r2")}
-    sv_metrics = serving_metrics(serving)
-    if device != "cuda":
-        sv_metrics = {k_.replace("serving_", "serving_cpu_", 1): v for k_, v in sv_metrics.items()}
-    metrics.update(sv_metrics)
+    # CPU figures live under their own names (cpu.kernel.*, cpu.serving.*: kernelcamp.metrics), so that
+    # no metrics file, DVC table or MLflow run puts interpreter timings beside GPU ones.
+    metrics = benchmark_metrics(kernel, serving, device)
     for impl, m in prof_meta.items():
         if m.get("trace_path"):
             m["trace_path"] = str(final_traces[impl])
@@ -277,8 +310,9 @@ def measure_and_write(args, spec, deploy, device, run_as, notes, variants, final
     )
     write_json_atomic(args.metrics, metrics)
     write_json_atomic(args.out, record)
+    o = kernel["overall"]
     log(
-        f"overall ratio candidate/baseline {metrics[ns]['ratio']:.3f} "
-        f"[{metrics[ns]['ratio_ci_lo']:.3f}, {metrics[ns]['ratio_ci_hi']:.3f}] on {device}; wrote {args.out}"
+        f"overall ratio candidate/baseline {o['ratio']:.3f} [{o['ci_lo']:.3f}, {o['ci_hi']:.3f}] on {device}; "
+        f"wrote {args.out}"
     )
     return 0
