@@ -227,6 +227,7 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
                 linestyle="--",
                 label=f"{impl} fit {sm['a_ms']:.2f} + {sm['b_ms_per_req']:.3f}*batch ms (R2 {_f(sm.get('r2'), '.3f')})",
             )
+        ax.set_ylim(bottom=0)  # a step never takes negative time (the fit holds a_ms >= 0: stats.fit_step_model)
         ax.set_xlabel("batch (running requests)")
         ax.set_ylabel("decode step (ms)")
         ax.set_title("Step-time model" + (" (CPU)" if cpu else ""), fontsize=10)
@@ -478,6 +479,11 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
                     + (f", {_f(sm.get('r2_all_steps'), '.4f')} against every step" if "r2_all_steps" in sm else "")
                     + f"; {sm.get('n_points')} decode steps; batch sizes fitted {fitted_b or 'n/a'}"
                     + (f", left out (seen < 5 times) {left}" if left else "")
+                    + (
+                        "; intercept held at 0: the unconstrained fit's was negative"
+                        if sm.get("intercept_clamped")
+                        else ""
+                    )
                     + ")"
                 )
             else:

@@ -251,12 +251,22 @@ def simulate_sequential(
     return {**rates, "mean_rounds": float(used.mean()), "n_sims": n_sims}
 
 
-def fit_step_model(batch: Sequence[float], step_ms: Sequence[float]) -> dict[str, float | int]:
-    """Least-squares fit of ``step_ms = a_ms + b_ms_per_req * batch``.
+def fit_step_model(batch: Sequence[float], step_ms: Sequence[float]) -> dict[str, float | int | bool]:
+    """Least-squares fit of ``step_ms = a_ms + b_ms_per_req * batch`` with the intercept held ``a_ms >= 0``.
 
-    Returns ``{"a_ms", "b_ms_per_req", "r2", "n_points"}``; r2 is 1.0 for a perfect fit (and when
-    all step times are equal and fitted exactly). Raises ``KernelcampError`` with fewer than 2
-    distinct batch sizes.
+    Args: batch sizes (requests) and step times (ms), equal-length 1-D sequences. A decode step at
+    batch 0 cannot take negative time, yet noisy points (a CPU run's few levels) can pull the
+    unconstrained line's intercept below zero. The fit is non-negative least squares on the intercept:
+    the unconstrained line when its intercept is >= 0; otherwise the constrained optimum lies on the
+    boundary ``a = 0`` (a convex quadratic with one linear inequality, the one-constraint case of the
+    active-set NNLS method of Lawson & Hanson, "Solving Least Squares Problems", Prentice-Hall 1974,
+    ch. 23), so the line is refitted through the origin, ``b = sum(x*y) / sum(x*x)``, and
+    ``intercept_clamped`` is True. The slope is not constrained.
+
+    Returns ``{"a_ms", "b_ms_per_req", "r2", "n_points", "intercept_clamped"}``; r2 is of the line
+    returned (1.0 for a perfect fit, and when all step times are equal and fitted exactly; it can be
+    below 0 for a clamped line that fits worse than the mean). Raises ``KernelcampError`` with unequal
+    lengths or fewer than 2 distinct batch sizes.
     """
     x = np.asarray(batch, dtype=np.float64)
     y = np.asarray(step_ms, dtype=np.float64)
@@ -265,8 +275,11 @@ def fit_step_model(batch: Sequence[float], step_ms: Sequence[float]) -> dict[str
     if np.unique(x).size < 2:
         raise KernelcampError(f"step model needs at least 2 distinct batch sizes, got {sorted(set(x.tolist()))}")
     b, a = np.polyfit(x, y, 1)
+    clamped = bool(a < 0)
+    if clamped:
+        a, b = 0.0, float((x * y).sum() / (x * x).sum())
     pred = a + b * x
     ss_res = float(((y - pred) ** 2).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res < 1e-12 else 0.0)
-    return {"a_ms": float(a), "b_ms_per_req": float(b), "r2": r2, "n_points": int(x.size)}
+    return {"a_ms": float(a), "b_ms_per_req": float(b), "r2": r2, "n_points": int(x.size), "intercept_clamped": clamped}

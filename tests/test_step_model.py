@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from kernelcamp.bench.serving import step_model_from_steps
@@ -38,3 +40,43 @@ def test_two_batch_sizes_give_no_r2() -> None:
     fit = step_model_from_steps(steps)
     assert fit["r2"] is None and "2 batch sizes" in fit["r2_note"]
     assert abs(fit["a_ms"] - 1.0) < 1e-9 and abs(fit["b_ms_per_req"] - 1.0) < 1e-9
+
+
+def test_negative_intercept_is_held_at_zero_and_the_plot_stays_above_zero(monkeypatch, tmp_path) -> None:
+    """A CPU run's step model printed a negative intercept and drew the line below zero."""
+    from kernelcamp import report as kr
+    from kernelcamp.stats import fit_step_model
+
+    batch, step_ms = [1, 4, 8], [0.5, 4.5, 8.6]
+    assert np.polyfit(batch, step_ms, 1)[1] < 0  # the unconstrained least-squares intercept: -0.45 ms
+    fit = fit_step_model(batch, step_ms)
+    assert fit["a_ms"] == 0.0 and fit["intercept_clamped"] is True
+    x, y = np.asarray(batch, float), np.asarray(step_ms, float)
+    assert fit["b_ms_per_req"] == (x * y).sum() / (x * x).sum()  # least squares through the origin
+    assert fit_step_model([1, 8, 16], [19.0, 26.5, 35.0])["intercept_clamped"] is False
+
+    steps = [
+        {"kind": "decode", "batch": b, "step_ms": s} for b, s in zip(batch, step_ms, strict=True) for _ in range(6)
+    ]
+    sm = step_model_from_steps(steps)
+    assert sm["a_ms"] == 0.0
+    fix = kr.load_inputs(
+        {
+            n: Path(__file__).parent / "fixtures" / "report" / f"{n}.json"
+            for n in ("build", "deploy", "benchmark", "verify")
+        }
+    )
+    fix["benchmark"]["serving"]["step_models"] = {"candidate": sm, "baseline": sm}
+    drawn = {}
+    save = kr._save_plot
+
+    def spy(fig, ax, out_dir, name, made, legend_fontsize=None):
+        drawn[name] = ([min(line.get_ydata()) for line in ax.get_lines()], ax.get_ylim())
+        save(fig, ax, out_dir, name, made, legend_fontsize)
+
+    monkeypatch.setattr(kr, "_save_plot", spy)
+    kr.make_plots(fix, tmp_path)
+    lows, ylim = drawn["step_model"]
+    assert lows and min(lows) >= 0 and ylim[0] == 0
+    md = "\n".join(kr.serving_markdown(fix["benchmark"]["serving"], {}, "plots", 0.02))
+    assert "`step_ms = 0.000 + " in md and "intercept held at 0" in md

@@ -251,7 +251,8 @@ def step_model_from_steps(steps: list[dict[str, Any]], min_steps: int = 5) -> di
 
     Single steps scatter (host scheduling, Python); the model describes the typical step at each
     batch size, so the fit runs over the medians of the batch sizes seen at least ``min_steps``
-    times (transitional sizes while a level drains are left out, and listed). ``r2`` is that fit's;
+    times (transitional sizes while a level drains are left out, and listed), with the intercept held
+    ``>= 0`` (:func:`kernelcamp.stats.fit_step_model`: ``intercept_clamped``). ``r2`` is that fit's;
     ``r2_all_steps`` is the same line judged against every single step. ``{"skipped": why}`` when
     fewer than 2 batch sizes qualify.
     """
