@@ -246,3 +246,35 @@ def test_cpu_timings_decide_nothing_even_with_an_interval_clear_of_one():
 
 def test_booleans_read_as_words():
     assert kr._f(True) == "yes" and kr._f(False) == "no" and kr._f(None) == "n/a" and kr._f(0.5) == "0.5"
+
+
+def _artifact_paths(client, run_id, path="reports"):
+    out = set()
+    for a in client.list_artifacts(run_id, path):
+        out |= _artifact_paths(client, run_id, a.path) if a.is_dir else {a.path}
+    return out
+
+
+def test_every_run_logs_the_report_and_plots_under_the_same_paths(tmp_path):
+    """MLflow's compare view matches artifacts by path: a second run of the stage in the same workspace
+    (reports/ now holding the first run's report.md, plots/ and metrics.json) logs the same paths."""
+    assert _stage(tmp_path, {}).returncode == 0
+    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [sys.executable, "-m", "stages.report", "--params", "params.yaml"]
+    for n in ("build", "deploy", "benchmark", "verify"):
+        cmd += [f"--{n}", f"reports/{n}.json"]
+    cmd += ["--out", "reports/report.md", "--plots", "reports/plots", "--metrics", "reports/metrics.json"]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    first, second = sorted(
+        c.search_runs([c.get_experiment_by_name("kernelcamp").experiment_id]), key=lambda r: r.info.start_time
+    )
+    paths = [_artifact_paths(c, run.info.run_id) for run in (first, second)]
+    plots = {f"reports/plots/{p.name}" for p in (tmp_path / "reports" / "plots").iterdir()}
+    assert plots and {"reports/report.md", "reports/metrics.json"} | plots <= paths[0]
+    assert paths[0] == paths[1]
+    assert not [p for p in paths[1] if "/." in p or p.startswith("reports/reports")]
