@@ -4,7 +4,7 @@ PY ?= python
 # 3.6.0, numpy 2.3.5: Triton 3.6's interpreter breaks with numpy >= 2.4); a GPU machine keeps its own torch.
 PIP_PINS ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo "-c .ci/constraints.txt")
 
-.PHONY: help run test test-slow test-gpu params check-params lint format queue sweep campaign ui clean-server
+.PHONY: help run test test-slow test-gpu params check-params lint format queue sweep exps campaign ui clean-server
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -38,6 +38,12 @@ queue:  ## run queued experiments (dvc exp run --queue ...)
 
 sweep:  ## run queued experiments with one worker pinned to each GPU
 	kernelcamp sweep
+
+# Columns `dvc exp show` names by a path are dependency hashes (stages/*.py, kernelcamp/..., reports/*.json that
+# later stages read) or the kernels folder; metrics and params are dotted names without a slash.
+EXPS_DROP ?= .*/|kernels$$
+exps:  ## compare experiments: the params and headline metrics that differ, without dependency-hash columns
+	dvc exp show --only-changed --drop '$(EXPS_DROP)' $(EXPS_ARGS)
 
 campaign:  ## reproduce the warp-occupancy campaign on a GPU (reports/campaigns/warp_occupancy/)
 	bash benchmarks/campaign.sh

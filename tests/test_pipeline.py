@@ -164,6 +164,22 @@ def test_changed_back_param_is_measured_again_not_restored(repo):
     assert len(_runs(repo)) == 3
 
 
+def test_make_exps_fits_in_20_columns(repo):
+    """`dvc exp show --only-changed` was 111 columns (85 metrics, 24 dependency hashes) on two CPU
+    experiments; `make exps` shows the changed params and headline metrics only."""
+    shown = json.loads(sh("dvc exp show --json", repo).stdout)
+    if len([e for row in shown for e in (row.get("experiments") or [])]) < 2:  # run alone: make a second one
+        sh("dvc exp run -S variant.num_warps=2", repo)
+    md = sh("make -s exps EXPS_ARGS=--md", repo).stdout
+    header = next(ln for ln in md.splitlines() if ln.startswith("|"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert len(cols) <= 20, cols
+    assert "Experiment" in cols and "variant.num_warps" in cols and "cpu.kernel.ratio" in cols, cols
+    assert not [c for c in cols if "/" in c or c == "kernels"], cols  # no dependency-hash column
+    wide = sh("dvc exp show --only-changed --md", repo).stdout
+    print(f"make exps: {len(cols)} columns; dvc exp show --only-changed: {wide.splitlines()[0].count('|') - 1}")
+
+
 @pytest.mark.parametrize(
     "override,needle",
     [
