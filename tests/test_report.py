@@ -157,6 +157,20 @@ def _stamp(path, params, keys, **override):
     path.write_text(json.dumps(rec))
 
 
+def _env(tmp_path, env_extra):
+    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT), **env_extra}
+    if "MLFLOW_TRACKING_URI" not in env_extra:
+        env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def _artifact_paths(client, run_id, path="reports"):
+    out = set()
+    for a in client.list_artifacts(run_id, path):
+        out |= _artifact_paths(client, run_id, a.path) if a.is_dir else {a.path}
+    return out
+
+
 def _stage(tmp_path, env_extra, override=None):
     from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS
 
@@ -167,9 +181,7 @@ def _stage(tmp_path, env_extra, override=None):
         shutil.copy(FIX / f"{n}.json", rep / f"{n}.json")
         _stamp(rep / f"{n}.json", params, BUILD_KEYS if n == "build" else DEPLOY_KEYS, **(override or {}).get(n, {}))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT), **env_extra}
-    if "MLFLOW_TRACKING_URI" not in env_extra:
-        env.pop("MLFLOW_TRACKING_URI", None)
+    env = _env(tmp_path, env_extra)
     cmd = [sys.executable, "-m", "stages.report", "--params", "params.yaml"]
     for n in ("build", "deploy", "benchmark", "verify"):
         cmd += [f"--{n}", f"reports/{n}.json"]
@@ -201,6 +213,15 @@ def test_report_stage_writes_report_and_one_finished_run(tmp_path):
 
     assert set(run.data.metrics) == set(written) and all(KEY_RE.match(k) for k in written), sorted(run.data.metrics)
     assert {run.data.metrics[k] for k in written} == set(written.values())
+    # MLflow's compare view matches artifacts by path: a second run in the same workspace (reports/ now
+    # holding the first run's report.md, plots/ and metrics.json) logs the same paths
+    r2 = subprocess.run(r.args, cwd=tmp_path, env=_env(tmp_path, {}), capture_output=True, text=True, timeout=300)
+    assert r2.returncode == 0, r2.stderr
+    first, second = sorted(c.search_runs([run.info.experiment_id]), key=lambda x: x.info.start_time)
+    paths = [_artifact_paths(c, x.info.run_id) for x in (first, second)]
+    plots = {f"reports/plots/{p.name}" for p in (tmp_path / "reports" / "plots").iterdir()}
+    assert plots and {"reports/report.md", "reports/metrics.json"} | plots <= paths[0]
+    assert paths[0] == paths[1] and not [p for p in paths[1] if "/." in p]
 
 
 def test_report_stage_unreachable_server_leaves_nothing(tmp_path):
@@ -253,28 +274,3 @@ def _artifact_paths(client, run_id, path="reports"):
     for a in client.list_artifacts(run_id, path):
         out |= _artifact_paths(client, run_id, a.path) if a.is_dir else {a.path}
     return out
-
-
-def test_every_run_logs_the_report_and_plots_under_the_same_paths(tmp_path):
-    """MLflow's compare view matches artifacts by path: a second run of the stage in the same workspace
-    (reports/ now holding the first run's report.md, plots/ and metrics.json) logs the same paths."""
-    assert _stage(tmp_path, {}).returncode == 0
-    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [sys.executable, "-m", "stages.report", "--params", "params.yaml"]
-    for n in ("build", "deploy", "benchmark", "verify"):
-        cmd += [f"--{n}", f"reports/{n}.json"]
-    cmd += ["--out", "reports/report.md", "--plots", "reports/plots", "--metrics", "reports/metrics.json"]
-    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    from mlflow.tracking import MlflowClient
-
-    c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    first, second = sorted(
-        c.search_runs([c.get_experiment_by_name("kernelcamp").experiment_id]), key=lambda r: r.info.start_time
-    )
-    paths = [_artifact_paths(c, run.info.run_id) for run in (first, second)]
-    plots = {f"reports/plots/{p.name}" for p in (tmp_path / "reports" / "plots").iterdir()}
-    assert plots and {"reports/report.md", "reports/metrics.json"} | plots <= paths[0]
-    assert paths[0] == paths[1]
-    assert not [p for p in paths[1] if "/." in p or p.startswith("reports/reports")]
