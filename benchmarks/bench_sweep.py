@@ -65,17 +65,24 @@ def sweep(gpus: list[str]) -> tuple[float, int]:
 
 
 def exp_metrics() -> dict[str, dict]:
+    """{experiment name: its reports/benchmark_metrics.json}, read from each experiment's commit (the
+    file is a plain output, not a DVC metric: ``dvc exp show`` lists only the headline)."""
+    from kernelcamp.campaign import exp_ref
+
     shown = json.loads(
         subprocess.run(["dvc", "exp", "show", "--json"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
     )
+    names = {r["name"] for b in shown for e in b.get("experiments") or [] for r in e.get("revs") or [] if r.get("name")}
     out = {}
-    for b in shown:
-        for e in b.get("experiments") or []:
-            for r in e.get("revs") or []:
-                data = (r.get("data") or {}).get("metrics") or {}
-                m = (data.get("reports/benchmark_metrics.json") or {}).get("data")
-                if r.get("name") and m:
-                    out[r["name"]] = m
+    for name in sorted(names):
+        r = subprocess.run(
+            ["git", "show", f"{exp_ref(ROOT, name)}:reports/benchmark_metrics.json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        if r.returncode == 0:
+            out[name] = json.loads(r.stdout)
     return out
 
 
@@ -84,18 +91,19 @@ def mode_rows(variants: dict[str, str], mode: str, metrics: dict[str, dict]) -> 
     rows = []
     for v, name in variants.items():
         m = (metrics.get(name) or {}).get("kernel") or {}
-        for key, fig in m.items():
+        for key, fig in m.items():  # kernelcamp.metrics names: kernel.b<B>.candidate.latency_us_p50, ...
             if key.startswith("b") and key[1:].isdigit() and isinstance(fig, dict):
+                cand, ab = fig.get("candidate") or {}, fig.get("ab") or {}
                 rows.append(
                     {
                         "variant": v,
                         "mode": mode,
                         "experiment": name,
                         "batch": int(key[1:]),
-                        "candidate_latency_us_p50": fig.get("candidate_latency_us_p50"),
-                        "candidate_latency_us_p20": fig.get("candidate_latency_us_p20"),
-                        "candidate_latency_us_p80": fig.get("candidate_latency_us_p80"),
-                        "ab_ratio": fig.get("ab_ratio"),
+                        "candidate_latency_us_p50": cand.get("latency_us_p50"),
+                        "candidate_latency_us_p20": cand.get("latency_us_p20"),
+                        "candidate_latency_us_p80": cand.get("latency_us_p80"),
+                        "ab_ratio": ab.get("ratio"),
                     }
                 )
     return rows

@@ -5,7 +5,7 @@ Inputs are the stage records in reports/ (build.json, deploy.json, benchmark.jso
 finished with half its figures. CPU timings (``device == "cpu"``: Triton interpreter, perf_counter)
 are labelled as such on every plot, table and metric name (``cpu.kernel.*``: kernelcamp.metrics), never
 as GPU results. :func:`headline_metrics` is the run's headline: reports/metrics.json and the MLflow
-run's metrics, the same keys.
+run's headline metrics, the same keys.
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ def headline_metrics(data: Mapping[str, Any], threshold: float) -> dict[str, flo
     """The headline figures of a run, flat keys of the one naming scheme (:mod:`kernelcamp.metrics`).
 
     ``reports/metrics.json`` (the only metrics file ``dvc exp show`` lists) holds exactly these, and
-    the MLflow run logs exactly these. ``p`` is ``cpu.`` for a run timed on a CPU, else empty:
+    the MLflow run logs these (beside the benchmark's detail). ``p`` is ``cpu.`` for a run timed on a CPU, else empty:
 
     * ``{p}kernel.decision`` / ``.ratio`` / ``.ci_lo`` / ``.ci_hi`` / ``.resolution``: the overall
       kernel A/B as :func:`headline` decides it (latency ratio candidate/baseline, lower is faster;

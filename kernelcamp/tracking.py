@@ -18,9 +18,11 @@ Reliability (DESIGN.md, reliability contract):
   of this host whose process is gone (status KILLED, tag ``kernelcamp.closed_reason``).
 * An unreachable tracking server is one ``KernelcampError`` line, checked before any work.
 
-Metrics are the run's headline (``kernelcamp.report.headline_metrics``), the keys of
-reports/metrics.json in the one naming scheme of ``kernelcamp.metrics`` (``cpu.kernel.ratio``,
-``serving.candidate.output_tok_s``); the detail goes as artifacts (``reports/``).
+Metrics (logged by the report stage) are the run's headline (``kernelcamp.report.headline_metrics``,
+the keys of reports/metrics.json: ``cpu.kernel.ratio``, ``serving.candidate.output_tok_s``) and the
+benchmark's detail (the keys of reports/benchmark_metrics.json: per batch size and concurrency
+level), all in the one naming scheme of ``kernelcamp.metrics``; the records go as artifacts
+(``reports/``).
 
 Params are the flattened dotted keys of params.yaml (``variant.configs.0.num_warps``); a list of
 scalars stays one param (``workload.batch_sizes = [1, 8]``). A value longer than MLflow's limit is

@@ -11,7 +11,8 @@ plus the rendered files) -> move the report, plots and headline metrics into pla
 FINISHED. Any failure after the run opened ends it FAILED with the error; SIGTERM/SIGINT end it KILLED.
 
 ``--metrics`` (reports/metrics.json) is the headline (``kernelcamp.report.headline_metrics``): the
-only metrics file DVC lists (``dvc exp show``), the same keys the MLflow run logs. It is written only
+only metrics file DVC lists (``dvc exp show``); the MLflow run logs these keys and the benchmark's
+detail (benchmark_metrics.json's keys). It is written only
 when the report succeeds (renamed into place with the report), so it never disagrees with report.md.
 """
 
@@ -25,8 +26,9 @@ from pathlib import Path
 
 from kernelcamp import report as kr
 from kernelcamp import tracking
+from kernelcamp.bench.record import benchmark_metrics
 from kernelcamp.io import stage_main, write_json_atomic
-from kernelcamp.metrics import nest
+from kernelcamp.metrics import flatten, nest
 from kernelcamp.runlock import release_run, run_started_ms
 from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, project_root, stage_spec
 
@@ -94,7 +96,10 @@ def main() -> int:
         # the MLflow run spans the pipeline run (from its first stage's claim), not only this stage
         with tracking.tracked_run(spec.raw, tags=tags, start_time_ms=run_started_ms(project_root())) as run:
             run.log_params(params)
-            run.log_metrics(head_metrics)  # the keys of metrics.json, no more, no fewer
+            # the headline (metrics.json's keys) and the benchmark's detail (benchmark_metrics.json's keys,
+            # recomputed from the checked record), one naming scheme: MLflow's compare view plots them
+            detail = flatten(benchmark_metrics(bench["kernel"], bench["serving"], bench["device"]))
+            run.log_metrics({**detail, **head_metrics})
             inputs = tmp / "inputs"
             inputs.mkdir()
             mine = {out.name, metrics_dst.name}  # this stage's outputs: the new ones are logged, not the last run's

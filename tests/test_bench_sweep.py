@@ -58,3 +58,14 @@ def test_summary_from_two_separately_run_halves(tmp_path: Path) -> None:
     assert "TEST GPU: GPU(s) 0 for one worker, 0,1 for one worker per GPU" in md
     # 10 us [9.5, 10.5] against 12 us [11.5, 12.5]: +20 %, outside the noise
     assert "| bt16_w4 | 1 | 10.00 | 9.50-10.50 | 12.00 | 11.50-12.50 | +20.00 | no |" in md
+
+
+def test_rows_read_the_benchmark_metrics_names_the_stage_writes():
+    # bench_sweep reads each experiment's benchmark_metrics.json: the names must be the ones the
+    # benchmark stage writes (kernelcamp.metrics), or every figure comes back empty
+    from kernelcamp.bench.record import benchmark_metrics
+
+    b = json.loads((ROOT / "tests" / "fixtures" / "report" / "benchmark.json").read_text())
+    rows = _bench().mode_rows({"v": "exp"}, "one", {"exp": benchmark_metrics(b["kernel"], b["serving"], "cuda")})
+    assert rows and all(r["candidate_latency_us_p50"] and r["ab_ratio"] for r in rows)
+    assert sorted(r["batch"] for r in rows) == sorted(int(B) for B in b["kernel"]["batch"])
