@@ -83,6 +83,7 @@ def test_build_no_fit_exits_2_with_one_line(tmp_path, cache_root):
     assert r.stderr.count("PRUNED on tiny (variant") == 3  # every dead config is still named on stderr
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_build_also_inspects_the_run_as_target(tmp_path, cache_root):
     params = base_params()
     params["build"] = {"also_targets": []}
@@ -94,6 +95,7 @@ def test_build_also_inspects_the_run_as_target(tmp_path, cache_root):
     assert {row["target"] for row in rep["rows"]} == {"sm90", "sm120"}
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_run_as_target_that_keeps_nothing_is_refused_by_build(tmp_path, cache_root):
     # `-S variant.BLOCK_T=32 -S benchmark.run_as_target=sm120` passed build ("1/1 configs fit sm90"),
     # restarted the server, and only the benchmark then said nothing would run.

@@ -189,6 +189,7 @@ def _stage(tmp_path, env_extra, override=None):
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_report_stage_writes_report_and_one_finished_run(tmp_path):
     r = _stage(tmp_path, {})
     assert r.returncode == 0, r.stderr
@@ -240,6 +241,7 @@ def test_report_stage_unreachable_server_leaves_nothing(tmp_path):
     assert not (tmp_path / "reports" / "metrics.json").exists()
 
 
+@pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_report_refuses_a_measurement_of_other_params(tmp_path):
     """A second `dvc exp run` rewrote params.yaml under the first: the FINISHED run recorded
     num_warps=2 while the server it measured ran num_warps=16. The report now checks every record's
