@@ -283,3 +283,20 @@ def test_ssh_checksum_mismatch_over_loopback_sshd(params, tmp_path, monkeypatch)
         with pytest.raises(KernelcampError, match="checksum mismatch for sparse_mla_decode.py"):
             deploy(_ssh_params(params, tmp_path, sshd, port), tmp_path)
     assert port_is_free(port)  # restart never ran
+
+
+def test_the_records_kernel_path_is_relative_to_the_tree_not_a_path_of_this_machine(tmp_path):
+    from kernelcamp.deploy.common import kernel_file
+    from kernelcamp.hashes import kernel_module_path, project_root
+
+    kpath = kernel_module_path({"module": "kernels.sparse_mla_decode"})
+    entry = kernel_file(kpath, "a" * 64, None, dest="/srv/k.py")
+    assert entry == {
+        "path": "kernels/sparse_mla_decode.py",
+        "dest": "/srv/k.py",
+        "sha256_local": "a" * 64,
+        "sha256_remote": None,
+    }
+    assert str(project_root()) not in json.dumps(entry)
+    outside = tmp_path / "k.py"  # a file outside the tree keeps its path (nothing to be relative to)
+    assert kernel_file(outside, "b", "b")["path"] == outside.as_posix()

@@ -13,6 +13,7 @@ from kernelcamp.deploy.common import (
     _record,
     _variant_facts,
     flag_env,
+    kernel_file,
     kill_group,
     probe_ready,
     state_dir,
@@ -46,7 +47,7 @@ def deploy_command(params: dict[str, Any], root: str | Path | None = None) -> di
     ):
         ok, _, facts = probe_ready(url, vhash)
         if ok:
-            files = [{"path": str(kpath), "dest": str(dest), "sha256_local": local, "sha256_remote": local}]
+            files = [kernel_file(kpath, local, local, dest=str(dest))]
             return _record("command", url, variant, vhash, khash, flags, files, 0.0, st.get("pid"), True, facts)
     dest.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(dest, kpath.read_text())
@@ -89,7 +90,7 @@ def deploy_command(params: dict[str, Any], root: str | Path | None = None) -> di
         kill_group(proc.pid, proc.pid, grace_s=5.0)
         spath.unlink(missing_ok=True)
         raise
-    files = [{"path": str(kpath), "dest": str(dest), "sha256_local": local, "sha256_remote": remote}]
+    files = [kernel_file(kpath, local, remote, dest=str(dest))]
     return _record(
         "command", url, variant, vhash, khash, flags, files, round(seconds, 3), proc.pid, False, facts, log=str(log)
     )

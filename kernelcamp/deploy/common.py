@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.hashes import kernel_module_path, kernel_source_hash, server_flags, variant_hash
+from kernelcamp.hashes import kernel_module_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.io import pid_alive
 from kernelcamp.ports import in_sweep, port_is_free, worker_slot
 from kernelcamp.provenance import dvc_root, now_utc
@@ -234,6 +234,15 @@ def _variant_facts(params: dict[str, Any]) -> tuple[Any, str, dict[str, Any], st
     flags = server_flags(params.get("server"))
     kpath = kernel_module_path(params.get("kernel"))
     return variant, khash, flags, variant_hash(variant, khash, flags), kpath
+
+
+def kernel_file(kpath: Path, sha256_local: str, sha256_remote: str | None, **extra: Any) -> dict[str, Any]:
+    """The deploy record's ``files`` entry of the kernel module: its path relative to the tree it was
+    read from (``kernels/<name>.py``; a queued experiment's temporary copy or the workspace, never a
+    path of this machine), its local hash and the one the server reports, plus ``extra`` (``dest``)."""
+    root = project_root()
+    path = kpath.relative_to(root) if kpath.is_relative_to(root) else kpath
+    return {"path": path.as_posix(), **extra, "sha256_local": sha256_local, "sha256_remote": sha256_remote}
 
 
 def _record(

@@ -19,6 +19,7 @@ from kernelcamp.deploy.common import (
     _record,
     _variant_facts,
     _wait_port_free,
+    kernel_file,
     kill_group,
     port_is_free,
     probe_ready,
@@ -129,13 +130,7 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
         used = int(st["port"])
         ok, _, facts = probe_ready(client_url(host, used), vhash, st["pid"])
         if ok:
-            files = [
-                {
-                    "path": str(kpath),
-                    "sha256_local": local,
-                    "sha256_remote": (facts.get("info") or {}).get("kernel_source_hash"),
-                }
-            ]
+            files = [kernel_file(kpath, local, (facts.get("info") or {}).get("kernel_source_hash"))]
             note = (
                 None
                 if used == port
@@ -167,13 +162,7 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
         print(f"deploy: {note}", file=sys.stderr, flush=True)
     url = client_url(host, used)  # what a client uses: never http://0.0.0.0:port
     proc, seconds, facts = start_embedded(params, host, used, vhash, sdir, "server", cfg)
-    files = [
-        {
-            "path": str(kpath),
-            "sha256_local": local,
-            "sha256_remote": (facts.get("info") or {}).get("kernel_source_hash"),
-        }
-    ]
+    files = [kernel_file(kpath, local, (facts.get("info") or {}).get("kernel_source_hash"))]
     return _record(
         "embedded",
         url,
