@@ -105,6 +105,29 @@ def test_profile_without_load_times_out_clearly(server, tmp_path):
     assert r.status_code == 504
 
 
+def test_profile_timeout_after_some_steps_returns_them_as_partial(server):
+    # The timeout is settled on the model thread between two steps: what ran is tabulated, and no
+    # later step runs under the profiler.
+    got: dict = {}
+
+    def ask():
+        got["r"] = httpx.post(server + PROFILE_PATH, json={"steps": 200, "timeout_s": 1.5, "trace": False}, timeout=60)
+
+    th = threading.Thread(target=ask)
+    th.start()
+    time.sleep(0.3)  # armed before the load arrives
+    _load(server, n=2, max_tokens=12)
+    th.join()
+    r = got["r"]
+    assert r.status_code == 200, r.text
+    j = r.json()
+    assert j["partial"] and 1 <= j["steps"] < 200 and len(j["batch_sizes"]) == j["steps"] and j["trace_id"] is None
+    since = httpx.get(server + "/v1/kernelcamp/info", params={"steps": 0}).json()["counts"]["step_index"]
+    assert httpx.post(server + "/v1/completions", json={"prompt": "x", "max_tokens": 3}, timeout=60).status_code == 200
+    later = httpx.get(server + "/v1/kernelcamp/info", params={"since": since}).json()["steps"]
+    assert later and not any(s.get("profiled") for s in later)
+
+
 def test_report_renders_kernel_table_and_attention_share():
     data = kr.load_inputs({n: FIX / f"{n}.json" for n in ("build", "deploy", "benchmark", "verify")})
     d = copy.deepcopy(data)

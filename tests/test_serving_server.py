@@ -1,9 +1,12 @@
 """The embedded server on loopback with the small CPU model: OpenAI endpoints, info, benchmark and
-verify through the library functions the stages call."""
+verify through the library functions the stages call; the scheduler's model thread (steps run while
+the event loop is busy, a disconnected stream frees its pages, an engine error reaches every request)."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -29,10 +32,50 @@ def params():
     return p
 
 
+INFO = "/v1/kernelcamp/info"
+
+
+def _add_loop_blocker(app) -> None:
+    """Test-only route: hold the server's event loop for ``seconds`` (as a burst of SSE writes would)."""
+
+    @app.get("/test/block-event-loop")
+    async def block(seconds: float):
+        t0 = time.time()
+        time.sleep(seconds)  # synchronous on purpose: nothing else runs on this event loop meanwhile
+        return {"t0": t0, "t1": time.time()}
+
+
 @pytest.fixture(scope="module")
 def server(params):
-    with ServerThread(make_app(build_state(params, "cpu"))) as url:
+    app = make_app(build_state(params, "cpu"))
+    _add_loop_blocker(app)
+    with ServerThread(app) as url:
         yield url
+
+
+def _stream(url: str, prompt: str, max_tokens: int, out: list) -> None:
+    """One streamed completion to the end; appends the number of tokens received (or the exception)."""
+    try:
+        n = 0
+        with httpx.Client(base_url=url, timeout=60) as c:
+            req = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
+            with c.stream("POST", "/v1/completions", json=req) as s:
+                for line in s.iter_lines():
+                    if line.startswith("data: {"):
+                        n += json.loads(line[6:]).get("kernelcamp_tokens", 0)
+        out.append(n)
+    except Exception as e:  # noqa: BLE001 - the test asserts on it
+        out.append(e)
+
+
+def _wait_counts(c: httpx.Client, ok, what: str, timeout_s: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts = c.get(INFO, params={"steps": 0}).json()["counts"]
+        if ok(counts):
+            return counts
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s; counts {counts}"
+        time.sleep(0.02)
 
 
 def test_completion_and_chat(server):
@@ -131,3 +174,82 @@ def test_serve_on_a_busy_port_is_one_clear_line_before_any_url(capsys):
     assert rc == 2
     assert f"cannot listen on 127.0.0.1:{port}" in cap.err and "pass --port" in cap.err
     assert "http://" not in cap.out + cap.err, "no URL may be printed for a server that never listens"
+
+
+def test_decode_steps_run_while_the_event_loop_is_blocked(server):
+    # Issue 12: the scheduler awaited every step on the HTTP event loop, so while the loop was busy
+    # (SSE writes at high token rates) no step ran. Steps now run back to back on the model thread.
+    done: list = []
+    ths = [threading.Thread(target=_stream, args=(server, f"blocked {i}", 120, done)) for i in range(4)]
+    for t in ths:
+        t.start()
+    with httpx.Client(base_url=server, timeout=60) as c:
+        counts = _wait_counts(c, lambda k: k["running"] == 4, "4 requests running")
+        since = counts["step_index"]
+        w = c.get("/test/block-event-loop", params={"seconds": 0.4}).json()
+        steps = c.get(INFO, params={"since": since}).json()["steps"]
+    for t in ths:
+        t.join(timeout=60)
+    inside = [s for s in steps if s["kind"] == "decode" and w["t0"] < s["t"] < w["t1"]]
+    assert len(inside) >= 3, (
+        f"{len(inside)} decode steps ran during the {w['t1'] - w['t0']:.2f} s the event loop was blocked "
+        f"(steps since index {since}: {[(s['index'], s['kind'], s['t']) for s in steps][:8]} ...)"
+    )
+    assert done == [120] * 4, done
+
+
+def test_a_disconnected_stream_frees_its_pages(server):
+    with httpx.Client(base_url=server, timeout=60) as c:
+        before = _wait_counts(c, lambda k: k["running"] == 0 and k["waiting"] == 0, "server idle")
+        req = {"prompt": "cut short", "max_tokens": 1500, "stream": True}
+        with c.stream("POST", "/v1/completions", json=req) as s:
+            got = 0
+            for line in s.iter_lines():
+                got += line.startswith("data: {")
+                if got == 3:
+                    break  # leaving the block closes the connection mid-stream
+        after = _wait_counts(
+            c, lambda k: k["requests_cancelled"] > before["requests_cancelled"], "the request cancelled"
+        )
+        assert after["running"] == 0 and after["free_pages"] == before["free_pages"], (before, after)
+        assert after["tokens_generated"] - before["tokens_generated"] < 1500
+
+
+def test_an_engine_error_reaches_every_request_and_the_thread_ends(params):
+    state = build_state({**params, "server": {**params["server"], "max_running_requests": 3}}, "cpu")
+    model, go = state.engine.model, threading.Event()
+    decode = model.decode
+
+    def failing_decode(*a, **kw):
+        if go.is_set():
+            raise RuntimeError("planted decode failure")
+        return decode(*a, **kw)
+
+    model.decode = failing_decode
+    threads_before = set(threading.enumerate())
+    with ServerThread(make_app(state)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        streamed: list = []
+        plain: list = []
+
+        def post(i: int) -> None:
+            plain.append(httpx.post(url + "/v1/completions", json={"prompt": f"p {i}", "max_tokens": 400}, timeout=60))
+
+        ths = [threading.Thread(target=_stream, args=(url, "s", 400, streamed))]
+        ths += [threading.Thread(target=post, args=(i,)) for i in range(4)]  # 3 run, 2 wait (max_running 3)
+        for t in ths:
+            t.start()
+        _wait_counts(c, lambda k: k["running"] == 3 and k["waiting"] == 2, "3 running, 2 waiting")
+        go.set()
+        for t in ths:
+            t.join(timeout=60)
+        assert len(streamed) == 1 and isinstance(streamed[0], httpx.HTTPError), streamed  # the stream breaks
+        assert [r.status_code for r in plain] == [500] * 4
+        assert all("planted decode failure" in r.json()["error"]["message"] for r in plain)
+        health = c.get("/health")
+        assert health.status_code == 500 and "planted decode failure" in health.json()["error"]
+        assert "planted decode failure" in c.get(INFO).json()["engine_error"]
+        # a request that arrives after the failure is refused at once, not left waiting forever
+        late = c.post("/v1/completions", json={"prompt": "late", "max_tokens": 2}, timeout=10)
+        assert late.status_code == 500 and "planted decode failure" in late.json()["error"]["message"]
+    left = [t.name for t in set(threading.enumerate()) - threads_before if t.name.startswith("kernelcamp-model")]
+    assert not left, f"model threads still running after shutdown: {left}"

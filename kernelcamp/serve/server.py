@@ -27,11 +27,19 @@ of tokens whose text it holds (the engine sends one token per chunk). Decoding i
 ``temperature``/``top_p`` are accepted and ignored; generation always runs to ``max_tokens``
 (finish_reason "length": the stand-in model has no end-of-sequence token).
 
-Scheduling (continuous batching): one asyncio task admits waiting requests up to
-``server.max_running_requests`` (and while the page pool has room for prompt + max_tokens), prefills
-each new one, then runs one decode step for every running request; model work runs on one worker
-thread so the event loop keeps serving. ``server.overlap_scheduling`` is not implemented
-(``overlap_scheduling_active: false`` in info); the embedded deploy refuses it (kernelcamp.deploy.embedded).
+Scheduling (continuous batching, :class:`Engine`): one model thread (``kernelcamp-model``) admits
+waiting requests up to ``server.max_running_requests`` (and while the page pool has room for prompt +
+max_tokens), prefills each new one, then runs one decode step for every running request, and loops:
+steps run back to back and never wait for the HTTP event loop, which only takes requests in and
+writes the SSE events. Each step's tokens (those of every request in the batch) reach the event loop
+in one ``call_soon_threadsafe`` callback, not one per token. Why: when the scheduler was an asyncio
+task awaiting each step on a worker thread, the next step could start only once the event loop got
+round to it, behind every pending SSE write (about 10,000 a second at concurrency 64 on an H200), so
+the step rate could depend on the streaming load (issue 12's suspect for a 5% run-to-run spread in
+tok/s; ``benchmarks/serving_noise_probe.sh`` compares two trees). The model thread still shares the GIL with
+the event loop. Step records' ``step_ms`` is the model step alone, timed on the model thread.
+``server.overlap_scheduling`` is not implemented (``overlap_scheduling_active: false`` in info); the
+embedded deploy refuses it (kernelcamp.deploy.embedded).
 
     kernelcamp serve --params params.yaml [--host 127.0.0.1] [--port N] [--device cuda:0] [--api-key KEY]
                      [--trace-dir DIR]
@@ -43,13 +51,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import concurrent.futures
 import os
 import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
+import traceback
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -85,14 +94,36 @@ PROFILE_TABLE_ROWS = 60
 class _Req:
     prompt: list[int]
     max_tokens: int
-    queue: asyncio.Queue
+    queue: asyncio.Queue  # of the event loop: token ids, then None (done) or an Exception
     pages: list[int] = field(default_factory=list)
-    generated: list[int] = field(default_factory=list)
-    cancelled: bool = False
+    generated: list[int] = field(default_factory=list)  # written by the model thread only
+    cancelled: bool = False  # set on the event loop (client gone), read by the model thread
+
+
+def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    """Event loop: put one step's items (token, None or Exception) into their requests' queues."""
+    for q, x in items:
+        q.put_nowait(x)
+
+
+def _settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    """Event loop: complete ``fut`` (once) with ``exc`` if given, else ``result``."""
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
 
 
 class Engine:
-    """Continuous-batching scheduler over a :class:`kernelcamp.serve.model.DecoderModel`."""
+    """Continuous-batching scheduler over a :class:`kernelcamp.serve.model.DecoderModel`.
+
+    Runs on its own thread (:meth:`start`; the model is touched by that thread only). The event loop
+    submits (:meth:`submit`), reads (:meth:`tokens`, :meth:`stats`) and runs a function between two
+    steps (:meth:`call`); ``_cv`` guards the state both sides touch (waiting, running, steps, counts)."""
+
+    THREAD_NAME = "kernelcamp-model"
 
     def __init__(self, model: Any, max_running: int, history: int = 20000):
         self.model, self.max_running = model, max_running
@@ -108,35 +139,42 @@ class Engine:
             "decode_steps": 0,
             "prefills": 0,
         }
-        dev = getattr(model, "device", None)
-
-        def _init_thread() -> None:  # Triton launches on the thread's current device
-            if dev is not None and dev.type == "cuda":
-                import torch
-
-                torch.cuda.set_device(dev)
-
-        self.pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="kernelcamp-model", initializer=_init_thread
-        )
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._cv = threading.Condition()
+        self._calls: list[tuple[Any, tuple, asyncio.Future]] = []  # (fn, args, future) for the model thread
+        self._prefilling: _Req | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._events: asyncio.AbstractEventLoop | None = None  # the loop whose queues get the tokens
+        self._exc: Exception | None = None
         self.error: str | None = None
-        self.profile: _Profile | None = None  # armed by the profile endpoint, run by _loop
+        self.profile: _Profile | None = None  # armed by the profile endpoint, run by the model thread
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        """Start the model thread; tokens go to queues of the running event loop."""
+        self._events = asyncio.get_running_loop()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._thread_main, name=self.THREAD_NAME, daemon=True)
+        self._thread.start()
 
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    async def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the model thread after the step in flight and join it (requests left get nothing more)."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                print(
+                    f"kernelcamp serve: the model thread did not stop within {timeout_s:g} s (a step hangs?)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def submit(self, prompt: list[int], max_tokens: int) -> _Req:
+        """Event loop: queue a request for admission (its tokens arrive in ``r.queue``, see :meth:`tokens`).
+
+        Raises ``ValueError`` when prompt + max_tokens exceed the context. After an engine error the
+        request fails at once (the error is in its queue)."""
         limit = self.model.cfg.max_context_tokens
         if len(prompt) + max_tokens > limit:
             raise ValueError(
@@ -144,11 +182,142 @@ class Engine:
                 f"of {limit} tokens (server.max_context_tokens): shorten the prompt or ask for fewer tokens"
             )
         r = _Req(prompt, max_tokens, asyncio.Queue())
-        self.waiting.append(r)
-        self.counts["requests_total"] += 1
-        self._wake.set()
+        with self._cv:
+            self.counts["requests_total"] += 1
+            if self._exc is not None:
+                r.queue.put_nowait(self._exc)
+            else:
+                self.waiting.append(r)
+                self._cv.notify()
         return r
 
+    def call(self, fn: Any, *args: Any) -> asyncio.Future:
+        """Event loop: run ``fn(*args)`` on the model thread between two steps; await the result."""
+        fut = asyncio.get_running_loop().create_future()
+        with self._cv:
+            if self._exc is not None or self._stopping or self._thread is None or not self._thread.is_alive():
+                why = f"engine error: {self.error}" if self.error else "the server is stopping or not started"
+                fut.set_exception(RuntimeError(f"the model thread is not running ({why})"))
+            else:
+                self._calls.append((fn, args, fut))
+                self._cv.notify()
+        return fut
+
+    # -- model thread -------------------------------------------------------------------------------
+    def _thread_main(self) -> None:
+        try:
+            dev = getattr(self.model, "device", None)
+            if dev is not None and dev.type == "cuda":  # Triton launches on the thread's current device
+                import torch
+
+                torch.cuda.set_device(dev)
+            while True:
+                with self._cv:
+                    calls, self._calls = self._calls, []
+                    if self._stopping:
+                        for _, _, fut in calls:
+                            self._send(_settle, fut, None, RuntimeError("the server is stopping"))
+                        return
+                for fn, args, fut in calls:
+                    try:
+                        res, exc = fn(*args), None
+                    except Exception as e:  # noqa: BLE001 - the caller gets it
+                        res, exc = None, e
+                    self._send(_settle, fut, res, exc)
+                self._admit()
+                if self.running:
+                    self._decode()
+                    continue
+                with self._cv:
+                    if not self._stopping and not self._calls:
+                        self._cv.wait(0.005 if self.waiting else None)  # waiting for pages, or for anything
+        except Exception as e:  # noqa: BLE001 - a broken engine fails every request, loudly
+            self._fail(e)
+
+    def _send(self, fn: Any, *args: Any) -> None:
+        """Model thread: run ``fn(*args)`` on the event loop (one callback per step, not per token)."""
+        try:
+            self._events.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+    def _admit(self) -> None:
+        while True:
+            with self._cv:
+                if any(r.cancelled for r in self.waiting):
+                    self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
+                if not self.waiting or len(self.running) >= self.max_running or self._stopping:
+                    break
+                r = self.waiting[0]
+                pages = self.model.alloc(len(r.prompt) + r.max_tokens)
+                if pages is None:
+                    break
+                self._prefilling = self.waiting.popleft()
+                r.pages = pages
+            t0 = time.perf_counter()
+            tok = self.model.prefill(r.prompt, pages)
+            ms = (time.perf_counter() - t0) * 1e3
+            out: list[tuple[asyncio.Queue, Any]] = []
+            with self._cv:
+                self._prefilling = None
+                self._record("prefill", len(r.prompt), ms, float("nan"))
+                self.counts["prefills"] += 1
+                self._emit(r, tok, out)
+                if len(r.generated) >= r.max_tokens or r.cancelled:
+                    self._finish(r)
+                else:
+                    self.running.append(r)
+            self._send(_put_all, out)
+        with self._cv:
+            for r in [r for r in self.running if r.cancelled]:
+                self._finish(r)
+
+    def _decode(self) -> None:
+        batch = list(self.running)
+        toks = [r.generated[-1] for r in batch]
+        pos = [len(r.prompt) + len(r.generated) - 1 for r in batch]
+        pages = [r.pages for r in batch]
+        prof = self.profile if self.profile is not None and not self.profile.done else None
+        t0 = time.perf_counter()
+        if prof is None:
+            nxt = self.model.decode(toks, pos, pages)
+        else:
+            nxt = prof.decode_step(self.model, toks, pos, pages)
+        ms = (time.perf_counter() - t0) * 1e3
+        bucket = self.model.bucket_for(len(batch)) if self.model.cuda_graphs else len(batch)
+        out: list[tuple[asyncio.Queue, Any]] = []
+        with self._cv:
+            self._record("decode", len(batch), ms, self.model.attn_ms_last, bucket, profiled=prof is not None)
+            self.counts["decode_steps"] += 1
+            for r, t in zip(batch, nxt, strict=True):
+                self._emit(r, t, out)
+                if len(r.generated) >= r.max_tokens:
+                    self._finish(r)
+        self._send(_put_all, out)
+        if prof is not None and prof.done:
+            prof.resolve()
+
+    def _fail(self, e: Exception) -> None:
+        """Model thread, on an exception from a step: every request in the engine (and every later one) gets it."""
+        with self._cv:
+            self.error = f"{type(e).__name__}: {e}"
+            self._exc = e
+            reqs = list(self.running) + list(self.waiting) + ([self._prefilling] if self._prefilling else [])
+            self.waiting.clear()
+            calls, self._calls = self._calls, []
+        self._send(_put_all, [(r.queue, e) for r in reqs])
+        for _, _, fut in calls:
+            self._send(_settle, fut, None, RuntimeError(f"engine error: {self.error}"))
+        prof = self.profile
+        if prof is not None and not prof.done:
+            prof._stop_quietly()
+            prof.error, prof.done = prof.error or f"engine error: {self.error}", True
+        if prof is not None:
+            prof.resolve()
+        print(f"kernelcamp serve: engine error, every request fails: {self.error}", file=sys.stderr, flush=True)
+        traceback.print_exception(e, file=sys.stderr)
+
+    # -- model thread, with _cv held ----------------------------------------------------------------
     def _record(
         self, kind: str, batch: int, ms: float, attn_ms: float, bucket: int | None = None, profiled: bool = False
     ) -> None:
@@ -166,87 +335,24 @@ class Engine:
             rec["profiled"] = True
         self.steps.append(rec)
 
-    def _emit(self, r: _Req, tok: int) -> None:
+    def _emit(self, r: _Req, tok: int, out: list[tuple[asyncio.Queue, Any]]) -> None:
         r.generated.append(tok)
         self.counts["tokens_generated"] += 1
-        r.queue.put_nowait(tok)
+        out.append((r.queue, tok))
         if len(r.generated) >= r.max_tokens:
-            r.queue.put_nowait(None)
-
-    def _release(self, r: _Req) -> None:
-        self.model.free(r.pages)
-        r.pages = []
-
-    async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-
-    async def _loop(self) -> None:
-        try:
-            while True:
-                self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
-                while self.waiting and len(self.running) < self.max_running:
-                    r = self.waiting[0]
-                    pages = self.model.alloc(len(r.prompt) + r.max_tokens)
-                    if pages is None:
-                        break
-                    self.waiting.popleft()
-                    r.pages = pages
-                    t0 = time.perf_counter()
-                    tok = await self._run(self.model.prefill, r.prompt, pages)
-                    self._record("prefill", len(r.prompt), (time.perf_counter() - t0) * 1e3, float("nan"))
-                    self.counts["prefills"] += 1
-                    self._emit(r, tok)
-                    if len(r.generated) >= r.max_tokens or r.cancelled:
-                        self._finish(r)
-                    else:
-                        self.running.append(r)
-                for r in [r for r in self.running if r.cancelled]:
-                    self._finish(r)
-                if not self.running:
-                    self._wake.clear()
-                    if not self.waiting:
-                        await self._wake.wait()
-                    else:
-                        await asyncio.sleep(0.005)  # waiting for pages
-                    continue
-                batch = list(self.running)
-                toks = [r.generated[-1] for r in batch]
-                pos = [len(r.prompt) + len(r.generated) - 1 for r in batch]
-                prof = self.profile if self.profile is not None and not self.profile.done else None
-                t0 = time.perf_counter()
-                if prof is None:
-                    nxt = await self._run(self.model.decode, toks, pos, [r.pages for r in batch])
-                else:
-                    nxt = await self._run(prof.decode_step, self.model, toks, pos, [r.pages for r in batch])
-                ms = (time.perf_counter() - t0) * 1e3
-                bucket = self.model.bucket_for(len(batch)) if self.model.cuda_graphs else len(batch)
-                self._record("decode", len(batch), ms, self.model.attn_ms_last, bucket, profiled=prof is not None)
-                if prof is not None and prof.done:
-                    prof.resolve()
-                    if self.profile is prof:
-                        self.profile = None
-                self.counts["decode_steps"] += 1
-                for r, t in zip(batch, nxt, strict=True):
-                    self._emit(r, t)
-                    if len(r.generated) >= r.max_tokens:
-                        self._finish(r)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a broken engine fails every request, loudly
-            self.error = f"{type(e).__name__}: {e}"
-            for r in list(self.running) + list(self.waiting):
-                r.queue.put_nowait(e)
-            raise
+            out.append((r.queue, None))
 
     def _finish(self, r: _Req) -> None:
         if r in self.running:
             self.running.remove(r)
-        self._release(r)
+        self.model.free(r.pages)
+        r.pages = []
         if r.cancelled:
             self.counts["requests_cancelled"] += 1
         else:
             self.counts["requests_finished"] += 1
 
+    # -- event loop ---------------------------------------------------------------------------------
     async def tokens(self, r: _Req) -> AsyncIterator[int]:
         try:
             while True:
@@ -258,24 +364,28 @@ class Engine:
                 yield t
         finally:
             if len(r.generated) < r.max_tokens:
-                r.cancelled = True
-                self._wake.set()
+                r.cancelled = True  # the model thread frees its pages at its next step
+                with self._cv:
+                    self._cv.notify()
 
     def stats(self, steps: int = 256, since: int | None = None) -> dict[str, Any]:
-        recent = [s for s in self.steps if since is None or s["index"] > since]
-        if since is None:
-            recent = recent[-steps:] if steps > 0 else []
-        dec = [s for s in list(self.steps)[-2000:] if s["kind"] == "decode"]
-        live = [s for s in dec if s["attn_ms"] is not None]
-        share = (sum(s["attn_ms"] for s in live) / sum(s["step_ms"] for s in live)) if live else None
-        return {
-            "counts": {
+        with self._cv:
+            all_steps = list(self.steps)
+            counts = {
                 **self.counts,
                 "running": len(self.running),
                 "waiting": len(self.waiting),
                 "free_pages": len(self.model.free_pages),
                 "step_index": self.step_index,
-            },
+            }
+        recent = [s for s in all_steps if since is None or s["index"] > since]
+        if since is None:
+            recent = recent[-steps:] if steps > 0 else []
+        dec = [s for s in all_steps[-2000:] if s["kind"] == "decode"]
+        live = [s for s in dec if s["attn_ms"] is not None]
+        share = (sum(s["attn_ms"] for s in live) / sum(s["step_ms"] for s in live)) if live else None
+        return {
+            "counts": counts,
             "recent_decode_step_ms_mean": (sum(s["step_ms"] for s in dec) / len(dec)) if dec else None,
             "attention_share_live": share,
             "steps": recent,
@@ -287,7 +397,7 @@ class Engine:
 class _Profile:
     """A torch.profiler (Kineto) session around the next ``steps`` decode steps the scheduler runs.
 
-    Armed on the event loop (the profile endpoint), run on the model's worker thread: the profiler
+    Armed on the event loop (the profile endpoint), run on the engine's model thread: the profiler
     starts before the first wrapped step and stops after the last, so only decode steps (and the
     scheduler's host work between them) are in it. CPU + CUDA activities on a GPU, CPU only
     otherwise. ``eager``: the wrapped steps run without CUDA-graph replay (the graphs stay captured
@@ -312,7 +422,7 @@ class _Profile:
         self.result: dict[str, Any] | None = None
         self.error: str | None = None
 
-    # -- worker thread ----------------------------------------------------------------------------
+    # -- model thread -----------------------------------------------------------------------------
     def _start(self, model: Any) -> None:
         import torch
         from torch.profiler import ProfilerActivity
@@ -372,14 +482,22 @@ class _Profile:
             except Exception:  # noqa: BLE001
                 pass
 
-    def finish_partial(self, model: Any) -> None:
-        """Timeout with some steps done (model thread): stop and tabulate what ran."""
-        if not self.done and self.prof is not None and self.batch_sizes:
+    def stop_at_timeout(self, model: Any) -> bool:
+        """Timeout (model thread, between two steps): end the profile; False when no step ran under it.
+
+        With some steps done, stop and tabulate what ran. Deciding here, not on the event loop, means
+        no step can start the profiler after the endpoint has given up on it."""
+        ran = self.prof is not None
+        if not self.done:
             try:
+                if not self.batch_sizes:
+                    raise RuntimeError("the profiler started but no step finished under it")
                 self._finish(model)
             except Exception as e:  # noqa: BLE001
-                self.error = f"{type(e).__name__}: {e}"[:500]
-                self.done = True
+                self.error = self.error or f"{type(e).__name__}: {e}"[:500]
+                self._stop_quietly()
+        self.done = True
+        return ran
 
     def _finish(self, model: Any) -> None:
         if getattr(model, "on_gpu", False):
@@ -417,14 +535,14 @@ class _Profile:
         }
         self.done = True
 
-    # -- event loop -------------------------------------------------------------------------------
+    # -- either thread -----------------------------------------------------------------------------
     def resolve(self) -> None:
-        if self.future.done():
-            return
-        if self.result is not None:
-            self.future.set_result(self.result)
-        else:
-            self.future.set_exception(RuntimeError(self.error or "profile ended without a result"))
+        """Complete the endpoint's future with the result or the error (on its event loop, from any thread)."""
+        exc = None if self.result is not None else RuntimeError(self.error or "profile ended without a result")
+        try:
+            self.loop.call_soon_threadsafe(_settle, self.future, self.result, exc)
+        except RuntimeError:  # the event loop is closed: nobody waits any more
+            pass
 
 
 #: Prefix of the profiler ranges the server records around each profiled step.
@@ -605,23 +723,29 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
         tid, tpath = traces.new() if req.trace else (None, None)
         fut = asyncio.get_running_loop().create_future()
         prof = _Profile(steps, eager, tpath, fut, tid)
-        eng.profile = prof
+        eng.profile = prof  # only the event loop sets or clears it; the model thread reads it
+        try:
+            return await _await_profile(prof, timeout)
+        finally:
+            if eng.profile is prof and prof.done:  # a caller gone mid-profile: the model thread still ends it
+                eng.profile = None
+
+    async def _await_profile(prof: _Profile, timeout: float):
+        fut = prof.future
         try:
             res = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
-            if prof.prof is None:  # not one step ran: disarm
-                prof.done = True
-                if eng.profile is prof:
-                    eng.profile = None
+            try:
+                ran = await eng.call(prof.stop_at_timeout, eng.model)  # model thread: after any step in flight
+            except Exception as e:  # noqa: BLE001
+                return _error(f"profile failed: {e}", 500)
+            if not ran:
                 return _error(
-                    f"no decode step ran within {timeout:g} s: the profile wraps the next {steps} decode "
+                    f"no decode step ran within {timeout:g} s: the profile wraps the next {prof.steps} decode "
                     "steps the scheduler runs, so put load on the server (requests in flight) while it waits",
                     504,
                 )
-            await eng._run(prof.finish_partial, eng.model)  # model thread: after any step in flight
             prof.resolve()
-            if eng.profile is prof:
-                eng.profile = None
             try:
                 res = await fut
             except Exception as e:  # noqa: BLE001
