@@ -30,10 +30,13 @@ into the dot dtype, computes ``q . k^T`` with ``tl.dot`` (fp32 accumulate), runs
 base 2 (``sm_scale * log2(e)`` folded into one multiply) and accumulates ``p . v`` where v is the
 same dequantized tile (MLA shares the latent between K and V). V4 goes through one 512-wide "main"
 tile: its 448 fp8 values, dequantized, followed by its 64 rope values (so V4's V is the whole main
-tile). V3.2 (``_sparse_mla_v32_loop``) applies its 4 fp32 group scales to the scores and to P instead
-of to K (FlashMLA style): four 128-wide raw-fp8 dots plus the 64-wide rope dot for the scores, and
-four [BLOCK_H, 128] output accumulators (out_g += (P * scale_g) . k8_g); this removed the sm90
-spills of the BLOCK_H = 64 configs (benchmarks/KERNEL_TUNING.md). With one split the
+tile). V3.2 (``_sparse_mla_v32_loop``) works in its four 128-wide fp8 groups: each group is
+dequantized with its fp32 scale into its own ``[BLOCK_T, 128]`` dot-dtype tile (fp8 -> fp32 exact, one
+fp32 multiply, one rounding), the four group dots and the 64-wide rope dot chain into one score
+accumulator, and one bf16 P feeds four ``[BLOCK_H, 128]`` output accumulators. An earlier version
+applied the scales to the scores and to P instead (five score accumulators, four scaled copies of P);
+it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one takes 403 us on the H200
+(reports/campaigns/kernel_speed/README.md, step "kscale"). With one split the
 kernel writes the final bf16 output and LSE itself; with more it writes fp32 partial outputs and
 base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale.
 
@@ -198,6 +201,13 @@ def _store_rows(out_ptr, part_out_ptr, bh, part, col0, o, mask_h, n_splits, D: t
 
 
 @triton.jit
+def _dequant_group(bits, scale, DOT_DTYPE: tl.constexpr):
+    # [BLOCK_T, G] uint8 bits of fp8 e4m3 and the [BLOCK_T] fp32 group scale of each token ->
+    # fp8 * scale in the dot dtype (exact fp8 -> fp32, one fp32 multiply, one rounding)
+    return (bits.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(DOT_DTYPE)
+
+
+@triton.jit
 def _sparse_mla_v32_loop(
     q_row_ptrs,
     mask_h,
@@ -223,13 +233,12 @@ def _sparse_mla_v32_loop(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    # DeepSeek-V3.2 body of _sparse_mla_split_kernel. The 4 fp32 scales (one per 128 values) are
-    # applied to the scores and to P, not to K (FlashMLA style):
-    #   s[h, t]     = sum_g scale_g[t] * (q_g[h] . k8_g[t]) + q_rope[h] . k_rope[t]
-    #   out_g[h, :] = sum_t (p[h, t] * scale_g[t]) * k8_g[t, :]
-    # so each 128-wide fp8 group goes raw fp8 -> dot dtype (exact) into its own dot, and the output
-    # is 4 [BLOCK_H, 128] accumulators. No per-value multiply and no 512-wide fp32 K tile (the 512-wide
-    # version spilled at BLOCK_H = 64 on sm90).
+    # DeepSeek-V3.2 body of _sparse_mla_split_kernel, in the four 128-wide fp8 groups of the layout:
+    #   k_g[t, :]   = fp8_g[t, :] * scale_g[t]            (dot dtype, one rounding; _dequant_group)
+    #   s[h, t]     = q_rope[h] . k_rope[t] + sum_g q_g[h] . k_g[t]    (one accumulator chain)
+    #   out_g[h, :] = sum_t p[h, t] * k_g[t, :]           (four [BLOCK_H, 128] accumulators)
+    # Group tiles, not one 512-wide tile: at BLOCK_H <= 32 (mma v2) the 512-wide tile's loop was 1629
+    # SASS instructions against 1227 (T64_H16_w8, compile-time figures, benchmarks/KERNEL_TUNING.md).
     D: tl.constexpr = 512
     G: tl.constexpr = 128
     ROPE: tl.constexpr = 64
@@ -259,46 +268,36 @@ def _sparse_mla_v32_loop(
         tok = tl.where(valid, idx, 0).to(tl.int64)
         row_base = tl.multiple_of((tok // PAGE_SIZE) * PAGE_BYTES + (tok % PAGE_SIZE) * 656, 16)
         rows = kv_u8_ptr + row_base[:, None] + offs_e[None, :]
-        k0 = tl.load(rows, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
-        k1 = (
-            tl.load(rows + G, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(DOT_DTYPE)
-        )
-        k2 = (
-            tl.load(rows + 2 * G, mask=valid[:, None], other=0)
-            .to(tl.float8e4nv, bitcast=True)
-            .to(tl.float32)
-            .to(DOT_DTYPE)
-        )
-        k3 = (
-            tl.load(rows + 3 * G, mask=valid[:, None], other=0)
-            .to(tl.float8e4nv, bitcast=True)
-            .to(tl.float32)
-            .to(DOT_DTYPE)
-        )
-        k_rope = tl.load(
-            kv_bf16_ptr + (row_base[:, None] + 528) // 2 + offs_r[None, :], mask=valid[:, None], other=0.0
-        ).to(DOT_DTYPE)
         sc_ptr = kv_f32_ptr + (row_base + 512) // 4
         sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
         sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
         sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
         sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
+        k0 = _dequant_group(tl.load(rows, mask=valid[:, None], other=0), sc0, DOT_DTYPE)
+        k1 = _dequant_group(tl.load(rows + G, mask=valid[:, None], other=0), sc1, DOT_DTYPE)
+        k2 = _dequant_group(tl.load(rows + 2 * G, mask=valid[:, None], other=0), sc2, DOT_DTYPE)
+        k3 = _dequant_group(tl.load(rows + 3 * G, mask=valid[:, None], other=0), sc3, DOT_DTYPE)
+        k_rope = tl.load(
+            kv_bf16_ptr + (row_base[:, None] + 528) // 2 + offs_r[None, :], mask=valid[:, None], other=0.0
+        ).to(DOT_DTYPE)
 
+        # one accumulator chain: the group scales are already in k0..k3
         qk = tl.dot(q_rope, tl.trans(k_rope))
-        qk += tl.dot(q0, tl.trans(k0)) * sc0[None, :]
-        qk += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
-        qk += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
-        qk += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
+        qk = tl.dot(q0, tl.trans(k0), qk)
+        qk = tl.dot(q1, tl.trans(k1), qk)
+        qk = tl.dot(q2, tl.trans(k2), qk)
+        qk = tl.dot(q3, tl.trans(k3), qk)
         s = tl.where(valid[None, :], qk * sm_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc0 = tl.dot((p * sc0[None, :]).to(DOT_DTYPE), k0, acc0 * alpha[:, None])
-        acc1 = tl.dot((p * sc1[None, :]).to(DOT_DTYPE), k1, acc1 * alpha[:, None])
-        acc2 = tl.dot((p * sc2[None, :]).to(DOT_DTYPE), k2, acc2 * alpha[:, None])
-        acc3 = tl.dot((p * sc3[None, :]).to(DOT_DTYPE), k3, acc3 * alpha[:, None])
+        pb = p.to(DOT_DTYPE)
+        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
+        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
+        acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
+        acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
         m_i = m_new
 
     has = l_i > 0.0
