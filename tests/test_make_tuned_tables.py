@@ -59,10 +59,10 @@ def test_one_winner_everywhere_is_written_as_a_single_config():
 
 def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
     d = "reports/campaigns/kernel_speed"
-    jobs = [
-        ("v32", "tuned_deepseek_v32", [f"{d}/grid_1/v32.csv", f"{d}/grid_2/v32.csv"]),
-        ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_1/v32_tp8.csv"]),
-        ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/grid_1/v4_flash.csv", f"{d}/grid_2/v4_flash.csv"]),
+    jobs = [  # grid_3: the kernel at 08ded7c (the kscale change); grids 1-2 measured the kernel before it
+        ("v32", "tuned_deepseek_v32", [f"{d}/grid_3/v32.csv"]),
+        ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_3/v32_tp8.csv"]),
+        ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/grid_3/v4_flash.csv"]),
     ]
     for fam, name, grids in jobs:
         args = ["--grid", *[str(ROOT / g) for g in grids], "--family", fam, "--name", name, "--out", str(tmp_path)]
