@@ -253,3 +253,14 @@ def test_an_engine_error_reaches_every_request_and_the_thread_ends(params):
         assert late.status_code == 500 and "planted decode failure" in late.json()["error"]["message"]
     left = [t.name for t in set(threading.enumerate()) - threads_before if t.name.startswith("kernelcamp-model")]
     assert not left, f"model threads still running after shutdown: {left}"
+
+
+def test_a_page_pool_smaller_than_one_full_context_is_refused_at_build(params):
+    # server.num_cache_tokens below server.max_context_tokens: a request the context allows could never
+    # get its pages and would wait forever; the server refuses the configuration before it serves
+    server = {**params["server"], "num_cache_tokens": 256, "cpu_cache_tokens": 256, "max_context_tokens": 2048}
+    with pytest.raises(KernelcampError, match=r"page pool of 256 tokens .* server\.max_context_tokens=2048 needs"):
+        build_state({**params, "server": server}, "cpu")
+    # a pool that holds one full-context request (plus the trash page) builds
+    ok = {**server, "num_cache_tokens": 2048 + 64, "cpu_cache_tokens": 2048 + 64}
+    assert build_state({**params, "server": ok}, "cpu") is not None

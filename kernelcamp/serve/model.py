@@ -193,6 +193,13 @@ class DecoderModel:
         ]
         self.free_pages = collections.deque(range(1, self.num_pages))  # page 0: trash page for pad rows
         self.max_pages = math.ceil(cfg.max_context_tokens / p)
+        if self.num_pages - 1 < self.max_pages:  # a request the context allows could never be admitted
+            raise KernelcampError(
+                f"the page pool of {cfg.num_cache_tokens} tokens (server.num_cache_tokens; on a CPU at least "
+                f"server.cpu_cache_tokens) has {self.num_pages - 1} usable pages of {p} tokens, fewer than the "
+                f"{self.max_pages} one request of server.max_context_tokens={cfg.max_context_tokens} needs: "
+                f"raise num_cache_tokens to at least {(self.max_pages + 1) * p} or lower max_context_tokens"
+            )
         bmax = max([cfg.max_running_requests] + list(graph_batch_buckets or []))
         self.buckets = sorted({int(b) for b in (graph_batch_buckets or []) if 0 < int(b) <= bmax} | {bmax})
         self.tok = torch.zeros(bmax, dtype=torch.long, device=self.device)
