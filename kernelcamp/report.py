@@ -650,7 +650,7 @@ def render_markdown(
         out.append(
             f"- {n} `{v[n]['name']}` (config hash {v[n].get('config_hash') or v[n].get('hash')}): "
             f"ran {v[n]['configs_ran']} of "
-            f"{v[n]['configs']}: {v[n].get('config_list')}"
+            f"{v[n]['configs']}: {v[n].get('config_list')}; {_kernel_of(bench, n)}"
         )
     if bench.get("run_as_target"):
         out.append(f"- run as target **{bench['run_as_target']}** would (configs it prunes dropped)")
@@ -700,7 +700,9 @@ def render_markdown(
         ("deploy id (benchmark)", bench.get("deploy_id")),
         ("deploy id (verify)", verify.get("deploy_id")),
         ("deploy url", deploy.get("url")),
-        ("kernel source hash", bench.get("kernel_source_hash")),
+        ("kernel source hash (candidate: the working tree's file)", bench.get("kernel_source_hash")),
+        ("baseline kernel rev (null: the working tree's file)", bench.get("baseline_kernel_rev")),
+        ("baseline kernel source hash", bench.get("baseline_kernel_source_hash")),
         ("timing method", bench.get("timing")),
     ]
     out += [f"| {k} | {_f(val)} |" for k, val in prov]
@@ -721,11 +723,25 @@ def _decision_of(ab: Mapping[str, Any], threshold: float, higher_is_better: bool
 def _who(note: Mapping[str, Any]) -> str:
     """A variant as the title names it: its name and its config, or how many (``bt16_w4
     [T16_H16_w8_s2_kauto]``, ``story_autotune [3 configs]``), so that an override of the variant file
-    (``-S variant.num_warps=8``) shows in the title."""
+    (``-S variant.num_warps=8``) shows in the title; a baseline at ``baseline.kernel_rev`` gets
+    ``@ kernel <sha, 12 hex>``."""
     cfgs = note.get("configs") or []
     table = "batch table" in str(note.get("config_list", ""))
     what = cfgs[0] if len(cfgs) == 1 else f"table of {len(cfgs)}" if table else f"{len(cfgs)} configs" if cfgs else None
-    return f"{note['name']} [{what}]" if what else str(note["name"])
+    who = f"{note['name']} [{what}]" if what else str(note["name"])
+    return who + (f" @ kernel {note['kernel_rev'][:12]}" if note.get("kernel_rev") else "")
+
+
+def _kernel_of(bench: Mapping[str, Any], impl: str) -> str:
+    """Which kernel file side ``impl`` ran, from benchmark.json: ``kernel at <sha> (source <sha256>)`` for
+    a baseline at ``baseline.kernel_rev``, else the working tree's (records before kernel_rev: unnamed)."""
+    note = (bench.get("variants") or {}).get(impl) or {}
+    src = note.get("kernel_source_hash")
+    if src is None:
+        return "kernel: the working tree's (not recorded)"
+    rev = note.get("kernel_rev")
+    where = f"kernel at commit {rev}" if rev else "the working tree's kernel"
+    return f"{where} (source sha256 {src[:16]})"
 
 
 def _clock(bench: Mapping[str, Any]) -> str | None:

@@ -11,6 +11,14 @@ baseline (:mod:`kernelcamp.variant`), and derives what every record must agree o
 * ``variant_hash`` / ``baseline_hash``: :func:`kernelcamp.hashes.variant_hash` of each side (configs,
   kernel source, server flags): what the deployed server reports, what deploy, benchmark and verify
   record, and what the report checks before it logs anything (:meth:`RunSpec.check_record`).
+* ``baseline.kernel_rev`` (optional): the git commit whose file of ``kernel.module`` the baseline
+  runs (:mod:`kernelcamp.kernel_rev`), resolved here to the full sha (read-only git; refused with one
+  line when git cannot resolve it or the file is not there). The sha replaces what was given in
+  ``RunSpec.raw`` and in the baseline's configs hash, and the file's sha256 is the baseline's kernel
+  source hash (``baseline_kernel_source_hash``; the working tree's when no rev is set): so
+  ``baseline_hash`` and ``baseline_config_hash`` change with the rev, and every record names it.
+  The candidate always runs the working tree's kernel. The serving A/B's baseline server cannot
+  load another kernel file, so a rev with ``benchmark.serving`` measuring the baseline is refused.
 
 The dataclasses are the schema: a field's type is checked strictly (an int field refuses ``4.0``
 and ``true``; a float field takes an int), ``meta`` gives its range. Unknown keys are refused with
@@ -38,6 +46,7 @@ import yaml
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
+from kernelcamp.kernel_rev import KernelRev, import_kernel_rev, resolve_kernel_rev
 from kernelcamp.variant import Variant, parse_variant
 
 #: The kernel package every kernel module lives in; the DVC stages depend on the whole folder.
@@ -45,9 +54,19 @@ KERNEL_PACKAGE = "kernels"
 _MODULE_RE = re.compile(rf"^{KERNEL_PACKAGE}\.[A-Za-z_][A-Za-z0-9_]*$")
 #: What build.json records of the run spec (and the later stages check it against): build depends on
 #: the variant's configs and the kernel, not on the server flags that the deployed variant hash covers.
-BUILD_KEYS = ("variant_config_hash", "baseline_config_hash", "target", "kernel_module", "kernel_source_hash")
+BUILD_KEYS = (
+    "variant_config_hash",
+    "baseline_config_hash",
+    "target",
+    "kernel_module",
+    "kernel_source_hash",
+    "baseline_kernel_rev",
+    "baseline_kernel_source_hash",
+)
 #: What deploy.json, benchmark.json and verify.json are checked against.
 DEPLOY_KEYS = ("variant_hash", "kernel_source_hash")
+#: What the report checks benchmark.json and verify.json against: they ran the baseline too.
+MEASURE_KEYS = (*DEPLOY_KEYS, "baseline_hash", "baseline_kernel_source_hash")
 
 
 def _f(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
@@ -405,6 +424,24 @@ def import_kernel(module: str) -> types.ModuleType:
     return mod
 
 
+IMPLS = ("candidate", "baseline")
+
+
+def kernel_for(params: Mapping[str, Any], impl: str) -> types.ModuleType:
+    """The kernel module side ``impl`` runs, from params.yaml's ``kernel`` and ``baseline`` sections.
+
+    ``impl``: ``"candidate"`` (or ``"variant"``, the build's name for it): the working tree's
+    (:func:`import_kernel`); ``"baseline"``: the file at ``baseline.kernel_rev`` when it is set
+    (:func:`kernelcamp.kernel_rev.import_kernel_rev`, a module of its own), else the working tree's.
+    Raises ``KernelcampError`` as those do, ``ValueError`` for another ``impl``.
+    """
+    if impl not in (*IMPLS, "variant"):
+        raise ValueError(f"impl {impl!r}: expected one of {IMPLS}")
+    module = params["kernel"]["module"]
+    rev = (params.get("baseline") or {}).get("kernel_rev") if impl == "baseline" else None
+    return import_kernel(module) if rev is None else import_kernel_rev(module, rev)
+
+
 # ---------------------------------------------------------------------------------------- run spec
 
 
@@ -435,16 +472,31 @@ class RunSpec:
     kernel_source_hash: str
     variant_hash: str
     baseline_hash: str | None
+    baseline_kernel: KernelRev | None = None  # baseline.kernel_rev, resolved (None: the working tree's kernel)
+    root: Path | None = None  # the working tree (None: this one, project_root())
 
-    def kernel_module(self) -> types.ModuleType:
-        """The configured kernel module, imported from this tree (:func:`import_kernel`)."""
-        return import_kernel(self.kernel.module)
+    @property
+    def baseline_kernel_source_hash(self) -> str | None:
+        """sha256 of the kernel file the baseline runs: the file at ``baseline.kernel_rev``, else the working tree's."""
+        if self.baseline is None:
+            return None
+        return self.baseline_kernel.source_hash if self.baseline_kernel else self.kernel_source_hash
+
+    def kernel_module(self, role: str = "candidate") -> types.ModuleType:
+        """The kernel module ``role`` runs: ``"candidate"``/``"variant"``: this tree's (:func:`import_kernel`);
+        ``"baseline"``: the file at ``baseline.kernel_rev`` when set (:mod:`kernelcamp.kernel_rev`)."""
+        if role == "baseline" and self.baseline_kernel is not None:
+            return import_kernel_rev(self.kernel.module, self.baseline_kernel.sha, root=self.root)
+        return kernel_for(self.raw, role)
 
     def hashes(self) -> dict[str, Any]:
         """What the records carry so that the report can check them against the params it logs.
 
         ``variant_hash`` / ``baseline_hash`` cover the server flags (deploy, benchmark, verify);
         ``variant_config_hash`` and the kernel's module and source hash are what build depends on.
+        ``kernel_source_hash`` is the candidate's (the working tree's file); ``baseline_kernel_rev`` the
+        full sha of ``baseline.kernel_rev`` (None: the baseline runs the working tree's file too) and
+        ``baseline_kernel_source_hash`` the sha256 of the file the baseline runs.
         """
         return {
             "variant_hash": self.variant_hash,
@@ -454,6 +506,8 @@ class RunSpec:
             "target": self.target.name,
             "kernel_module": self.kernel.module,
             "kernel_source_hash": self.kernel_source_hash,
+            "baseline_kernel_rev": self.baseline_kernel.sha if self.baseline_kernel else None,
+            "baseline_kernel_source_hash": self.baseline_kernel_source_hash,
         }
 
     def check_record(self, what: str, record: Mapping[str, Any], keys: tuple[str, ...] = ("variant_hash",)) -> None:
@@ -470,8 +524,11 @@ class RunSpec:
                 )
 
 
-def parse_spec(raw: Mapping[str, Any], path: Path | str = "params.yaml", text: str | None = None) -> RunSpec:
-    """Check and parse a params mapping (see :func:`load_spec`)."""
+def parse_spec(
+    raw: Mapping[str, Any], path: Path | str = "params.yaml", text: str | None = None, root: Path | None = None
+) -> RunSpec:
+    """Check and parse a params mapping (see :func:`load_spec`). ``root``: the working tree whose
+    ``kernels/`` and git history the kernel comes from (default: this one)."""
     from kernelcamp.targets import load_target
 
     if not isinstance(raw, Mapping):
@@ -496,13 +553,20 @@ def parse_spec(raw: Mapping[str, Any], path: Path | str = "params.yaml", text: s
     if baseline is not None:
         _check_against_target(baseline, "baseline", target)
     kspec: KernelSpec = sections["kernel"]
-    kfile = check_kernel_module(kspec.module)
-    ksha = kernel_source_hash({"module": kspec.module})  # as deploy and the server hash it
+    kfile = check_kernel_module(kspec.module, root)
+    ksha = kernel_source_hash({"module": kspec.module}, root)  # as deploy and the server hash it
     flags = server_flags(raw.get("server"))
     text = text if text is not None else yaml.safe_dump(dict(raw), sort_keys=True)
+    out = dict(raw)
+    brev, bsha = None, ksha
+    if baseline is not None and baseline.kernel_rev is not None:
+        _check_serving_with_kernel_rev(baseline.kernel_rev, sections["benchmark"])
+        brev = resolve_kernel_rev(baseline.kernel_rev, kspec.module, root)
+        baseline, bsha = dataclasses.replace(baseline, kernel_rev=brev.sha), brev.source_hash
+        out["baseline"] = {**raw["baseline"], "kernel_rev": brev.sha}  # the commit, never a branch name
     return RunSpec(
         path=Path(path),
-        raw=dict(raw),
+        raw=out,
         params_sha256=sha256_text(text),
         variant=variant,
         baseline=baseline,
@@ -510,9 +574,22 @@ def parse_spec(raw: Mapping[str, Any], path: Path | str = "params.yaml", text: s
         kernel_file=kfile,
         kernel_source_hash=ksha,
         variant_hash=variant_hash(variant, ksha, flags),
-        baseline_hash=variant_hash(baseline, ksha, flags) if baseline is not None else None,
+        baseline_hash=variant_hash(baseline, bsha, flags) if baseline is not None else None,
+        baseline_kernel=brev,
+        root=root,
         **sections,
     )
+
+
+def _check_serving_with_kernel_rev(rev: str, bench: BenchmarkSpec) -> None:
+    """The serving A/B's baseline server runs the working tree's kernel (the embedded server takes one
+    kernel module, ``kernel.module``): with ``baseline.kernel_rev`` it would measure the wrong baseline."""
+    if bench.serving.enabled and bench.serving.measure_baseline:
+        raise KernelcampError(
+            f"baseline.kernel_rev = {rev!r} with benchmark.serving.enabled: the serving A/B's baseline server "
+            "can only run the working tree's kernel, not the file at that commit; set -S benchmark.serving.enabled"
+            "=false (kernel A/B only) or -S benchmark.serving.measure_baseline=false (serving: candidate only)"
+        )
 
 
 def _check_across_keys(sections: Mapping[str, Any]) -> None:
@@ -570,7 +647,7 @@ def spec_summary(spec: RunSpec) -> dict[str, Any]:
         **{k: v for k, v in spec.hashes().items() if k != "target"},  # build has the target as a param
         "variant": spec.variant.as_dict(),
         "baseline": spec.baseline.as_dict() if spec.baseline else None,
-        "kernel_file": str(spec.kernel_file.relative_to(project_root())),
+        "kernel_file": str(spec.kernel_file.relative_to(spec.root or project_root())),
     }
 
 

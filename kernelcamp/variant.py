@@ -29,6 +29,13 @@ CUDA-graph capture (a captured graph has one batch size)::
 Mixing the two (a top-level launch field on a list variant, e.g. ``-S +variant.num_warps=8``) or a
 key the kernel does not take is rejected with a message that says what to write instead
 (DESIGN.md: an override is never silently ignored).
+
+The baseline (any of the three shapes) may also set ``kernel_rev``: a git commit whose file of
+``kernel.module`` it runs instead of the working tree's (``-S baseline.kernel_rev=<sha>``;
+:mod:`kernelcamp.kernel_rev`); null (the default, conf/config.yaml) runs the working tree's. It is
+baseline-only: the candidate always runs the working tree's kernel, so a non-null ``variant.kernel_rev``
+is refused. Parsed here as the string given; the run spec (:mod:`kernelcamp.spec`) resolves it to the
+full commit sha, which is what :meth:`Variant.as_dict` and :meth:`Variant.config_hash` then carry.
 """
 
 from __future__ import annotations
@@ -36,14 +43,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kernelcamp.errors import KernelcampError
 
 LAUNCH_FIELDS = ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages", "num_splits")
 AUTOTUNE_KEYS = ("B", "H", "topk")
-_META_FIELDS = ("name",)
+_META_FIELDS = ("name", "kernel_rev")
 
 
 @dataclass(frozen=True)
@@ -77,12 +84,17 @@ class LaunchConfig:
 
 @dataclass(frozen=True)
 class Variant:
-    """A named variant: its configs (one means no autotuning) and the autotune key."""
+    """A named variant: its configs (one means no autotuning) and the autotune key.
+
+    ``kernel_rev`` (baseline only): the git commit whose kernel file the variant runs, None for the
+    working tree's (see the module docstring).
+    """
 
     name: str
     configs: tuple[LaunchConfig, ...]
     autotune_key: tuple[str, ...] = ()
     is_list: bool = False
+    kernel_rev: str | None = None
 
     @property
     def single(self) -> bool:
@@ -109,24 +121,28 @@ class Variant:
         return self.configs[-1]
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        """Name, configs and autotune key; ``kernel_rev`` only when set (so variants without it hash as before)."""
+        d: dict[str, Any] = {
             "name": self.name,
             "configs": [c.as_dict() for c in self.configs],
             "autotune_key": list(self.autotune_key),
         }
+        if self.kernel_rev is not None:
+            d["kernel_rev"] = self.kernel_rev
+        return d
 
     def config_hash(self) -> str:
-        """sha256 (16 hex) of the configs and autotune key, independent of the name."""
-        payload = json.dumps(
-            {"configs": [c.as_dict() for c in self.configs], "key": list(self.autotune_key)}, sort_keys=True
-        )
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        """sha256 (16 hex) of the configs, autotune key and ``kernel_rev`` (when set), independent of the name."""
+        payload: dict[str, Any] = {"configs": [c.as_dict() for c in self.configs], "key": list(self.autotune_key)}
+        if self.kernel_rev is not None:
+            payload["kernel_rev"] = self.kernel_rev
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def restricted(self, keep: list[int]) -> Variant:
         """The same variant with only the configs at indices ``keep`` (e.g. those a target keeps)."""
         if not keep:
             raise KernelcampError(f"variant {self.name!r}: no config left to run")
-        return Variant(self.name, tuple(self.configs[i] for i in keep), self.autotune_key, self.is_list)
+        return replace(self, configs=tuple(self.configs[i] for i in keep))
 
 
 def _check_int(where: str, field: str, value: Any, lo: int, pow2: bool = False) -> int:
@@ -205,13 +221,39 @@ def parse_variant(raw: Mapping[str, Any], section: str = "variant") -> Variant:
     """Parse the ``variant`` (or ``baseline``) section of params.yaml.
 
     Raises ``KernelcampError`` for a missing name, a top-level launch field on a list variant, an
-    unknown key, a bad value, or an autotune key the kernel does not know.
+    unknown key, a bad value, an autotune key the kernel does not know, or a ``kernel_rev`` that is
+    not a string or is set outside the baseline (see the module docstring).
     """
     if not isinstance(raw, Mapping):
         raise KernelcampError(f"{section} must be a mapping, got {type(raw).__name__}")
     name = raw.get("name")
     if not name or not isinstance(name, str):
         raise KernelcampError(f"{section}.name is missing: every file in conf/{section}/ sets name: <file name>")
+    rev = _kernel_rev(raw, section)
+    v = _parse_body(raw, section, name)
+    return v if rev is None else replace(v, kernel_rev=rev)
+
+
+def _kernel_rev(raw: Mapping[str, Any], section: str) -> str | None:
+    """``kernel_rev`` as given (None when absent or null); refused on any section but the baseline."""
+    rev = raw.get("kernel_rev")
+    if rev is None:
+        return None
+    if section != "baseline":
+        raise KernelcampError(
+            f"{section}.kernel_rev = {rev!r}: kernel_rev is baseline-only (the candidate always runs the working "
+            "tree's kernel); set -S baseline.kernel_rev=<commit> instead"
+        )
+    if not isinstance(rev, str):
+        raise KernelcampError(
+            f"{section}.kernel_rev = {rev!r}: expected a git commit as a string, e.g. its full 40-hex sha "
+            "(YAML read this one as a number: quote it)"
+        )
+    return rev
+
+
+def _parse_body(raw: Mapping[str, Any], section: str, name: str) -> Variant:
+    """:func:`parse_variant` without ``kernel_rev``: one config, an autotune list or a batch table."""
     if "configs" in raw:
         top = sorted(set(raw) & set(LAUNCH_FIELDS))
         if top:
@@ -221,7 +263,7 @@ def parse_variant(raw: Mapping[str, Any], section: str = "variant") -> Variant:
                 f"(configs): a single-config variant takes -S {section}.{f}=..., a list variant "
                 f"(e.g. -S {section}=story_autotune) takes -S '{section}.configs.0.{f}=...'"
             )
-        unknown = sorted(set(raw) - {"name", "configs", "autotune_key"})
+        unknown = sorted(set(raw) - {"name", "configs", "autotune_key", "kernel_rev"})
         if unknown:
             raise KernelcampError(
                 f"{section} {name!r}: unknown key(s) {unknown}; a list variant has name, configs, autotune_key"

@@ -5,9 +5,11 @@
 Reads params sections variant, baseline, target, workload, kernel and (optional) build.also_targets
 (extra target names reported beside the target). Writes one row per config x kernel x target with
 its role (variant/baseline), per role and target n_configs, n_fit, pruned, will_run, and the kernel
-source hash, variant hash and Triton version. Exits 2 with one line when no config of the variant
-fits the target, writing nothing (the last finished run's records stay); names every dead config on
-stderr ("PRUNED on sm120: ..."). Runs without a GPU.
+source hash, variant hash and Triton version. The baseline compiles its own kernel module: the file
+at ``baseline.kernel_rev`` when set (kernelcamp.kernel_rev), whose rev and source hash each role's
+summary and the record's ``baseline_kernel_rev`` / ``baseline_kernel_source_hash`` name. Exits 2 with
+one line when no config of the variant fits the target, writing nothing (the last finished run's
+records stay); names every dead config on stderr ("PRUNED on sm120: ..."). Runs without a GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.inspect import compile as kc
 from kernelcamp.inspect import fit as kf
 from kernelcamp.io import stage_main, write_json_atomic
+from kernelcamp.kernel_rev import module_source
 from kernelcamp.metrics import nest, segment
 from kernelcamp.spec import BUILD_KEYS, stage_spec
 from kernelcamp.targets import load_target
@@ -32,12 +35,14 @@ from kernelcamp.variant import Variant
 
 
 def build_report(variants: dict[str, Variant], target: Any, also: list[Any], specs_for, progress=None) -> dict:
-    """Rows and per-role summaries for ``variants`` ({role: Variant}) on the target and ``also``."""
+    """Rows and per-role summaries for ``variants`` ({role: Variant}) on the target and ``also``;
+    ``specs_for``: one ``config -> kernel specs`` function, or one per role ({role: function})."""
     targets = [target] + [t for t in also if t.name != target.name]
     rows, summaries = [], {}
     for role, variant in variants.items():
+        role_specs = specs_for[role] if isinstance(specs_for, dict) else specs_for
         role_rows = kf.inspect_configs(
-            variant.configs, targets, specs_for, is_list=variant.is_list and not variant.is_table, progress=progress
+            variant.configs, targets, role_specs, is_list=variant.is_list and not variant.is_table, progress=progress
         )
         rows += [{"role": role, "variant": variant.name, **r} for r in role_rows]
         summaries[role] = {
@@ -88,13 +93,22 @@ def main() -> int:
     if run_as and run_as not in also_names:
         also_names.append(run_as)  # benchmark restricts the variants to what this target keeps
     also = [load_target(name) for name in also_names]
-    module = spec.kernel_module()
-    specs_for = kf.specs_for_workload(module, params["workload"], spec.kernel.dot_dtype)
-
+    modules = {role: kf.check_compile_specs(spec.kernel_module(role)) for role in variants}
+    specs_for = {r: kf.specs_for_workload(m, params["workload"], spec.kernel.dot_dtype) for r, m in modules.items()}
     report = build_report(variants, target, also, specs_for, progress=lambda m: print(m, file=sys.stderr))
+    hashes = spec.hashes()
+    for role, s in report["roles"].items():  # the kernel each role compiled: its rev and source hash
+        ran = module_source(modules[role])
+        s.update(kernel_module=ran["module"], kernel_rev=ran["kernel_rev"], kernel_source_hash=ran["source_hash"])
+        want = hashes["baseline_kernel_source_hash" if role == "baseline" else "kernel_source_hash"]
+        if s["kernel_source_hash"] != want:
+            raise KernelcampError(
+                f"the {role}'s kernel ({s['kernel_module']}) has source {s['kernel_source_hash']} but params.yaml "
+                f"gives {want}: the kernel file changed during the build; rerun it"
+            )
     report.update(
         kernel=spec.kernel.name,
-        **{k: spec.hashes()[k] for k in BUILD_KEYS},
+        **{k: hashes[k] for k in BUILD_KEYS},
         triton=kc.triton_version(),
         workload=spec.workload.name,
     )

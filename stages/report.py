@@ -30,7 +30,7 @@ from kernelcamp.bench.record import benchmark_metrics
 from kernelcamp.io import stage_main, write_json_atomic
 from kernelcamp.metrics import flatten, nest
 from kernelcamp.runlock import release_run, run_started_ms
-from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, project_root, stage_spec
+from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, MEASURE_KEYS, project_root, stage_spec
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
@@ -56,8 +56,9 @@ def main() -> int:
     data = kr.load_inputs({k: getattr(args, k) for k in ("build", "deploy", "benchmark", "verify")})
     # Log nothing that disagrees with the params logged beside it (one line naming both hashes).
     spec.check_record("build.json", data["build"], BUILD_KEYS)
-    for name in ("deploy", "benchmark", "verify"):
-        spec.check_record(f"{name}.json", data[name], DEPLOY_KEYS)
+    spec.check_record("deploy.json", data["deploy"], DEPLOY_KEYS)
+    for name in ("benchmark", "verify"):  # these ran the baseline too (its kernel: baseline.kernel_rev)
+        spec.check_record(f"{name}.json", data[name], MEASURE_KEYS)
     out, plots_dst, metrics_dst = Path(args.out), Path(args.plots), Path(args.metrics)
     head = kr.headline(data, threshold)
     head_metrics = kr.headline_metrics(data, threshold)
@@ -75,8 +76,11 @@ def main() -> int:
             "variant_hash": spec.variant_hash,
             "baseline_hash": spec.baseline_hash,
             "variant_config_hash": spec.variant.config_hash(),
+            "baseline_config_hash": spec.baseline.config_hash() if spec.baseline else None,
             "kernel_module": spec.kernel.module,
             "kernel_source_hash": spec.kernel_source_hash,
+            "baseline_kernel_rev": spec.hashes()["baseline_kernel_rev"],
+            "baseline_kernel_source_hash": spec.baseline_kernel_source_hash,
             "deploy_id": bench.get("deploy_id"),
             "measured_at": bench.get("measured_at"),
             "decision": head["decision"],

@@ -31,9 +31,11 @@ def main() -> int:
     spec = load_spec(args.params)
     claim_run(project_root(), "spec", spec.params_sha256)
     write_json_atomic(args.out, spec_summary(spec))
+    rev = spec.hashes()["baseline_kernel_rev"]
     print(
         f"spec: variant {spec.variant.name} ({spec.variant_hash}) vs baseline "
-        f"{spec.baseline.name if spec.baseline else None} ({spec.baseline_hash}), kernel {spec.kernel.module}",
+        f"{spec.baseline.name if spec.baseline else None} ({spec.baseline_hash}"
+        f"{f', its kernel at {rev}' if rev else ''}), kernel {spec.kernel.module}",
         file=sys.stderr,
     )
     return 0

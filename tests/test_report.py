@@ -172,14 +172,15 @@ def _artifact_paths(client, run_id, path="reports"):
 
 
 def _stage(tmp_path, env_extra, override=None):
-    from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS
+    from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, MEASURE_KEYS
 
     rep = tmp_path / "reports"
     rep.mkdir()
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    keys = {"build": BUILD_KEYS, "deploy": DEPLOY_KEYS, "benchmark": MEASURE_KEYS, "verify": MEASURE_KEYS}
     for n in ("build", "deploy", "benchmark", "verify"):
         shutil.copy(FIX / f"{n}.json", rep / f"{n}.json")
-        _stamp(rep / f"{n}.json", params, BUILD_KEYS if n == "build" else DEPLOY_KEYS, **(override or {}).get(n, {}))
+        _stamp(rep / f"{n}.json", params, keys[n], **(override or {}).get(n, {}))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = _env(tmp_path, env_extra)
     cmd = [sys.executable, "-m", "stages.report", "--params", "params.yaml"]

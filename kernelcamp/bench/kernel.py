@@ -1,7 +1,9 @@
 """The kernel-level measurement of the benchmark stage: interleaved A/B rounds per batch size.
 
 The shapes, batch sizes, dot dtype and inputs of a run come from one helper each, shared by the
-rounds here and by the kernel-launch profile (kernelcamp.bench.profile).
+rounds here and by the kernel-launch profile (kernelcamp.bench.profile). Each side launches its own
+kernel module (:func:`kernelcamp.spec.kernel_for`): the candidate the working tree's, the baseline
+the file at ``baseline.kernel_rev`` when set; inputs, flops and bytes come from the working tree's.
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
     ``params.target``) and ``ab`` (the paired ratio candidate/baseline at the per-look confidence, its
     decision and ``half_width``); ``overall`` (the same for the geometric-mean figure, plus
     ``n_rounds``, ``stop_reason``, ``elapsed_s`` and ``looks``: one entry per look taken); ``plan``;
+    ``kernels`` (per impl, the kernel module its launcher came from:
+    :func:`kernelcamp.kernel_rev.module_source`);
     and on a GPU the SM clock sampled while the rounds ran (``sm_clock_during_rounds``: min/p50/max MHz,
     kernelcamp.provenance.ClockSampler). Raises what the kernel launcher raises on bad input
     (``ValueError``) or an unlaunchable config (Triton's ``OutOfResources``), ``KernelcampError`` for
@@ -167,6 +171,7 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
     import torch
 
     from kernelcamp.bench import timing
+    from kernelcamp.kernel_rev import module_source
     from kernelcamp.provenance import ClockSampler, smi_index
     from kernelcamp.spec import import_kernel
 
@@ -176,7 +181,8 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
     shape, dot = run_shape(params, device), dot_dtype(params, device)
     gpu = device == "cuda"
     plan = kernel_plan(params, device)
-    launchers = {name: k.SparseMLADecode(v, dot_dtype=dot) for name, v in variants.items()}
+    modules = impl_kernels(params, variants)
+    launchers = {name: modules[name].SparseMLADecode(v, dot_dtype=dot) for name, v in variants.items()}
     batch_sizes = run_batch_sizes(params, device)
     log(
         f"batch sizes {batch_sizes}: H={shape['num_heads']} topk={shape['topk']} on {device}; rounds "
@@ -293,10 +299,18 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
             "method": "Bonferroni over the planned looks (kernelcamp.stats)",
         },
         "dot_dtype": dot,
+        "kernels": {name: module_source(modules[name]) for name in launchers},
         "sm_clock_during_rounds": clocks.summary() if clocks is not None else {},
         "shape": {k_: shape[k_] for k_ in ("num_heads", "topk", "page_size", "num_cache_tokens")}
         | {"layout": wl["layout"]},
     }
+
+
+def impl_kernels(params: dict, variants: dict) -> dict:
+    """{impl: the kernel module it launches} for the impls of ``variants`` (:func:`kernelcamp.spec.kernel_for`)."""
+    from kernelcamp.spec import kernel_for
+
+    return {name: kernel_for(params, name) for name in variants}
 
 
 def _geomeans(got: list[dict], batch_sizes: list[int]) -> tuple[list[float], list[float]]:

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kernelcamp.bench.kernel import dot_dtype, launch_args, run_batch_sizes
+from kernelcamp.bench.kernel import dot_dtype, impl_kernels, launch_args, run_batch_sizes
 from kernelcamp.bench.serving import (
     _check_baseline,
     baseline_server,
@@ -75,10 +75,8 @@ def kernel_launch_profile(
     from torch.profiler import profile as tprof
 
     from kernelcamp.serve.server import ANNOTATION_PREFIX, kernel_rows
-    from kernelcamp.spec import import_kernel
 
-    k = import_kernel(params["kernel"]["module"])
-
+    modules = impl_kernels(params, variants)  # the baseline's: the file at baseline.kernel_rev when set
     B = run_batch_sizes(params, device)[-1]
     args = launch_args(params, device, B, seed=0)
     dot = dot_dtype(params, device)
@@ -86,7 +84,7 @@ def kernel_launch_profile(
     steps = params["benchmark"]["profile"]["decode_steps"] if device == "cuda" else 1
     rows, meta = [], {}
     for name, v in variants.items():
-        fn = k.SparseMLADecode(v, dot_dtype=dot)
+        fn = modules[name].SparseMLADecode(v, dot_dtype=dot)
         fn(*args, check_indices=False)  # compile / autotune outside the trace
         if device == "cuda":
             torch.cuda.synchronize()

@@ -185,6 +185,29 @@ def variants_to_run(spec, build: dict, device: str) -> tuple[dict, dict]:
     return variants, notes
 
 
+def kernel_notes(spec) -> dict:
+    """{impl: {kernel_rev, kernel_source_hash}}: the kernel file each side runs, per the run spec; the
+    baseline's ``kernel_rev`` is ``baseline.kernel_rev`` as a full sha (None: the working tree's file)."""
+    h = spec.hashes()
+    return {
+        "baseline": {"kernel_rev": h["baseline_kernel_rev"], "kernel_source_hash": h["baseline_kernel_source_hash"]},
+        "candidate": {"kernel_rev": None, "kernel_source_hash": h["kernel_source_hash"]},
+    }
+
+
+def check_kernels_ran(kernel: dict, notes: dict) -> None:
+    """Raise ``KernelcampError`` when a side's kernel rounds ran another kernel source than its notes
+    (the run spec) name: the record would misstate what was measured (e.g. the kernel file edited
+    during the run). A kernel summary without ``kernels`` (nothing to compare) passes."""
+    for impl, ran in (kernel.get("kernels") or {}).items():
+        want = (notes.get(impl) or {}).get("kernel_source_hash")
+        if ran.get("source_hash") != want:
+            raise KernelcampError(
+                f"the {impl}'s kernel rounds ran kernel source {ran.get('source_hash')} ({ran.get('module')}) but "
+                f"params.yaml gives {want}: the kernel file changed during the run; rerun the pipeline"
+            )
+
+
 def serving_level(params: dict, deploy: dict) -> dict:
     """The serving A/B (:func:`kernelcamp.bench.serving.serving_benchmark`), or why it was skipped."""
     sv = params["benchmark"]["serving"]
@@ -217,7 +240,12 @@ def measure_and_write(args, spec, deploy, device, run_as, notes, variants, final
     params = spec.raw
 
     traces = {impl: staging / p.name for impl, p in final_traces.items()}
+    for impl, k in kernel_notes(spec).items():  # each side's kernel file, beside its configs
+        notes[impl].update(k)
+        if k["kernel_rev"]:
+            log(f"{impl} runs {spec.kernel.module}'s file at commit {k['kernel_rev']} (baseline.kernel_rev)")
     rows, kernel = kernel_level(params, variants, device)
+    check_kernels_ran(kernel, notes)
     serving = serving_level(params, deploy)
     table: list[dict] = []
     prof_meta: dict = {}

@@ -7,7 +7,8 @@ deploy, for the embedded server), checked before and after every run.
 
 Baseline beside the candidate (DESIGN.md: "every benchmark measures baseline and candidate in the
 same run, interleaved"): for ``deploy.kind: embedded`` a second, temporary embedded server runs the
-baseline (``params`` with ``variant`` := ``baseline``; same server flags, workload, kernel) on the
+baseline (``params`` with ``variant`` := ``baseline``; same server flags, workload, kernel: the working
+tree's, which is why the run spec refuses ``baseline.kernel_rev`` while this measures the baseline) on the
 candidate's port + ``benchmark.serving.baseline_port_offset`` (default 1, inside the sweep worker's
 port range) with its own state file ``<state dir>/baseline-server.json`` (never the deploy state
 file). It must be ready (health 200, one completion, its variant hash equal to the baseline's, the

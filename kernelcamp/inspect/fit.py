@@ -206,9 +206,15 @@ def kernel_module(kernel: Mapping[str, Any] | str = "kernels.sparse_mla_decode")
 
     # From this working tree, never $DVC_ROOT's: a queued experiment runs in a temporary copy, and the
     # workspace's kernel may have been edited after it was queued.
-    module = import_kernel(name)
+    return check_compile_specs(import_kernel(name))
+
+
+def check_compile_specs(module: Any) -> Any:
+    """``module`` itself; ``KernelcampError`` when it has no ``compile_specs`` (the build needs it)."""
     if not hasattr(module, "compile_specs"):
-        raise KernelcampError(f"kernel module {name!r} has no compile_specs(layout, num_heads, topk, config, ...)")
+        raise KernelcampError(
+            f"kernel module {module.__name__!r} has no compile_specs(layout, num_heads, topk, config, ...)"
+        )
     return module
 
 

@@ -10,6 +10,9 @@ is within atol + 2 x torch's own error computing the reference in the dot dtype 
 STYLE.md), and non-finite values (-inf LSE of all-empty rows) sit where the reference has them.
 Capture: :func:`kernelcamp.verify.capture.check_capture_safety` on each variant's launcher, warmed at
 the same shape (a warmed server); skipped with the reason on a CPU.
+
+Each side launches its own kernel module (:func:`kernelcamp.spec.kernel_for`: the baseline the file at
+``baseline.kernel_rev`` when set); inputs and the reference come from the working tree's.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ def log(msg: str) -> None:
 def check_kernel(params: dict, variants: dict, device: str, dot: str) -> list[dict]:
     import torch
 
-    from kernelcamp.spec import import_kernel
+    from kernelcamp.spec import import_kernel, kernel_for
     from kernelcamp.variant import Variant
 
     k = import_kernel(params["kernel"]["module"])
+    modules = {name: kernel_for(params, name) for name in variants}
 
     wl, vk = params["workload"], params["verify"]["kernel"]
     shapes = vk["shapes"] if device == "cuda" else vk["cpu_shapes"]
@@ -63,7 +67,7 @@ def check_kernel(params: dict, variants: dict, device: str, dot: str) -> list[di
                     "dot_dtype": dot,
                 }
                 try:
-                    out, lse = k.SparseMLADecode(vv, dot_dtype=dot)(*args)
+                    out, lse = modules[name].SparseMLADecode(vv, dot_dtype=dot)(*args)
                     res = judge_output(out, lse, refs, lows, truncating=device != "cuda")
                     case.update(
                         max_abs_err=res["out"]["max_abs_err"],
@@ -90,16 +94,17 @@ def check_kernel(params: dict, variants: dict, device: str, dot: str) -> list[di
 def check_capture(params: dict, variants: dict, device: str) -> dict[str, Any]:
     if device != "cuda":
         return {"skipped": "no GPU: CUDA-graph capture needs one", "passed": None}
-    from kernelcamp.spec import import_kernel
+    from kernelcamp.spec import import_kernel, kernel_for
     from kernelcamp.verify.capture import check_capture_safety
 
     k = import_kernel(params["kernel"]["module"])
+    modules = {name: kernel_for(params, name) for name in variants}
 
     wl = params["workload"]
     inp = k.make_inputs(wl["layout"], 8, wl["num_heads"], wl["topk"], wl["page_size"], wl["num_cache_tokens"], "cuda")
     res: dict[str, Any] = {}
     for name, v in variants.items():
-        launcher = k.SparseMLADecode(v, dot_dtype=params["kernel"].get("dot_dtype", "bf16"))
+        launcher = modules[name].SparseMLADecode(v, dot_dtype=params["kernel"].get("dot_dtype", "bf16"))
         try:
             res[name] = {**check_capture_safety(launcher, inp, warmup_inputs=inp), "passed": True}
         except KernelcampError as e:
