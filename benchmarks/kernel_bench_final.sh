@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The end-of-session GPU check on the lent H200, from the repo root with .whl/ carried:
+#   bash benchmarks/kernel_bench_final.sh OUT
+# 1. the whole GPU suite (`pytest -m gpu`) -> reports/kernel_bench/h200_gpu_suite.log;
+# 2. reports/kernel_bench/ re-measured (benchmarks/bench_kernel.py, torch reference timed, every config
+#    checked) with the configs of the committed tuned_* batch tables, at B 1, 8, 32, 64, 128.
+# Packed into OUT/final.tgz at exit, so a cut run still returns what it measured.
+set -uo pipefail
+out=${1:?usage: kernel_bench_final.sh OUT}
+mkdir -p "$out" reports/kernel_bench
+source benchmarks/device_env.sh || exit 1
+export TRITON_CACHE_DIR=/tmp/triton-cache
+trap 'tar czf "$out/final.tgz" reports/kernel_bench/h200_gpu_suite.log reports/kernel_bench/kernel_bench.csv reports/kernel_bench/summary.md 2>/dev/null' EXIT
+timeout "${SUITE_TIMEOUT_S:-150}" python -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee reports/kernel_bench/h200_gpu_suite.log | tail -4
+CFGS=$(python - <<'PY'
+import yaml
+from kernelcamp.variant import parse_variant
+labels = []
+for n in ("tuned_deepseek_v32", "tuned_deepseek_v32_tp8", "tuned_deepseek_v4_flash"):
+    v = parse_variant(yaml.safe_load(open(f"conf/variant/{n}.yaml")))
+    for c in v.configs:
+        lab = f"T{c.BLOCK_T}_H{c.BLOCK_H}_w{c.num_warps}_s{c.num_stages}_k{c.num_splits}"
+        if lab not in labels:
+            labels.append(lab)
+print(",".join(labels))
+PY
+)
+echo "configs: $CFGS"
+timeout "${BENCH_TIMEOUT_S:-200}" python benchmarks/bench_kernel.py --out reports/kernel_bench --batches 1,8,32,64,128 \
+  --configs "$CFGS" --check --precompile-jobs 12 > "$out/bench_final.log" 2>&1
+sed -n '/Best config per shape/,$p' reports/kernel_bench/summary.md | head -30
