@@ -922,10 +922,29 @@ def _compilable(kernel: Any) -> Any:
 
 
 def _spec(
-    name: str, fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int
+    name: str,
+    fn: Any,
+    types: dict[str, str],
+    constexprs: dict[str, Any],
+    num_warps: int,
+    num_stages: int,
+    int_values: dict[str, int] | None = None,
 ) -> KernelSpec:
+    # Specialized as a launch specializes them (triton/runtime/jit.py binder; the rule is
+    # triton/backends/compiler.py BaseBackend.get_int_specialization): every pointer 16-byte aligned
+    # (torch allocations are), and each int argument in ``int_values`` (its launch value) that is not
+    # in do_not_specialize: 1 becomes the constexpr 1, a multiple of 16 gets tt.divisibility 16.
+    # Without the ints, the q load compiled to 144 2-byte loads instead of 18 16-byte ones.
+    constexprs = dict(constexprs)
+    for a, v in (int_values or {}).items():
+        if v == 1:
+            constexprs[a] = 1
     sig = {a: ("constexpr" if a in constexprs else types[a]) for a in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if sig[a].startswith("*")}
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, a in enumerate(fn.arg_names)
+        if sig[a].startswith("*") or (sig[a] == "i32" and a in (int_values or {}) and int_values[a] % 16 == 0)
+    }
     return KernelSpec(name, fn, sig, constexprs, num_warps, num_stages, attrs)
 
 
@@ -985,9 +1004,20 @@ def compile_specs(
         "max_splits": "i32",
     }
     comb_const = {"D_V": lay.d_v, "BLOCK_S": _block_s(n)}
+    # the launch values of the specialized ints, for contiguous q [B, H, d_qk] and indices [B, topk]
+    # (B, H, topk and max_splits are do_not_specialize in the split kernel)
+    strides = {"stride_qb": num_heads * lay.d_qk, "stride_qh": lay.d_qk, "stride_ib": topk}
     return [
-        _spec("sparse_mla_split", fn, split_types, split_const, config.num_warps, config.num_stages),
-        _spec("sparse_mla_combine", _compilable(_sparse_mla_combine_kernel), comb_types, comb_const, 4, 1),
+        _spec("sparse_mla_split", fn, split_types, split_const, config.num_warps, config.num_stages, strides),
+        _spec(
+            "sparse_mla_combine",
+            _compilable(_sparse_mla_combine_kernel),
+            comb_types,
+            comb_const,
+            4,
+            1,
+            {"n_splits": n, "max_splits": n},
+        ),
     ]
 
 

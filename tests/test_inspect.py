@@ -716,3 +716,82 @@ def test_live_figures_from_jit_after_launch(tmp_path):
     spec_attrs = dataclasses.replace(spec, attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
     cross = kc.compile_figures(spec_attrs, major * 10 + minor, root=tmp_path)
     assert kc.compare_live(cross, live[0]) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# compile_specs specializes every argument as a launch does (what is inspected is what runs)
+
+
+def launch_specialization_mismatches(layout: str, H: int, topk: int, B: int, label: str) -> list[str]:
+    """Run the launcher with its two @jit kernels replaced by recorders, feed each recorded argument to
+    Triton's own launch-time specialization (``native_specialize_impl``, what the jit binder calls) and
+    compare with ``compile_specs``' signature, constexprs and attrs. Needs a Python without
+    TRITON_INTERPRET (see :func:`in_child`); runs on the CPU (nothing is compiled or launched)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    import kernels.sparse_mla_decode as m
+
+    calls: dict[str, tuple] = {}
+
+    class Recorder:
+        def __init__(self, name, fn):
+            self.name, self.fn = name, fn
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.setdefault(self.name, (self.fn, args, kw))
+
+    real = {"sparse_mla_split": m._sparse_mla_split_kernel, "sparse_mla_combine": m._sparse_mla_combine_kernel}
+    x = m.make_inputs(layout, B, H, topk, 64, 4096, "cpu")
+    cfg = parse_variant({"name": "t", **_config_dict(label)}).configs[0]
+    try:
+        m._sparse_mla_split_kernel = Recorder("sparse_mla_split", real["sparse_mla_split"])
+        m._sparse_mla_combine_kernel = Recorder("sparse_mla_combine", real["sparse_mla_combine"])
+        m.SparseMLADecode(parse_variant({"name": "t", **_config_dict(label)}))(
+            x["q"], x["kv_cache"], x["indices"], layout, 64, x["sm_scale"]
+        )
+    finally:
+        m._sparse_mla_split_kernel = real["sparse_mla_split"]
+        m._sparse_mla_combine_kernel = real["sparse_mla_combine"]
+    specs = {s.name: s for s in m.compile_specs(layout, H, topk, cfg, batch=B)}
+    bad = []
+    for name, (fn, args, _kw) in calls.items():
+        spec, dns = specs[name], set(getattr(fn, "do_not_specialize", []) or [])
+        dns = {fn.arg_names[a] if isinstance(a, int) else a for a in dns}
+        for i, (a, v) in enumerate(zip(fn.arg_names, args, strict=False)):  # constexprs come as kwargs
+            kind, attr = native_specialize_impl(BaseBackend, v, False, a not in dns, True)
+            want_sig = "constexpr" if kind == "constexpr" else kind
+            got_sig = spec.signature[a]
+            got_attr = "D" if [["tt.divisibility", 16]] == (spec.attrs or {}).get((i,)) else ""
+            if got_sig != want_sig or (kind != "constexpr" and (attr or "") != got_attr):
+                bad.append(
+                    f"{name}.{a}={v if not hasattr(v, 'shape') else 'tensor'}: launch ({kind}, {attr!r}), "
+                    f"compile_specs ({got_sig}, {got_attr!r})"
+                )
+    assert "sparse_mla_split" in calls
+    return bad
+
+
+def _config_dict(label: str) -> dict:
+    t, h, w, s, k = re.fullmatch(r"T(\d+)_H(\d+)_w(\d+)_s(\d+)_k(\w+)", label).groups()
+    return {
+        "BLOCK_T": int(t),
+        "BLOCK_H": int(h),
+        "num_warps": int(w),
+        "num_stages": int(s),
+        "num_splits": k if k == "auto" else int(k),
+    }
+
+
+@pytest.mark.parametrize(
+    "layout,H,topk,B,label",
+    [
+        ("deepseek_v32", 128, 2048, 1, "T64_H64_w8_s2_kauto"),  # 32 splits: the combine runs
+        ("deepseek_v32", 16, 2048, 128, "T32_H16_w4_s3_k4"),
+        ("deepseek_v4", 64, 512, 8, "T64_H64_w8_s1_kauto"),
+        ("deepseek_v4", 64, 100, 2, "T32_H16_w4_s2_kauto"),  # top-k 100: stride_ib not a multiple of 16
+    ],
+)
+def test_compile_specs_specialize_like_a_launch(layout, H, topk, B, label):
+    bad = in_child(f"T.launch_specialization_mismatches({layout!r}, {H}, {topk}, {B}, {label!r})")
+    assert bad == []
