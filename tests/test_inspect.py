@@ -718,6 +718,42 @@ def test_live_figures_from_jit_after_launch(tmp_path):
     assert kc.compare_live(cross, live[0]) == []
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout,H,topk,B,label", [("deepseek_v32", 128, 2048, 4, "T64_H64_w8_s2_kauto")])
+def test_the_launched_binary_is_the_inspected_one(layout, H, topk, B, label):
+    """The cubin a real launch compiled (the JIT cache) is byte for byte the one compile_specs'
+    split-kernel spec compiles to for this GPU: what the build stage inspects is what runs."""
+    import hashlib
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    m = _kernel_module()
+    cfg = parse_variant({"name": "t", **_config_dict(label)}).configs[0]
+    x = m.make_inputs(layout, B, H, topk, 64, 1 << 16, "cuda")
+    m.SparseMLADecode(Variant("t", (cfg,)))(x["q"], x["kv_cache"], x["indices"], layout, 64, x["sm_scale"])
+    torch.cuda.synchronize()
+    fn = m._sparse_mla_split_kernel
+    launched = [
+        k.asm["cubin"]
+        for c in fn.device_caches.values()
+        for k in (c[0] if isinstance(c, tuple) else c).values()
+        if k.metadata.num_warps == cfg.num_warps and k.metadata.num_stages == cfg.num_stages
+    ]
+    major, minor = torch.cuda.get_device_capability()
+    arch = major * 10 + minor
+    spec = m.compile_specs(layout, H, topk, cfg, batch=B)[0]
+    src = ASTSource(kc.as_jit(spec.fn), dict(spec.signature), dict(spec.constexprs), spec.attrs)
+    with kc.ptxas_for(arch):
+        inspected = triton.compile(
+            src,
+            target=GPUTarget("cuda", arch, 32),
+            options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
+        ).asm["cubin"]
+    sha = [hashlib.sha256(b).hexdigest()[:16] for b in launched]
+    assert hashlib.sha256(inspected).hexdigest()[:16] in sha, (sha, hashlib.sha256(inspected).hexdigest()[:16])
+
+
 # ----------------------------------------------------------------------------------------------
 # compile_specs specializes every argument as a launch does (what is inspected is what runs)
 
