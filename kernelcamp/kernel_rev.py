@@ -113,14 +113,34 @@ def _kernels_imports(source: bytes) -> list[str]:
     return found
 
 
+#: What the stages call on the baseline's kernel module (build: compile_specs; benchmark, verify: the launcher).
+REQUIRED_NAMES = ("SparseMLADecode", "compile_specs")
+
+
+def _top_level_names(source: bytes) -> set[str]:
+    """Names a module's source binds at its top level (defs, classes, assignments, imports)."""
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
 def resolve_kernel_rev(rev: object, module: str, root: Path | None = None) -> KernelRev:
     """Resolve ``baseline.kernel_rev`` = ``rev`` for kernel module ``module`` (``kernels.<file>``).
 
     ``root``: the working tree (default: this one, :func:`kernelcamp.hashes.project_root`). Runs git
     read-only and writes nothing. Raises ``KernelcampError`` (one line: what is wrong, what to do) for
     a value that is not a git revision, a tree without git, a revision git cannot resolve to a commit,
-    a commit without the kernel file, or a file there that is not valid Python or imports another
-    module of ``kernels/``.
+    a commit without the kernel file, or a file there that is not valid Python, imports another
+    module of ``kernels/`` or lacks a name of :data:`REQUIRED_NAMES`. In a queued experiment's copy
+    (``root`` is not ``$DVC_ROOT``) only full shas are looked up in the workspace too: the copy has no
+    branches or tags, and the message for a name says to queue the full sha.
     """
     if not isinstance(rev, str) or _BAD_REV_RE.search(rev):
         raise KernelcampError(
@@ -144,6 +164,12 @@ def resolve_kernel_rev(rev: object, module: str, root: Path | None = None) -> Ke
             sha = r.stdout.decode().strip()
             break
     else:
+        if workspace != root and not _SHA_RE.match(rev):
+            raise KernelcampError(
+                f"{WHERE} = {rev!r}: git rev-parse finds no commit of that name in {root}, a copy of the "
+                f"workspace {workspace} without its branches and tags (a queued experiment's): queue the full "
+                f"sha instead (`git rev-parse {rev}` in the workspace prints it)"
+            )
         raise KernelcampError(
             f"{WHERE} = {rev!r}: git rev-parse finds no commit of that name in {root}; give a commit that "
             f"has the kernel (`git log --oneline -- {rel}` lists them), preferably its full sha"
@@ -163,6 +189,13 @@ def resolve_kernel_rev(rev: object, module: str, root: Path | None = None) -> Ke
         raise KernelcampError(
             f"{WHERE} = {rev!r} (commit {sha[:12]}): {rel} there imports {siblings[0]}, which would come from "
             "the working tree, not from that commit; kernel_rev takes a self-contained kernel file"
+        )
+    missing = [n for n in REQUIRED_NAMES if n not in _top_level_names(source)]
+    if missing:
+        raise KernelcampError(
+            f"{WHERE} = {rev!r} (commit {sha[:12]}): {rel} there defines no {missing[0]}, which build, benchmark "
+            f"and verify call on the baseline's kernel; pick a commit whose kernel has the working tree's API "
+            f"({', '.join(REQUIRED_NAMES)})"
         )
     return KernelRev(rev, sha, rel, hashlib.sha256(source).hexdigest(), repo, source)
 

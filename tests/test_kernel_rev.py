@@ -68,6 +68,8 @@ def repo(tmp_path_factory) -> dict:
     shas["second"] = _commit(ws, "kernel edited")
     (ws / KFILE).write_bytes(src + b"\nfrom kernels.common import helper  # noqa\n")
     shas["sibling"] = _commit(ws, "kernel importing a sibling")
+    (ws / KFILE).write_bytes(src.replace(b"class SparseMLADecode:", b"class SparseMLADecoder:"))
+    shas["renamed"] = _commit(ws, "kernel whose launcher has another name")
     (ws / KFILE).write_bytes(src + b"\n# working tree\n")
     return {"ws": ws, "shas": shas, "blobs": {"first": src, "second": src + b"\n# second\n"}}
 
@@ -122,6 +124,8 @@ BAD_REVS = [
      r"not exist at that commit .*git log --oneline -- kernels/sparse_mla_decode\.py`$"),
     ("sibling", r"^baseline\.kernel_rev = '[0-9a-f]{40}' \(commit [0-9a-f]{12}\): kernels/sparse_mla_decode\.py "
      r"there imports kernels\.common, which would come from the working tree"),
+    ("renamed", r"^baseline\.kernel_rev = '[0-9a-f]{40}' \(commit [0-9a-f]{12}\): kernels/sparse_mla_decode\.py "
+     r"there defines no SparseMLADecode, which build, benchmark and verify call"),
     ("-ofoo", r"^baseline\.kernel_rev = '-ofoo': expected a git commit"),
     ("HEAD HEAD", r"^baseline\.kernel_rev = 'HEAD HEAD': expected a git commit"),
     ("", r"^baseline\.kernel_rev = '': expected a git commit"),
@@ -398,3 +402,19 @@ def test_the_report_names_each_sides_kernel_rev_and_source_hash() -> None:
     assert f"| baseline kernel rev (null: the working tree's file) | {sha} |" in md
     assert f"| baseline kernel source hash | {base} |" in md
     assert f"| kernel source hash (candidate: the working tree's file) | {cand} |" in md
+
+
+def test_a_name_in_a_queued_experiments_copy_says_to_queue_the_full_sha(repo: dict, tmp_path: Path) -> None:
+    # DVC runs a queued experiment in a copy of the repo without the workspace's branches and tags
+    copy = tmp_path / "copy"
+    (copy / "kernels").mkdir(parents=True)
+    _git(copy, "init", "-q")
+    (copy / KFILE).write_bytes((repo["ws"] / KFILE).read_bytes())
+    _commit(copy, "the experiment's commit")
+    with pytest.raises(KernelcampError) as e:
+        parse_spec(_params(kernel_rev="kernel-v1"), root=copy)  # a tag of the workspace ($DVC_ROOT)
+    msg = str(e.value)
+    assert "queued experiment" in msg and "git rev-parse kernel-v1" in msg and "\n" not in msg, msg
+    # its full sha is found in the workspace
+    spec = parse_spec(_params(kernel_rev=repo["shas"]["first"]), root=copy)
+    assert spec.baseline.kernel_rev == repo["shas"]["first"]
