@@ -823,8 +823,6 @@ def _config_dict(label: str) -> dict:
     "layout,H,topk,B,label",
     [
         ("deepseek_v32", 128, 2048, 1, "T64_H64_w8_s2_kauto"),  # 32 splits: the combine runs
-        ("deepseek_v32", 16, 2048, 128, "T32_H16_w4_s3_k4"),
-        ("deepseek_v4", 64, 512, 8, "T64_H64_w8_s1_kauto"),
         ("deepseek_v4", 64, 100, 2, "T32_H16_w4_s2_kauto"),  # top-k 100: stride_ib not a multiple of 16
     ],
 )
