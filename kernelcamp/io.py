@@ -58,6 +58,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+def repo_relative(path: str | os.PathLike, root: str | os.PathLike) -> str:
+    """``path`` as a record keeps it: relative to ``root`` (posix, e.g. ``.kernelcamp/slot0/server.log``)
+    when it lies under ``root``, else as given (a remote host's path), so that no path of this machine
+    is committed with a run's records."""
+    p, r = Path(path), Path(root)
+    return (p.relative_to(r) if p.is_absolute() and p.is_relative_to(r) else p).as_posix()
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_path(path) as tmp:

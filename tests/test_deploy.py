@@ -77,8 +77,10 @@ def test_embedded_stage_restart_and_reuse(params, tmp_path):
     assert rec["seconds_to_healthy"] > 0 and rec["url"].startswith("http://127.0.0.1:")
     for key in ("flags", "pid", "timestamp", "deploy_id", "kernel_source_hash"):
         assert rec[key]
+    assert rec["log"] == ".kernelcamp/server.log", "records keep workspace paths relative, never this machine's"
     again = deploy(params, tmp_path)  # same hash and flags: a no-op
     assert again["reused"] and again["pid"] == rec["pid"] and again["deploy_id"] == rec["deploy_id"]
+    assert again["log"] == ".kernelcamp/server.log"
     changed = copy.deepcopy(params)
     changed["server"]["max_running_requests"] = 2  # other flags: the old server holds the port and is replaced
     new = deploy(changed, tmp_path)
@@ -174,6 +176,7 @@ def test_command_target_launch_reuse_stop(params, tmp_path):
     }
     rec = deploy(params, tmp_path)
     assert rec["hash_verified"] and rec["checksums_match"] and not rec["reused"]
+    assert rec["log"] == ".kernelcamp/command.log"
     assert (
         Path(params["deploy"]["kernel_dest"]).read_bytes() == (ROOT / "kernels" / "sparse_mla_decode.py").read_bytes()
     )

@@ -92,6 +92,9 @@ def test_ab_interleaved_both_impls_ratios_step_models(params, candidate_app, env
     _assert_stopped(seen, env)
     assert seen["port"] == port + 1
     assert res["baseline_measured"] and res["baseline"]["stopped"]
+    # the record keeps workspace paths relative, never this machine's
+    assert res["baseline"]["state_file"] == ".kernelcamp/baseline-server.json"
+    assert res["baseline"]["log"] == ".kernelcamp/baseline-server.log"
     rows = res["levels"]
     assert len(rows) == 2 * 2 * 2  # impls x levels x repeats
     for c in (4, 1):

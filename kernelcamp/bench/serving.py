@@ -61,6 +61,7 @@ import httpx
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import params_variant_hash
+from kernelcamp.io import repo_relative
 from kernelcamp.loadgen import default_prompts, progress_line, run_window_sync
 from kernelcamp.ports import baseline_port
 from kernelcamp.provenance import device_info, git_info, now_utc
@@ -364,7 +365,7 @@ def baseline_server(
     started. Always stopped on exit (process group, port freed), also on KeyboardInterrupt/SIGTERM.
     Yields ``{url, port, pid, variant_name, variant_hash, seconds_to_ready, state_file, log}``.
     """
-    from kernelcamp.deploy.common import _wait_port_free, kill_group, state_dir, stop_state
+    from kernelcamp.deploy.common import _wait_port_free, kill_group, state_dir, stop_state, workspace
     from kernelcamp.deploy.embedded import BASELINE_STEM, start_embedded
 
     u = urlsplit(candidate_url)
@@ -395,8 +396,8 @@ def baseline_server(
                 "variant_hash": bhash,
                 "seconds_to_ready": round(seconds, 3),
                 "server_info": facts.get("info"),
-                "state_file": str(spath),
-                "log": str(sdir / f"{BASELINE_STEM}.log"),
+                "state_file": repo_relative(spath, workspace(root)),
+                "log": repo_relative(sdir / f"{BASELINE_STEM}.log", workspace(root)),
             }
         finally:
             with signals_deferred():

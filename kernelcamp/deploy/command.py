@@ -18,9 +18,10 @@ from kernelcamp.deploy.common import (
     probe_ready,
     state_dir,
     wait_ready,
+    workspace,
 )
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import write_json_atomic, write_text_atomic
+from kernelcamp.io import repo_relative, write_json_atomic, write_text_atomic
 from kernelcamp.provenance import dvc_root, now_utc, sha256_file
 
 
@@ -92,7 +93,18 @@ def deploy_command(params: dict[str, Any], root: str | Path | None = None) -> di
         raise
     files = [kernel_file(kpath, local, remote, dest=str(dest))]
     return _record(
-        "command", url, variant, vhash, khash, flags, files, round(seconds, 3), proc.pid, False, facts, log=str(log)
+        "command",
+        url,
+        variant,
+        vhash,
+        khash,
+        flags,
+        files,
+        round(seconds, 3),
+        proc.pid,
+        False,
+        facts,
+        log=repo_relative(log, workspace(root)),
     )
 
 

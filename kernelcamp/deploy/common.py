@@ -17,7 +17,7 @@ import httpx
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import kernel_module_path, kernel_source_hash, project_root, server_flags, variant_hash
-from kernelcamp.io import pid_alive
+from kernelcamp.io import pid_alive, repo_relative
 from kernelcamp.ports import in_sweep, port_is_free, worker_slot
 from kernelcamp.provenance import dvc_root, now_utc
 from kernelcamp.serve.client import INFO_PATH, auth_headers
@@ -26,12 +26,19 @@ from kernelcamp.variant import parse_variant
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def workspace(root: str | Path | None = None) -> Path:
+    """The workspace a stage works in: ``root`` when given, else ``$DVC_ROOT`` (the real workspace, also
+    for queued experiments). Its ``.kernelcamp/`` holds the server state (:func:`state_dir`), and the
+    records keep paths relative to it (:func:`kernelcamp.io.repo_relative`)."""
+    return Path(root) if root is not None else dvc_root()
+
+
 def state_dir(root: str | Path | None = None, slot: int | None = None) -> Path:
     """``$DVC_ROOT/.kernelcamp`` (the real workspace, also for queued experiments); a ``kernelcamp
     sweep`` worker in slot N keeps its own state in ``.kernelcamp/slotN`` so that workers never stop
     each other's servers, nor the workspace's own. ``slot`` names a worker's folder from outside it
     (the sweep, cleaning up after its workers)."""
-    d = (Path(root) if root is not None else dvc_root()) / ".kernelcamp"
+    d = workspace(root) / ".kernelcamp"
     if slot is not None:
         return d / f"slot{int(slot)}"
     return d / f"slot{worker_slot()}" if in_sweep() else d
@@ -240,9 +247,8 @@ def kernel_file(kpath: Path, sha256_local: str, sha256_remote: str | None, **ext
     """The deploy record's ``files`` entry of the kernel module: its path relative to the tree it was
     read from (``kernels/<name>.py``; a queued experiment's temporary copy or the workspace, never a
     path of this machine), its local hash and the one the server reports, plus ``extra`` (``dest``)."""
-    root = project_root()
-    path = kpath.relative_to(root) if kpath.is_relative_to(root) else kpath
-    return {"path": path.as_posix(), **extra, "sha256_local": sha256_local, "sha256_remote": sha256_remote}
+    path = repo_relative(kpath, project_root())
+    return {"path": path, **extra, "sha256_local": sha256_local, "sha256_remote": sha256_remote}
 
 
 def _record(

@@ -26,10 +26,11 @@ from kernelcamp.deploy.common import (
     state_dir,
     stop_state,
     wait_ready,
+    workspace,
 )
 from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import server_flags
-from kernelcamp.io import write_json_atomic, write_text_atomic
+from kernelcamp.io import repo_relative, write_json_atomic, write_text_atomic
 from kernelcamp.ports import PORT_STRIDE, baseline_port, worker_port
 from kernelcamp.provenance import now_utc, sha256_file
 from kernelcamp.serve.client import client_url, exposure_warning
@@ -149,7 +150,7 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
                 st["pid"],
                 True,
                 facts,
-                log=str(log),
+                log=repo_relative(log, workspace(root)),
                 port=used,
                 configured_port=port,
                 port_note=note,
@@ -175,7 +176,7 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
         proc.pid,
         False,
         facts,
-        log=str(log),
+        log=repo_relative(log, workspace(root)),
         port=used,
         configured_port=port,
         port_note=note,
