@@ -171,21 +171,8 @@ def test_a_tree_outside_git_is_refused(tmp_path: Path) -> None:
         parse_spec(_params(kernel_rev="HEAD"), root=tmp_path)
 
 
-def test_the_spec_stage_refuses_a_bad_rev_with_exit_2_and_writes_nothing(tmp_path: Path) -> None:
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(_params(kernel_rev="no-such-rev-anywhere")))
-    out = tmp_path / "reports" / "spec.json"
-    out.parent.mkdir()
-    out.write_text("previous\n")
-    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    r = subprocess.run(
-        [sys.executable, "-m", "stages.spec", "--params", "params.yaml", "--out", str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_the_spec_stage_refuses_a_bad_rev_with_exit_2_and_writes_nothing(tmp_path: Path, run_spec_stage) -> None:
+    r, out = run_spec_stage(_params(kernel_rev="no-such-rev-anywhere"))
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("error: baseline.kernel_rev = 'no-such-rev-anywhere': "), line

@@ -249,23 +249,10 @@ def test_ssh_fields_that_would_reach_ssh_as_options_are_refused(key: str, value:
         parse_spec(_with(p, key, value))
 
 
-def test_the_spec_stage_refuses_bad_params_before_writing_anything(tmp_path: Path) -> None:
+def test_the_spec_stage_refuses_bad_params_before_writing_anything(run_spec_stage) -> None:
     """`-S variant.num_warps=4.0` skipped every stage (DVC compares 4.0 == 4) and recorded nothing;
     the spec stage always runs and stops with one line, exit 2, its output untouched."""
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(_with(PARAMS, "variant.num_warps", 4.0)))
-    out = tmp_path / "reports" / "spec.json"
-    out.parent.mkdir()
-    out.write_text("previous\n")
-    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT)}  # the stage from this tree
-    env.pop("MLFLOW_TRACKING_URI", None)
-    r = subprocess.run(
-        [sys.executable, "-m", "stages.spec", "--params", "params.yaml", "--out", str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r, out = run_spec_stage(_with(PARAMS, "variant.num_warps", 4.0))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert lines == ["error: variant.num_warps = 4.0: expected an integer >= 1"]
