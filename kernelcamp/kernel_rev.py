@@ -100,10 +100,10 @@ def _is_git_repo(repo: Path) -> bool:
     return _git(repo, "rev-parse", "--git-dir").returncode == 0
 
 
-def _kernels_imports(source: bytes) -> list[str]:
-    """Modules of the ``kernels`` package (or relative ones) that ``source`` imports."""
+def _kernels_imports(tree: ast.Module) -> list[str]:
+    """Modules of the ``kernels`` package (or relative ones) that a parsed kernel file imports."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             mod = node.module or ""
             if node.level or mod == "kernels" or mod.startswith("kernels."):
@@ -117,10 +117,10 @@ def _kernels_imports(source: bytes) -> list[str]:
 REQUIRED_NAMES = ("SparseMLADecode", "compile_specs")
 
 
-def _top_level_names(source: bytes) -> set[str]:
-    """Names a module's source binds at its top level (defs, classes, assignments, imports)."""
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """Names a parsed module binds at its top level (defs, classes, assignments, imports)."""
     names: set[str] = set()
-    for node in ast.parse(source).body:
+    for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -182,15 +182,16 @@ def resolve_kernel_rev(rev: object, module: str, root: Path | None = None) -> Ke
         )
     source = blob.stdout
     try:
-        siblings = _kernels_imports(source)
+        tree = ast.parse(source)
     except (SyntaxError, ValueError) as e:
         raise KernelcampError(f"{WHERE} = {rev!r} (commit {sha[:12]}): {rel} there is not valid Python ({e})") from None
+    siblings = _kernels_imports(tree)
     if siblings:
         raise KernelcampError(
             f"{WHERE} = {rev!r} (commit {sha[:12]}): {rel} there imports {siblings[0]}, which would come from "
             "the working tree, not from that commit; kernel_rev takes a self-contained kernel file"
         )
-    missing = [n for n in REQUIRED_NAMES if n not in _top_level_names(source)]
+    missing = [n for n in REQUIRED_NAMES if n not in _top_level_names(tree)]
     if missing:
         raise KernelcampError(
             f"{WHERE} = {rev!r} (commit {sha[:12]}): {rel} there defines no {missing[0]}, which build, benchmark "
