@@ -55,24 +55,8 @@ B1_TARGET_US = 12.0
 
 
 def parse_config_label(label: str) -> LaunchConfig:
-    """``T16_H16_w4_s2_kauto`` (LaunchConfig.label) -> LaunchConfig. Raises ValueError on a bad label."""
-    parts = label.strip().split("_")
-    try:
-        if len(parts) != 5 or [p[0] for p in parts] != ["T", "H", "w", "s", "k"]:
-            raise ValueError
-        splits = parts[4][1:]
-        return LaunchConfig(
-            int(parts[0][1:]),
-            int(parts[1][1:]),
-            int(parts[2][1:]),
-            int(parts[3][1:]),
-            "auto" if splits == "auto" else int(splits),
-        )
-    except ValueError:
-        raise ValueError(
-            f"config {label!r}: expected T<BLOCK_T>_H<BLOCK_H>_w<warps>_s<stages>_k<splits|auto>, "
-            "e.g. T16_H16_w4_s2_kauto"
-        ) from None
+    """``T16_H16_w4_s2_kauto`` -> LaunchConfig (:meth:`LaunchConfig.from_label`). Raises ValueError on a bad label."""
+    return LaunchConfig.from_label(label)
 
 
 def grid_configs(args: argparse.Namespace) -> list[LaunchConfig]:

@@ -36,9 +36,8 @@ SHAPES = [("v32", "deepseek_v32", 128, 2048), ("v4", "deepseek_v4", 64, 512), ("
 
 
 def parse(label: str) -> LaunchConfig:
-    m = re.fullmatch(r"T(\d+)_H(\d+)_w(\d+)_s(\d+)", label)
-    t, h, w, s = map(int, m.groups())
-    return LaunchConfig(BLOCK_T=t, BLOCK_H=h, num_warps=w, num_stages=s, num_splits="auto")
+    """``T32_H64_w8_s1`` (a label without the split) -> its config with num_splits "auto"."""
+    return LaunchConfig.from_label(f"{label}_kauto")
 
 
 def sass_counts(cubin: bytes) -> tuple[int, int, str]:

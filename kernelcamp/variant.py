@@ -74,6 +74,29 @@ class LaunchConfig:
         base = f"T{self.BLOCK_T}_H{self.BLOCK_H}_w{self.num_warps}_s{self.num_stages}_k{self.num_splits}"
         return base if self.max_batch is None else f"{base}_b{self.max_batch}"
 
+    @classmethod
+    def from_label(cls, label: str) -> LaunchConfig:
+        """The config of a :meth:`label` without a batch-table bound: ``T16_H16_w4_s2_kauto`` ->
+        ``LaunchConfig(16, 16, 4, 2, "auto")``. Raises ``ValueError`` (one line, with the expected form)
+        for anything else."""
+        parts = label.strip().split("_")
+        try:
+            if len(parts) != 5 or [p[0] for p in parts] != ["T", "H", "w", "s", "k"]:
+                raise ValueError
+            splits = parts[4][1:]
+            return cls(
+                int(parts[0][1:]),
+                int(parts[1][1:]),
+                int(parts[2][1:]),
+                int(parts[3][1:]),
+                "auto" if splits == "auto" else int(splits),
+            )
+        except ValueError:
+            raise ValueError(
+                f"config {label!r}: expected T<BLOCK_T>_H<BLOCK_H>_w<warps>_s<stages>_k<splits|auto>, "
+                "e.g. T16_H16_w4_s2_kauto"
+            ) from None
+
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict; ``max_batch`` only when set (so configs without it hash as before)."""
         d = asdict(self)

@@ -729,7 +729,7 @@ def test_the_launched_binary_is_the_inspected_one(layout, H, topk, B, label):
     from triton.compiler import ASTSource
 
     m = _kernel_module()
-    cfg = parse_variant({"name": "t", **_config_dict(label)}).configs[0]
+    cfg = LaunchConfig.from_label(label)
     x = m.make_inputs(layout, B, H, topk, 64, 1 << 16, "cuda")
     m.SparseMLADecode(Variant("t", (cfg,)))(x["q"], x["kv_cache"], x["indices"], layout, 64, x["sm_scale"])
     torch.cuda.synchronize()
@@ -779,13 +779,11 @@ def launch_specialization_mismatches(layout: str, H: int, topk: int, B: int, lab
 
     real = {"sparse_mla_split": m._sparse_mla_split_kernel, "sparse_mla_combine": m._sparse_mla_combine_kernel}
     x = m.make_inputs(layout, B, H, topk, 64, 4096, "cpu")
-    cfg = parse_variant({"name": "t", **_config_dict(label)}).configs[0]
+    cfg = LaunchConfig.from_label(label)
     try:
         m._sparse_mla_split_kernel = Recorder("sparse_mla_split", real["sparse_mla_split"])
         m._sparse_mla_combine_kernel = Recorder("sparse_mla_combine", real["sparse_mla_combine"])
-        m.SparseMLADecode(parse_variant({"name": "t", **_config_dict(label)}))(
-            x["q"], x["kv_cache"], x["indices"], layout, 64, x["sm_scale"]
-        )
+        m.SparseMLADecode(Variant("t", (cfg,)))(x["q"], x["kv_cache"], x["indices"], layout, 64, x["sm_scale"])
     finally:
         m._sparse_mla_split_kernel = real["sparse_mla_split"]
         m._sparse_mla_combine_kernel = real["sparse_mla_combine"]
@@ -806,17 +804,6 @@ def launch_specialization_mismatches(layout: str, H: int, topk: int, B: int, lab
                 )
     assert "sparse_mla_split" in calls
     return bad
-
-
-def _config_dict(label: str) -> dict:
-    t, h, w, s, k = re.fullmatch(r"T(\d+)_H(\d+)_w(\d+)_s(\d+)_k(\w+)", label).groups()
-    return {
-        "BLOCK_T": int(t),
-        "BLOCK_H": int(h),
-        "num_warps": int(w),
-        "num_stages": int(s),
-        "num_splits": k if k == "auto" else int(k),
-    }
 
 
 @pytest.mark.parametrize(

@@ -114,3 +114,11 @@ def test_bad_batch_table_is_one_line_naming_the_row(configs, extra, match):
 def test_max_batch_on_a_single_config_says_where_it_belongs():
     with pytest.raises(KernelcampError, match="max_batch belongs to a row of a batch table"):
         parse_variant({"name": "t", **_row(max_batch=8)})
+
+
+def test_a_config_label_parses_back_to_its_config():
+    for cfg in (LaunchConfig(16, 16, 4, 2, "auto"), LaunchConfig(64, 64, 8, 1, 32)):
+        assert LaunchConfig.from_label(cfg.label()) == cfg
+    for bad in ("T16_H16_w4_s2", "T16_H16_w4_s2_kx", "X16_H16_w4_s2_kauto", "T16_H16_w4_s2_kauto_b8"):
+        with pytest.raises(ValueError, match=rf"config '{bad}': expected T<BLOCK_T>_H<BLOCK_H>_w<warps>"):
+            LaunchConfig.from_label(bad)
