@@ -348,10 +348,10 @@ class DecoderModel:
         page lists -> their next tokens. Pads to a graph bucket when graphs are on."""
         b = len(tokens)
         nb = self.bucket_for(b) if self.cuda_graphs else b
+        if self.cuda_graphs and nb not in self.graphs:
+            self._capture(nb)  # before _load: the capture loads (and runs) its own dummy inputs
         self._load(tokens, positions, pages, nb)
         if self.cuda_graphs:
-            if nb not in self.graphs:
-                self._capture(nb)
             self.graphs[nb].replay()
             self.attn_ms_last = float("nan")
         else:
