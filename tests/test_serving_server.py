@@ -137,6 +137,21 @@ def test_info_reports_hash_and_steps(server, params):
     assert info["attention_share"]["calibration"]
 
 
+def test_step_records_state_kind_bucket_and_no_gpu_time_on_a_cpu(server):
+    # Issue 12: the noise probe splits a decode step into GPU time and the rest, per padded bucket.
+    with httpx.Client(base_url=server, timeout=60) as c:
+        since = c.get(INFO, params={"steps": 0}).json()["counts"]["step_index"]
+        c.post("/v1/completions", json={"prompt": "one lone request", "max_tokens": 4})
+        steps = c.get(INFO, params={"since": since}).json()["steps"]
+    assert [s["kind"] for s in steps] == ["prefill"] + ["decode"] * 3, steps
+    assert steps[0]["bucket"] is None and "gpu_ms" not in steps[0]
+    dec = steps[1:]
+    assert [s["bucket"] for s in dec] == [s["batch"] for s in dec] == [1, 1, 1]  # eager on a CPU: no padding
+    assert [s["gpu_ms"] for s in dec] == [None] * 3 and [s["launch_ms"] for s in dec] == [None] * 3
+    assert [s["prefills"] for s in dec] == [1, 0, 0]  # the prefill ran before the first decode step only
+    assert all(s["step_ms"] > 0 for s in dec)
+
+
 @pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_load_benchmark_and_verify(server, params):
     rows = run_load(server, [4, 1], max_tokens=6, num_prompts_per_level=8, timeout_s=60, progress=False)

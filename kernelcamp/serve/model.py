@@ -210,6 +210,14 @@ class DecoderModel:
         self.cuda_graphs = bool(cuda_graphs and self.on_gpu)
         self.graphs_disabled_reason = None if self.cuda_graphs else ("no GPU" if not self.on_gpu else "flag off")
         self.attn_ms_last = 0.0
+        # what the last decode step ran (see :meth:`decode`): its padded batch and, on a GPU, its timing
+        self.last_bucket: int | None = None
+        self.gpu_ms_last: float | None = None
+        self.launch_ms_last: float | None = None
+        # two timing events around each decode step's replay or forward, created once (a few us per step)
+        self._step_events = (
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.on_gpu else None
+        )
         self.calibration: dict[int, dict[str, float]] = {}
 
     # ---- weights -------------------------------------------------------------------------------
@@ -345,12 +353,24 @@ class DecoderModel:
     @torch.inference_mode()
     def decode(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> list[int]:
         """One decode step for B requests: their last tokens, positions (= tokens already cached) and
-        page lists -> their next tokens. Pads to a graph bucket when graphs are on."""
+        page lists -> their next tokens. Pads to a graph bucket when graphs are on.
+
+        Sets what the step ran, for the server's step record: ``last_bucket`` (the padded batch the
+        graph replayed; B when eager), and on a GPU ``gpu_ms_last`` (ms between two CUDA events recorded
+        on the stream around the replay or eager forward, read after the sync that ``.tolist()`` does
+        anyway; it starts once the step's input copies are done and ends before the output copy) and
+        ``launch_ms_last`` (host ms from recording the first event to the launch's return: any of it
+        the GPU spent idle waiting for the launch, e.g. while this thread waited for the GIL, is inside
+        ``gpu_ms_last``; eager, it spans the whole forward's launches). Both None on a CPU."""
         b = len(tokens)
         nb = self.bucket_for(b) if self.cuda_graphs else b
         if self.cuda_graphs and nb not in self.graphs:
             self._capture(nb)  # before _load: the capture loads (and runs) its own dummy inputs
         self._load(tokens, positions, pages, nb)
+        ev = self._step_events
+        t_launch = time.perf_counter()
+        if ev is not None:
+            ev[0].record()
         if self.cuda_graphs:
             self.graphs[nb].replay()
             self.attn_ms_last = float("nan")
@@ -369,7 +389,14 @@ class DecoderModel:
 
             self.next_tok[:nb] = self._forward(self.tok[:nb], self.pos[:nb], self.ptab[:nb], timer)
             self.attn_ms_last = acc[0] * 1e3 if timer else float("nan")
-        return self.next_tok[:b].tolist()
+        if ev is not None:
+            ev[1].record()
+        launch_ms = (time.perf_counter() - t_launch) * 1e3
+        out = self.next_tok[:b].tolist()  # copies to the host and so waits for the stream: both events are done
+        self.last_bucket = nb
+        self.gpu_ms_last = ev[0].elapsed_time(ev[1]) if ev is not None else None
+        self.launch_ms_last = launch_ms if ev is not None else None
+        return out
 
     def _capture(self, nb: int) -> None:
         """Eager warm-up (autotuning, compiles) on a side stream, then capture the bucket's graph."""

@@ -37,7 +37,9 @@ task awaiting each step on a worker thread, the next step could start only once 
 round to it, behind every pending SSE write (about 10,000 a second at concurrency 64 on an H200), so
 the step rate could depend on the streaming load (issue 12's suspect for a 5% run-to-run spread in
 tok/s; ``benchmarks/serving_noise_probe.sh`` compares two trees). The model thread still shares the GIL with
-the event loop. Step records' ``step_ms`` is the model step alone, timed on the model thread.
+the event loop. Step records' ``step_ms`` is the model step alone, timed on the model thread; decode
+records also carry the GPU time of the step (``gpu_ms``, CUDA events) and its padded ``bucket`` (fields:
+:meth:`Engine.stats`).
 ``server.overlap_scheduling`` is not implemented (``overlap_scheduling_active: false`` in info); the
 embedded deploy refuses it (kernelcamp.deploy.embedded).
 
@@ -142,6 +144,7 @@ class Engine:
         self._cv = threading.Condition()
         self._calls: list[tuple[Any, tuple, asyncio.Future]] = []  # (fn, args, future) for the model thread
         self._prefilling: _Req | None = None
+        self._prefills_since_decode = 0  # prefills run since the last decode step (model thread)
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._events: asyncio.AbstractEventLoop | None = None  # the loop whose queues get the tokens
@@ -262,6 +265,7 @@ class Engine:
                 self._prefilling = None
                 self._record("prefill", len(r.prompt), ms, float("nan"))
                 self.counts["prefills"] += 1
+                self._prefills_since_decode += 1
                 self._emit(r, tok, out)
                 if len(r.generated) >= r.max_tokens or r.cancelled:
                     self._finish(r)
@@ -284,10 +288,12 @@ class Engine:
         else:
             nxt = prof.decode_step(self.model, toks, pos, pages)
         ms = (time.perf_counter() - t0) * 1e3
-        bucket = self.model.bucket_for(len(batch)) if self.model.cuda_graphs else len(batch)
+        m = self.model
+        timing = {"gpu_ms": m.gpu_ms_last, "launch_ms": m.launch_ms_last, "prefills": self._prefills_since_decode}
+        self._prefills_since_decode = 0
         out: list[tuple[asyncio.Queue, Any]] = []
         with self._cv:
-            self._record("decode", len(batch), ms, self.model.attn_ms_last, bucket, profiled=prof is not None)
+            self._record("decode", len(batch), ms, m.attn_ms_last, m.last_bucket, profiled=prof is not None, **timing)
             self.counts["decode_steps"] += 1
             for r, t in zip(batch, nxt, strict=True):
                 self._emit(r, t, out)
@@ -319,8 +325,18 @@ class Engine:
 
     # -- model thread, with _cv held ----------------------------------------------------------------
     def _record(
-        self, kind: str, batch: int, ms: float, attn_ms: float, bucket: int | None = None, profiled: bool = False
+        self,
+        kind: str,
+        batch: int,
+        ms: float,
+        attn_ms: float,
+        bucket: int | None = None,
+        profiled: bool = False,
+        gpu_ms: float | None = None,
+        launch_ms: float | None = None,
+        prefills: int | None = None,
     ) -> None:
+        """Append one step record (see :meth:`stats`); ``ms`` etc. in milliseconds, NaN/None: not measured."""
         self.step_index += 1
         rec = {
             "index": self.step_index,
@@ -331,6 +347,10 @@ class Engine:
             "attn_ms": None if attn_ms != attn_ms else round(attn_ms, 4),
             "t": round(time.time(), 4),
         }
+        if kind == "decode":
+            rec["gpu_ms"] = None if gpu_ms is None else round(gpu_ms, 4)
+            rec["launch_ms"] = None if launch_ms is None else round(launch_ms, 4)
+            rec["prefills"] = prefills
         if profiled:  # ran under the profiler (slower than a plain step)
             rec["profiled"] = True
         self.steps.append(rec)
@@ -369,6 +389,17 @@ class Engine:
                     self._cv.notify()
 
     def stats(self, steps: int = 256, since: int | None = None) -> dict[str, Any]:
+        """Counts and step records for the info endpoint: the last ``steps`` records, or with ``since``
+        every kept record whose index is above it (the newest ``history`` are kept).
+
+        A record: ``index``, ``kind`` ("prefill" or "decode"), ``batch`` (requests; a prefill's prompt
+        tokens), ``step_ms`` (host wall time of the model call on the model thread, ms), ``attn_ms``
+        (eager CPU steps only, else None), ``t`` (unix time at its end), ``profiled`` when under the
+        profiler. A decode record also has ``bucket`` (padded graph batch; = batch when eager),
+        ``gpu_ms`` (GPU time of the replay or eager forward, CUDA events; None on a CPU), ``launch_ms``
+        (see :meth:`kernelcamp.serve.model.DecoderModel.decode`) and ``prefills`` (prefills the
+        scheduler ran since the previous decode step: their time is in their own records, not in this
+        step_ms, but in the gap before it). Prefill records have ``bucket`` None."""
         with self._cv:
             all_steps = list(self.steps)
             counts = {
