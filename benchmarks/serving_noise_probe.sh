@@ -10,10 +10,29 @@
 # server; the summary warns when the kernel sources differ), then to one from this tree: one device
 # call compares two servers. Each run is one line of OUTDIR/serving_noise.jsonl: the loadgen JSON row
 # plus "tree" ("before" or "after"; "after" is this tree), "run", and the server's own statistics of
-# the decode steps it recorded during that run (/v1/kernelcamp/info?since=<step index before it>):
-#   server_decode_steps, server_decode_step_ms_{mean,p50,p90}  the step_ms of those steps
+# the decode steps it recorded during that run (/v1/kernelcamp/info?since=<step index before it>;
+# benchmarks/serving_noise_summary.py makes the line; times in ms, profiled steps left out):
+#   server_decode_steps, server_decode_step_ms_{mean,p50,p90}  the step_ms of those steps (host wall time
+#                                  of the model call: input copies, launch, the sync of .tolist())
+#   server_decode_gpu_ms_{mean,p50,p90}, server_decode_gpu_ms_steps  GPU time of the graph replay (CUDA
+#                                  events around it) over the steps that have it; step_ms - gpu_ms is host
+#   server_decode_launch_ms_{mean,p50,p90}  host time from the first event to the replay's return: GPU
+#                                  idle waiting for the launch (e.g. the model thread waiting for the GIL)
+#                                  is inside gpu_ms, so a large launch_ms means that step's gpu_ms is not
+#                                  all GPU work
+#   server_buckets                 padded graph batch -> {n (decode steps), step_ms_p50, gpu_ms_p50}
 #   server_decode_period_ms_mean   wall time from the first to the last of them / (steps - 1)
+#   server_decode_gap_ms_{mean,p50}  host time between consecutive decode steps (no prefill between)
+#   server_decode_steps_after_prefill  decode steps that had prefills just before them
 #   server_kernel_source_hash, server_variant_hash   what ran (the trees should differ in the server only)
+# and the GPU as nvidia-smi sampled it every 100 ms during the run (nvidia-smi -i $SMI_GPU, default 0;
+# raw samples in OUTDIR/smi_<tree>_<run>.csv; null where nvidia-smi or a field is missing):
+#   sm_clock_mhz_{mean,min,max}, mem_clock_mhz_mean, power_w_mean, temp_c_max, smi_samples
+#   throttle_reasons (distinct clocks_throttle_reasons.active values), throttle_reason_names (NVML bits)
+# The samples span the whole load run, its idle start and end included. A gpu_ms from the "before" tree
+# is null when that tree did not record it. Printed: per run on stderr, tok/s, tpot p50, step p50,
+# gpu p50, launch p90, gap p50, mean and min SM clock, throttle reasons; at the end on stdout, per
+# tree, the tok/s spread and the five runs' step p50, gpu p50, period and mean SM clock.
 # step_ms is not the same quantity in both trees: before the model thread (commit "serve (issue 12)")
 # it was timed on the event loop around the awaited step, so it includes the wait for the loop to
 # resume the scheduler; after, it is the model step alone. The period is comparable across trees.
@@ -39,6 +58,36 @@ step_index() {
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["counts"]["step_index"])'
 }
 
+# The --query-gpu fields this nvidia-smi takes (newer drivers name the throttle reasons clocks_event_reasons;
+# without either, the rest): nothing when nvidia-smi is missing or refuses them all.
+SMI_GPU=${SMI_GPU:-0}
+SMI_WANT=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active
+SMI_FIELDS=
+if command -v nvidia-smi >/dev/null 2>&1; then
+  for f in "$SMI_WANT" "${SMI_WANT/clocks_throttle_reasons/clocks_event_reasons}" "${SMI_WANT%,*}"; do
+    if nvidia-smi -i "$SMI_GPU" --query-gpu="$f" --format=csv,noheader,nounits >/dev/null 2>&1; then
+      SMI_FIELDS=$f
+      break
+    fi
+  done
+fi
+[ -n "$SMI_FIELDS" ] || echo "warning: no nvidia-smi samples (missing, or it refuses the fields): GPU fields are null" >&2
+
+# smi_start FILE: sample the GPU every 100 ms into FILE in the background (its pid in SMI_PID, empty if none)
+smi_start() {
+  SMI_PID=
+  if [ -z "$SMI_FIELDS" ]; then echo "# nvidia-smi: none" > "$1"; return 0; fi
+  echo "# fields: $SMI_FIELDS" > "$1"
+  nvidia-smi -i "$SMI_GPU" --query-gpu="$SMI_FIELDS" --format=csv,noheader,nounits -lms 100 >> "$1" 2>/dev/null &
+  SMI_PID=$!
+}
+smi_stop() {
+  if [ -n "$SMI_PID" ]; then kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null; fi
+  SMI_PID=
+}
+SMI_PID=
+trap smi_stop EXIT
+
 # probe TREE LABEL: a fresh server from TREE, five load runs, one JSON line each
 probe() {
   local tree=$1 label=$2 pid since r
@@ -53,33 +102,13 @@ probe() {
   fi
   for r in 1 2 3 4 5; do
     since=$(step_index)
+    smi_start "$W/smi_${label}_$r.csv"
     PYTHONPATH="$HERE:$PYTHONPATH" python3 -m kernelcamp.cli loadgen --url "$URL" --concurrency 64 \
       --num-requests 128 --max-tokens 256 --json 2>>"$W/loadgen_$label.log" | head -1 > "$W/.run.json"
+    smi_stop
     curl -sf "$URL/v1/kernelcamp/info?since=$since" > "$W/.info.json"
-    python3 - "$label" "$r" "$W/.run.json" "$W/.info.json" >> "$W/serving_noise.jsonl" <<'PY'
-import json, statistics, sys
-label, run, run_path, info_path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-text = open(run_path).read().strip()
-row = {"tree": label, "run": run, **(json.loads(text) if text else {"error": "loadgen wrote no JSON row"})}
-try:
-    info = json.load(open(info_path))
-except ValueError:
-    info = {}
-dec = [s for s in info.get("steps", []) if s["kind"] == "decode" and not s.get("profiled")]
-ms = sorted(s["step_ms"] for s in dec)
-row["server_decode_steps"] = len(dec)
-if len(ms) >= 2:
-    q = statistics.quantiles(ms, n=10, method="inclusive")
-    row.update(server_decode_step_ms_mean=round(statistics.fmean(ms), 4), server_decode_step_ms_p50=round(q[4], 4))
-    row.update(server_decode_step_ms_p90=round(q[8], 4))
-    row["server_decode_period_ms_mean"] = round((dec[-1]["t"] - dec[0]["t"]) * 1e3 / (len(dec) - 1), 4)
-row["server_kernel_source_hash"] = info.get("kernel_source_hash")
-row["server_variant_hash"] = info.get("variant_hash")
-print(json.dumps(row))
-print(label, run, round(row.get("output_tok_s", 0)), "tok/s, tpot p50", row.get("tpot_ms_p50"), "ms, server step p50",
-      row.get("server_decode_step_ms_p50"), "ms, period", row.get("server_decode_period_ms_mean"), "ms",
-      file=sys.stderr)
-PY
+    python3 "$HERE/benchmarks/serving_noise_summary.py" row "$label" "$r" "$W/.run.json" "$W/.info.json" \
+      "$W/smi_${label}_$r.csv" >> "$W/serving_noise.jsonl"
   done
   kill $pid; wait $pid 2>/dev/null
   return 0
@@ -88,21 +117,4 @@ PY
 if [ -n "$BEFORE" ]; then probe "$BEFORE" before || exit 1; fi
 probe "$HERE" after || exit 1
 rm -f "$W/.run.json" "$W/.info.json"
-python3 - "$W/serving_noise.jsonl" <<'PY'
-import json, statistics, sys
-rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
-for tree in ("before", "after"):
-    got = [r for r in rows if r.get("tree") == tree and "output_tok_s" in r]
-    if len(got) < 2:
-        continue
-    tok = [r["output_tok_s"] for r in got]
-    per = [r.get("server_decode_period_ms_mean") for r in got]
-    p50 = [r.get("server_decode_step_ms_p50") for r in got]
-    m = statistics.fmean(tok)
-    print(f"{tree}: output tok/s mean {m:.0f}, cv {100 * statistics.stdev(tok) / m:.1f}%, "
-          f"range {100 * (max(tok) - min(tok)) / m:.1f}% over {len(tok)} runs; "
-          f"server decode period ms {per}; step_ms p50 {p50}")
-hashes = {r["tree"]: r.get("server_kernel_source_hash") for r in rows}
-if len(set(hashes.values())) > 1:
-    print(f"warning: the trees ran different kernel sources {hashes}: not a server-only comparison", file=sys.stderr)
-PY
+python3 "$HERE/benchmarks/serving_noise_summary.py" summary "$W/serving_noise.jsonl"
