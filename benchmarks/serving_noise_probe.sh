@@ -27,12 +27,14 @@
 #   server_kernel_source_hash, server_variant_hash   what ran (the trees should differ in the server only)
 # and the GPU as nvidia-smi sampled it every 100 ms during the run (nvidia-smi -i $SMI_GPU, default 0;
 # raw samples in OUTDIR/smi_<tree>_<run>.csv; null where nvidia-smi or a field is missing):
-#   sm_clock_mhz_{mean,min,max}, mem_clock_mhz_mean, power_w_mean, temp_c_max, smi_samples
+#   sm_clock_mhz_{mean,min,max}, mem_clock_mhz_mean, power_w_mean   over the busy samples (no gpu_idle
+#                                  reason: the run's idle start and end would set the minimum)
+#   temp_c_max, smi_samples, smi_samples_busy
 #   throttle_reasons (distinct clocks_throttle_reasons.active values), throttle_reason_names (NVML bits)
-# The samples span the whole load run, its idle start and end included. A gpu_ms from the "before" tree
-# is null when that tree did not record it. Printed: per run on stderr, tok/s, tpot p50, step p50,
-# gpu p50, launch p90, gap p50, mean and min SM clock, throttle reasons; at the end on stdout, per
-# tree, the tok/s spread and the five runs' step p50, gpu p50, period and mean SM clock.
+# A gpu_ms from the "before" tree is null when that tree did not record it. Printed: per run on stderr,
+# tok/s, tpot p50, step p50, gpu p50, launch p90, gap p50, mean and min SM clock, throttle reasons; at
+# the end on stdout, per tree, the tok/s spread and the five runs' step p50, gpu p50, period and mean
+# SM clock.
 # step_ms is not the same quantity in both trees: before the model thread (commit "serve (issue 12)")
 # it was timed on the event loop around the awaited step, so it includes the wait for the loop to
 # resume the scheduler; after, it is the model step alone. The period is comparable across trees.

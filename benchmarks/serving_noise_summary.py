@@ -99,10 +99,13 @@ def _number(text: str) -> float | None:
 def smi_fields(text: str | None) -> dict[str, Any]:
     """GPU clocks, power and temperature over the run from the probe's nvidia-smi file (see the module doc).
 
-    ``sm_clock_mhz_{mean,min,max}``, ``mem_clock_mhz_mean``, ``power_w_mean``, ``temp_c_max``,
-    ``throttle_reasons`` (distinct raw values, as printed), ``throttle_reason_names`` (the NVML bits
-    set in any of them), ``smi_samples``. None (or empty lists) for a field that was not queried, not
-    supported (``[N/A]``) or never sampled; ``text`` None: no file."""
+    ``sm_clock_mhz_{mean,min,max}``, ``mem_clock_mhz_mean`` and ``power_w_mean`` over the busy
+    samples (those whose throttle reasons lack the gpu_idle bit: the run's idle start and end, at idle
+    clocks, would otherwise set the minimum; all samples when the reasons were not sampled),
+    ``temp_c_max`` over all, ``throttle_reasons`` (distinct raw values, as printed),
+    ``throttle_reason_names`` (the NVML bits set in any of them), ``smi_samples``, ``smi_samples_busy``.
+    None (or empty lists) for a field that was not queried, not supported (``[N/A]``) or never
+    sampled; ``text`` None: no file."""
     names: list[str] = []
     rows: list[list[str]] = []
     for line in (text or "").splitlines():
@@ -114,23 +117,24 @@ def smi_fields(text: str | None) -> dict[str, Any]:
             if len(cells) == len(names):
                 rows.append(cells)
 
-    def col(*fields: str) -> list[str]:
+    def col(rows: list[list[str]], *fields: str) -> list[str]:
         for f in fields:
             if f in names:
                 return [r[names.index(f)] for r in rows]
         return []
 
-    def nums(*fields: str) -> list[float]:
-        return [x for x in (_number(c) for c in col(*fields)) if x is not None]
+    def nums(rows: list[list[str]], field: str) -> list[float]:
+        return [x for x in (_number(c) for c in col(rows, field)) if x is not None]
 
-    sm, mem, power, temp = nums("clocks.sm"), nums("clocks.mem"), nums("power.draw"), nums("temperature.gpu")
-    reasons = sorted({c for c in col("clocks_throttle_reasons.active", "clocks_event_reasons.active") if c})
+    reason_fields = ("clocks_throttle_reasons.active", "clocks_event_reasons.active")
+    masks = [_mask(c) for c in col(rows, *reason_fields)]
+    busy = [r for r, m in zip(rows, masks, strict=True) if not (m or 0) & 0x1] if masks else rows
+    sm, mem, power = nums(busy, "clocks.sm"), nums(busy, "clocks.mem"), nums(busy, "power.draw")
+    temp = nums(rows, "temperature.gpu")
+    reasons = sorted({c for c in col(rows, *reason_fields) if c})
     bits = 0
-    for c in reasons:
-        try:
-            bits |= int(c, 16)
-        except ValueError:
-            pass
+    for m in masks:
+        bits |= m or 0
     named = [THROTTLE_BITS.get(1 << i, hex(1 << i)) for i in range(bits.bit_length()) if bits >> i & 1]
     return {
         "sm_clock_mhz_mean": round(statistics.fmean(sm), 1) if sm else None,
@@ -142,7 +146,15 @@ def smi_fields(text: str | None) -> dict[str, Any]:
         "throttle_reasons": reasons,
         "throttle_reason_names": named,
         "smi_samples": len(rows),
+        "smi_samples_busy": len(busy),
     }
+
+
+def _mask(text: str) -> int | None:
+    try:
+        return int(text, 16)
+    except ValueError:  # "[N/A]", "[Not Supported]", ""
+        return None
 
 
 def _read(path: str) -> str | None:

@@ -53,6 +53,7 @@ SMI = """# fields: timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clo
 2026/12/01 10:00:00.000, 1980, 2619, 650.50, 55, 0x0000000000000000
 2026/12/01 10:00:00.100, 1755, 2619, 700.00, 58, 0x0000000000000004
 2026/12/01 10:00:00.200, [N/A], 2619, [N/A], 57, 0x0000000000000001
+2026/12/01 10:00:00.300, 345, 2619, 80.00, 60, 0x0000000000000001
 a line cut short by the kill, 1900
 """
 
@@ -90,17 +91,19 @@ def test_a_server_without_gpu_times_gives_nulls_not_zeros():
 
 def test_smi_fields_from_samples_skip_unsupported_values_and_name_throttle_bits():
     g = _summary().smi_fields(SMI)
-    assert g["smi_samples"] == 3  # the short line is dropped
+    assert (g["smi_samples"], g["smi_samples_busy"]) == (4, 2)  # the short line is dropped
+    # clocks and power over the busy samples (no gpu_idle bit), temperature over all
     assert (g["sm_clock_mhz_mean"], g["sm_clock_mhz_min"], g["sm_clock_mhz_max"]) == (1867.5, 1755.0, 1980.0)
-    assert (g["mem_clock_mhz_mean"], g["power_w_mean"], g["temp_c_max"]) == (2619.0, 675.25, 58.0)
+    assert (g["mem_clock_mhz_mean"], g["power_w_mean"], g["temp_c_max"]) == (2619.0, 675.25, 60.0)
     assert g["throttle_reasons"] == ["0x0000000000000000", "0x0000000000000001", "0x0000000000000004"]
     assert g["throttle_reason_names"] == ["gpu_idle", "sw_power_cap"]
     # a newer driver's name for the field, and a query without it
     newer = _summary().smi_fields(SMI.replace("clocks_throttle_reasons", "clocks_event_reasons"))
     assert newer["throttle_reason_names"] == ["gpu_idle", "sw_power_cap"]
-    without = "# fields: timestamp,clocks.sm\n2026/12/01 10:00:00.000, 1410\n"
-    w = _summary().smi_fields(without)
-    assert (w["sm_clock_mhz_mean"], w["power_w_mean"], w["throttle_reasons"]) == (1410.0, None, [])
+    without = "# fields: timestamp,clocks.sm\n2026/12/01 10:00:00.000, 1410\n2026/12/01 10:00:00.100, 345\n"
+    w = _summary().smi_fields(without)  # no reasons: every sample counts
+    assert (w["sm_clock_mhz_mean"], w["sm_clock_mhz_min"], w["smi_samples_busy"]) == (877.5, 345.0, 2)
+    assert w["power_w_mean"] is None and w["throttle_reasons"] == []
 
 
 @pytest.mark.parametrize("text", [None, "", "# nvidia-smi: none\n", "1980, 2619\n"])  # the last: no fields line
