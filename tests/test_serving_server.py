@@ -148,6 +148,7 @@ def test_step_records_state_kind_bucket_and_no_gpu_time_on_a_cpu(server):
     dec = steps[1:]
     assert [s["bucket"] for s in dec] == [s["batch"] for s in dec] == [1, 1, 1]  # eager on a CPU: no padding
     assert [s["gpu_ms"] for s in dec] == [None] * 3 and [s["launch_ms"] for s in dec] == [None] * 3
+    assert all(0 < s["load_ms"] + s["sync_ms"] < s["step_ms"] for s in dec)  # host parts of the step, in it
     assert [s["prefills"] for s in dec] == [1, 0, 0]  # the prefill ran before the first decode step only
     assert all(s["step_ms"] > 0 for s in dec)
 

@@ -210,10 +210,9 @@ class DecoderModel:
         self.cuda_graphs = bool(cuda_graphs and self.on_gpu)
         self.graphs_disabled_reason = None if self.cuda_graphs else ("no GPU" if not self.on_gpu else "flag off")
         self.attn_ms_last = 0.0
-        # what the last decode step ran (see :meth:`decode`): its padded batch and, on a GPU, its timing
+        # what the last decode step ran (see :meth:`decode`): its padded batch and where its time went
         self.last_bucket: int | None = None
-        self.gpu_ms_last: float | None = None
-        self.launch_ms_last: float | None = None
+        self.last_timing: dict[str, float | None] = {}
         # two timing events around each decode step's replay or forward, created once (a few us per step)
         self._step_events = (
             (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.on_gpu else None
@@ -356,16 +355,24 @@ class DecoderModel:
         page lists -> their next tokens. Pads to a graph bucket when graphs are on.
 
         Sets what the step ran, for the server's step record: ``last_bucket`` (the padded batch the
-        graph replayed; B when eager), and on a GPU ``gpu_ms_last`` (ms between two CUDA events recorded
-        on the stream around the replay or eager forward, read after the sync that ``.tolist()`` does
-        anyway; it starts once the step's input copies are done and ends before the output copy) and
-        ``launch_ms_last`` (host ms from recording the first event to the launch's return: any of it
-        the GPU spent idle waiting for the launch, e.g. while this thread waited for the GIL, is inside
-        ``gpu_ms_last``; eager, it spans the whole forward's launches). Both None on a CPU."""
+        graph replayed; B when eager) and ``last_timing``, in ms (host times from ``time.perf_counter``):
+
+        - ``load_ms``: host, building the padded inputs and issuing their copies to the device;
+        - ``launch_ms``: host, from recording the first event to the launch's return (eager: the whole
+          forward's launches); None on a CPU;
+        - ``sync_ms``: host, from the launch's return to ``.tolist()``'s return (waiting for the GPU,
+          the output copy, and getting the GIL back: torch releases it while it waits);
+        - ``gpu_ms``: GPU, between two CUDA events recorded on the stream around the replay or eager
+          forward, read after the sync that ``.tolist()`` does anyway; it starts once the input copies
+          are done. GPU idle waiting for the launch (the launch_ms after the first event, e.g. this
+          thread waiting for the GIL) is inside it. None on a CPU.
+
+        So ``sync_ms - (gpu_ms - launch_ms)`` is roughly the host's delay after the GPU finished."""
         b = len(tokens)
         nb = self.bucket_for(b) if self.cuda_graphs else b
         if self.cuda_graphs and nb not in self.graphs:
             self._capture(nb)  # before _load: the capture loads (and runs) its own dummy inputs
+        t_load = time.perf_counter()
         self._load(tokens, positions, pages, nb)
         ev = self._step_events
         t_launch = time.perf_counter()
@@ -391,11 +398,16 @@ class DecoderModel:
             self.attn_ms_last = acc[0] * 1e3 if timer else float("nan")
         if ev is not None:
             ev[1].record()
-        launch_ms = (time.perf_counter() - t_launch) * 1e3
+        t_sync = time.perf_counter()
         out = self.next_tok[:b].tolist()  # copies to the host and so waits for the stream: both events are done
+        t_end = time.perf_counter()
         self.last_bucket = nb
-        self.gpu_ms_last = ev[0].elapsed_time(ev[1]) if ev is not None else None
-        self.launch_ms_last = launch_ms if ev is not None else None
+        self.last_timing = {
+            "gpu_ms": ev[0].elapsed_time(ev[1]) if ev is not None else None,
+            "load_ms": (t_launch - t_load) * 1e3,
+            "launch_ms": (t_sync - t_launch) * 1e3 if ev is not None else None,
+            "sync_ms": (t_end - t_sync) * 1e3,
+        }
         return out
 
     def _capture(self, nb: int) -> None:

@@ -289,11 +289,11 @@ class Engine:
             nxt = prof.decode_step(self.model, toks, pos, pages)
         ms = (time.perf_counter() - t0) * 1e3
         m = self.model
-        timing = {"gpu_ms": m.gpu_ms_last, "launch_ms": m.launch_ms_last, "prefills": self._prefills_since_decode}
+        timing = {**m.last_timing, "prefills": self._prefills_since_decode}
         self._prefills_since_decode = 0
         out: list[tuple[asyncio.Queue, Any]] = []
         with self._cv:
-            self._record("decode", len(batch), ms, m.attn_ms_last, m.last_bucket, profiled=prof is not None, **timing)
+            self._record("decode", len(batch), ms, m.attn_ms_last, m.last_bucket, prof is not None, timing)
             self.counts["decode_steps"] += 1
             for r, t in zip(batch, nxt, strict=True):
                 self._emit(r, t, out)
@@ -332,11 +332,10 @@ class Engine:
         attn_ms: float,
         bucket: int | None = None,
         profiled: bool = False,
-        gpu_ms: float | None = None,
-        launch_ms: float | None = None,
-        prefills: int | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
-        """Append one step record (see :meth:`stats`); ``ms`` etc. in milliseconds, NaN/None: not measured."""
+        """Append one step record (see :meth:`stats`): times in ms (NaN or None: not measured); ``extra``'s
+        keys are added to it, float values rounded like step_ms."""
         self.step_index += 1
         rec = {
             "index": self.step_index,
@@ -347,10 +346,8 @@ class Engine:
             "attn_ms": None if attn_ms != attn_ms else round(attn_ms, 4),
             "t": round(time.time(), 4),
         }
-        if kind == "decode":
-            rec["gpu_ms"] = None if gpu_ms is None else round(gpu_ms, 4)
-            rec["launch_ms"] = None if launch_ms is None else round(launch_ms, 4)
-            rec["prefills"] = prefills
+        for k, v in (extra or {}).items():
+            rec[k] = round(v, 4) if isinstance(v, float) else v
         if profiled:  # ran under the profiler (slower than a plain step)
             rec["profiled"] = True
         self.steps.append(rec)
@@ -395,11 +392,12 @@ class Engine:
         A record: ``index``, ``kind`` ("prefill" or "decode"), ``batch`` (requests; a prefill's prompt
         tokens), ``step_ms`` (host wall time of the model call on the model thread, ms), ``attn_ms``
         (eager CPU steps only, else None), ``t`` (unix time at its end), ``profiled`` when under the
-        profiler. A decode record also has ``bucket`` (padded graph batch; = batch when eager),
-        ``gpu_ms`` (GPU time of the replay or eager forward, CUDA events; None on a CPU), ``launch_ms``
-        (see :meth:`kernelcamp.serve.model.DecoderModel.decode`) and ``prefills`` (prefills the
-        scheduler ran since the previous decode step: their time is in their own records, not in this
-        step_ms, but in the gap before it). Prefill records have ``bucket`` None."""
+        profiler. A decode record also has ``bucket`` (padded graph batch; = batch when eager), the
+        split of its step (:meth:`kernelcamp.serve.model.DecoderModel.decode`): ``gpu_ms`` (GPU time of
+        the replay or eager forward, CUDA events; None on a CPU), host ``load_ms``, ``launch_ms`` (None
+        on a CPU) and ``sync_ms``, and ``prefills`` (prefills the scheduler ran since the previous
+        decode step: their time is in their own records, not in this step_ms, but in the gap before
+        it). Prefill records have ``bucket`` None."""
         with self._cv:
             all_steps = list(self.steps)
             counts = {
