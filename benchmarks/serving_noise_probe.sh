@@ -16,10 +16,12 @@
 #                                  of the model call: input copies, launch, the sync of .tolist())
 #   server_decode_gpu_ms_{mean,p50,p90}, server_decode_gpu_ms_steps  GPU time of the graph replay (CUDA
 #                                  events around it) over the steps that have it; step_ms - gpu_ms is host
-#   server_decode_launch_ms_{mean,p50,p90}  host time from the first event to the replay's return: GPU
-#                                  idle waiting for the launch (e.g. the model thread waiting for the GIL)
+#   server_decode_{load,launch,sync}_ms_{mean,p50,p90}  the host parts of step_ms, in order: building and
+#                                  copying the inputs; from the first event to the replay's return (GPU
+#                                  idle waiting for the launch, e.g. the model thread waiting for the GIL,
 #                                  is inside gpu_ms, so a large launch_ms means that step's gpu_ms is not
-#                                  all GPU work
+#                                  all GPU work); .tolist() (waiting for the GPU, then for the GIL).
+#                                  sync_ms - (gpu_ms - launch_ms) ~ the host's delay after the GPU is done
 #   server_buckets                 padded graph batch -> {n (decode steps), step_ms_p50, gpu_ms_p50}
 #   server_decode_period_ms_mean   wall time from the first to the last of them / (steps - 1)
 #   server_decode_gap_ms_{mean,p50}  host time between consecutive decode steps (no prefill between)
@@ -32,9 +34,9 @@
 #   temp_c_max, smi_samples, smi_samples_busy
 #   throttle_reasons (distinct clocks_throttle_reasons.active values), throttle_reason_names (NVML bits)
 # A gpu_ms from the "before" tree is null when that tree did not record it. Printed: per run on stderr,
-# tok/s, tpot p50, step p50, gpu p50, launch p90, gap p50, mean and min SM clock, throttle reasons; at
-# the end on stdout, per tree, the tok/s spread and the five runs' step p50, gpu p50, period and mean
-# SM clock.
+# tok/s, tpot p50, step p50, gpu p50, load p50, sync p50, launch p90, gap p50, mean and min SM clock,
+# throttle reasons; at the end on stdout, per tree, the tok/s spread and the five runs' step p50, gpu
+# p50, period and mean SM clock.
 # step_ms is not the same quantity in both trees: before the model thread (commit "serve (issue 12)")
 # it was timed on the event loop around the awaited step, so it includes the wait for the loop to
 # resume the scheduler; after, it is the model step alone. The period is comparable across trees.

@@ -54,14 +54,15 @@ def decode_fields(info: dict[str, Any]) -> dict[str, Any]:
     from the end of one decode step to the end of the next, less the later step's ``step_ms`` (host
     time between steps: scheduling, emitting tokens; ``t`` has 0.1 ms resolution), over consecutive
     records only (no prefill between). ``server_decode_steps_after_prefill``: decode steps whose
-    record says prefills ran before them. gpu_ms and launch_ms fields are None for steps without
-    them (a CPU, or a server from before they were recorded)."""
+    record says prefills ran before them. ``server_decode_{gpu,load,launch,sync}_ms_*``: the step's
+    split (see :meth:`kernelcamp.serve.model.DecoderModel.decode`), None for steps without them (a
+    CPU for gpu and launch, or a server from before they were recorded)."""
     dec = [s for s in info.get("steps") or [] if s.get("kind") == "decode" and not s.get("profiled")]
     out: dict[str, Any] = {"server_decode_steps": len(dec)}
-    for name, key in (("step_ms", "step_ms"), ("gpu_ms", "gpu_ms"), ("launch_ms", "launch_ms")):
+    for key in ("step_ms", "gpu_ms", "load_ms", "launch_ms", "sync_ms"):
         vals = [float(s[key]) for s in dec if s.get(key) is not None]
         for stat, v in spread(vals).items():
-            out[f"server_decode_{name}_{stat}"] = v
+            out[f"server_decode_{key[:-3]}_ms_{stat}"] = v
     out["server_decode_gpu_ms_steps"] = sum(1 for s in dec if s.get("gpu_ms") is not None)
     out["server_decode_period_ms_mean"] = (
         round((dec[-1]["t"] - dec[0]["t"]) * 1e3 / (len(dec) - 1), 4) if len(dec) >= 2 else None
@@ -180,6 +181,7 @@ def run_line(row: dict[str, Any]) -> str:
         f"{row['tree']} {row['run']}: {round(row.get('output_tok_s') or 0)} tok/s, "
         f"tpot p50 {row.get('tpot_ms_p50')} ms, "
         f"step p50 {row.get('server_decode_step_ms_p50')} ms, gpu p50 {row.get('server_decode_gpu_ms_p50')} ms, "
+        f"load p50 {row.get('server_decode_load_ms_p50')} ms, sync p50 {row.get('server_decode_sync_ms_p50')} ms, "
         f"launch p90 {row.get('server_decode_launch_ms_p90')} ms, gap p50 {row.get('server_decode_gap_ms_p50')} ms, "
         f"SM clock mean {row.get('sm_clock_mhz_mean')} MHz (min {row.get('sm_clock_mhz_min')}), "
         f"throttle {','.join(row.get('throttle_reason_names') or []) or '-'}"

@@ -20,7 +20,7 @@ def _summary():
     return mod
 
 
-def _dec(index, batch, bucket, step_ms, gpu_ms, t, prefills=0, launch_ms=0.05, **kw):
+def _dec(index, batch, bucket, step_ms, gpu_ms, t, prefills=0, launch_ms=0.05, load_ms=0.5, **kw):
     return {
         "index": index,
         "kind": "decode",
@@ -29,7 +29,9 @@ def _dec(index, batch, bucket, step_ms, gpu_ms, t, prefills=0, launch_ms=0.05, *
         "step_ms": step_ms,
         "attn_ms": None,
         "gpu_ms": gpu_ms,
+        "load_ms": load_ms,
         "launch_ms": launch_ms,
+        "sync_ms": step_ms - load_ms - launch_ms,
         "prefills": prefills,
         "t": t,
         **kw,
@@ -42,7 +44,7 @@ INFO = {
     "steps": [
         {"index": 10, "kind": "prefill", "batch": 5, "bucket": None, "step_ms": 3.0, "attn_ms": None, "t": 100.0},
         _dec(11, 60, 64, 10.0, 8.0, 100.011, prefills=1),
-        _dec(12, 64, 64, 12.0, 8.5, 100.024),  # gap 13 - 12 = 1.0 ms
+        _dec(12, 64, 64, 12.0, 8.5, 100.024, load_ms=0.7),  # gap 13 - 12 = 1.0 ms
         _dec(13, 30, 32, 6.0, 4.0, 100.0315, launch_ms=2.0),  # gap 7.5 - 6 = 1.5 ms
         _dec(14, 30, 32, 50.0, 4.0, 100.09, profiled=True),  # under the profiler: left out
         _dec(15, 31, 32, 8.0, 4.2, 100.1),  # not consecutive with 13 (14 between): no gap
@@ -67,6 +69,8 @@ def test_decode_fields_split_step_and_gpu_time_per_bucket():
     assert f["server_decode_gpu_ms_p50"] == pytest.approx(6.1)
     assert f["server_decode_gpu_ms_p90"] == pytest.approx(8.35)
     assert f["server_decode_launch_ms_p50"] == pytest.approx(0.05)
+    assert f["server_decode_load_ms_p90"] == pytest.approx(0.64)  # [0.5, 0.5, 0.5, 0.7]: 0.5 + 0.7 * 0.2
+    assert f["server_decode_sync_ms_mean"] == pytest.approx((9.45 + 11.25 + 3.5 + 7.45) / 4)
     assert f["server_buckets"] == {
         "32": {"n": 2, "step_ms_p50": 7.0, "gpu_ms_p50": pytest.approx(4.1)},
         "64": {"n": 2, "step_ms_p50": 11.0, "gpu_ms_p50": pytest.approx(8.25)},
@@ -79,12 +83,12 @@ def test_decode_fields_split_step_and_gpu_time_per_bucket():
 
 def test_a_server_without_gpu_times_gives_nulls_not_zeros():
     # a CPU server, or the "before" tree of a comparison, from before gpu_ms was recorded
-    old = {
-        "steps": [{k: v for k, v in s.items() if k not in ("gpu_ms", "launch_ms", "prefills")} for s in INFO["steps"]]
-    }
+    new = ("gpu_ms", "load_ms", "launch_ms", "sync_ms", "prefills")
+    old = {"steps": [{k: v for k, v in s.items() if k not in new} for s in INFO["steps"]]}
     f = _summary().decode_fields(old)
     assert f["server_decode_step_ms_p50"] == 9.0
     assert f["server_decode_gpu_ms_p50"] is None and f["server_decode_gpu_ms_steps"] == 0
+    assert f["server_decode_sync_ms_p50"] is None
     assert f["server_buckets"]["64"] == {"n": 2, "step_ms_p50": 11.0, "gpu_ms_p50": None}
     assert _summary().decode_fields({})["server_decode_step_ms_p50"] is None
 
