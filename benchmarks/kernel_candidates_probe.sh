@@ -6,8 +6,12 @@
 # modules run for one shape. For each shape, each module runs the same config list at B 1, 8, 32,
 # 128 through benchmarks/bench_kernel.py (compiled in parallel first, every config checked against the
 # torch reference, CUDA-graph replays, L2 flushed), then `pytest -m gpu tests/test_kernel_gpu.py` runs
-# on the first module (the one the tree ships). Everything is tee'd under OUT and packed into
-# OUT/probe.tar.gz at exit, so a cut run still returns what it measured.
+# on the first module (the one the tree ships). A family whose config list is set empty (e.g. TP8=)
+# is skipped. With NCU_RUNS="FAMILY:CONFIG:B ..." each module is first profiled by Nsight Compute
+# (when ncu is on the machine) at those points, one launch each (benchmarks/ncu_one_launch.py): the
+# report, its details page and its per-SASS-instruction source page (CSV) under OUT/w/ncu/.
+# Everything is tee'd under OUT and packed into OUT/probe.tar.gz at exit, so a cut run still returns
+# what it measured.
 set -u
 OUT=${1:?usage: kernel_candidates_probe.sh OUT MODULE [MODULE ...]}
 shift
@@ -20,11 +24,37 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 date -u +%FT%TZ | tee -a "$W/gpu.txt"
 sha256sum kernels/*.py | tee -a "$W/gpu.txt"
 
-V32=${V32:-T32_H64_w8_s2_kauto,T32_H64_w8_s3_kauto,T64_H64_w8_s2_kauto,T64_H64_w8_s3_kauto,T64_H32_w8_s2_kauto,T64_H32_w8_s3_kauto,T32_H32_w8_s3_kauto}
-TP8=${TP8:-T64_H16_w8_s2_kauto,T64_H16_w8_s3_kauto,T32_H16_w4_s3_kauto,T32_H16_w8_s2_kauto,T128_H16_w8_s2_kauto,T64_H16_w4_s2_kauto,T32_H16_w4_s3_k4}
-V4=${V4:-T32_H64_w8_s1_kauto,T32_H64_w8_s2_kauto,T64_H64_w8_s2_kauto,T32_H16_w4_s2_kauto}
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "${NCU_RUNS:-}" ]; then
+  mkdir -p "$W/ncu"
+  if [ -z "$NCU" ]; then
+    echo "ncu: not found on this machine; NCU_RUNS skipped" | tee "$W/ncu/missing.txt"
+  else
+    "$NCU" --version | tee "$W/ncu/version.txt"
+    for run in $NCU_RUNS; do
+      IFS=: read -r fam cfg b <<<"$run"
+      for mod in "$@"; do
+        name=${mod##*.}_${fam}_${cfg}_B$b
+        timeout ${NCU_TIMEOUT:-120} "$NCU" -f -o "$W/ncu/$name" -k regex:_sparse_mla_split_kernel --launch-skip 1 \
+          --launch-count 1 --import-source yes --section SpeedOfLight --section WarpStateStats \
+          --section SchedulerStats --section Occupancy --section ComputeWorkloadAnalysis \
+          --section MemoryWorkloadAnalysis --section LaunchStats --section SourceCounters \
+          python3 benchmarks/ncu_one_launch.py "$mod" "$fam" "$cfg" "$b" > "$W/ncu/$name.log" 2>&1
+        "$NCU" --import "$W/ncu/$name.ncu-rep" --page details > "$W/ncu/$name.txt" 2>&1
+        "$NCU" --import "$W/ncu/$name.ncu-rep" --page source --csv --print-source sass > "$W/ncu/$name.sass.csv" 2>&1
+        grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy" \
+          "$W/ncu/$name.txt" | sed "s/^/$name /" | head -8
+      done
+    done
+  fi
+fi
+
+V32=${V32-T32_H64_w8_s2_kauto,T32_H64_w8_s3_kauto,T64_H64_w8_s2_kauto,T64_H64_w8_s3_kauto,T64_H32_w8_s2_kauto,T64_H32_w8_s3_kauto,T32_H32_w8_s3_kauto}
+TP8=${TP8-T64_H16_w8_s2_kauto,T64_H16_w8_s3_kauto,T32_H16_w4_s3_kauto,T32_H16_w8_s2_kauto,T128_H16_w8_s2_kauto,T64_H16_w4_s2_kauto,T32_H16_w4_s3_k4}
+V4=${V4-T32_H64_w8_s1_kauto,T32_H64_w8_s2_kauto,T64_H64_w8_s2_kauto,T32_H16_w4_s2_kauto}
 for fam in v32 v32_tp8 v4_flash; do
   case $fam in v32) cfgs=$V32;; v32_tp8) cfgs=$TP8;; v4_flash) cfgs=$V4;; esac
+  [ -z "$cfgs" ] && continue
   mods_var="MODS_$fam"
   for mod in ${!mods_var:-$@}; do
     name=${mod##*.}
