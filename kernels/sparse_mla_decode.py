@@ -36,7 +36,23 @@ fp32 multiply, one rounding), the four group dots and the 64-wide rope dot chain
 accumulator, and one bf16 P feeds four ``[BLOCK_H, 128]`` output accumulators. An earlier version
 applied the scales to the scores and to P instead (five score accumulators, four scaled copies of P);
 it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one takes 403 us on the H200
-(reports/campaigns/kernel_speed/README.md, step "kscale"). With one split the
+(reports/campaigns/kernel_speed/README.md, step "kscale").
+
+Wide head tiles (V4, ``BLOCK_H >= 64``, Hopper wgmma): Triton lays out every warp along M for a dot
+whose result reaches another dot (Triton 3.6, lib/Dialect/TritonGPU/Transforms/AccelerateMatmul.cpp,
+``warpsPerTileV3``: "Contains a chained dot" -> warps ``[num_warps, 1]``), so at ``BLOCK_H = 64``
+with 8 warps both warpgroups computed the whole ``q . k^T`` tile (the TTGIR's QK ``#mma`` had
+``warpsPerCTA = [8, 1]``). There V4's softmax P (dot dtype) and rescale factor alpha go through a
+per-program scratch in global memory (``BLOCK_H x (BLOCK_T + 2)`` dot-dtype elements, L2-resident,
+a CTA barrier on each side), so that no SSA value leads from the QK dot to a dot: it gets warps
+``[4, 2]`` and each warpgroup computes half the tile. The barriers also keep Triton's pipeliner from
+prefetching the loop's gathers, so ``num_stages`` makes no difference to these binaries. On the H200
+this made V4-Flash at B=128 12% faster (T64_H64_w8_s2: 60.0 against 68.3 us); the same change on V3.2
+(one 512-wide tile, the rope dot first) made its best config 10% slower (442.6 against 402.9 us):
+without the prefetch its gather stalls (long scoreboard) doubled in Nsight Compute
+(reports/campaigns/kernel_speed/candidates_3/README.md). V3.2 keeps the loop above.
+
+With one split the
 kernel writes the final bf16 output and LSE itself; with more it writes fp32 partial outputs and
 base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale.
 
@@ -329,6 +345,7 @@ def _sparse_mla_split_kernel(
     lse_ptr,
     part_out_ptr,
     part_lse_ptr,
+    p_scratch_ptr,
     # sizes
     B,
     H,
@@ -400,6 +417,12 @@ def _sparse_mla_split_kernel(
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, D], tl.float32)
+        # BLOCK_H >= 64: this program's P / alpha scratch (module docstring, "Wide head tiles")
+        scr = p_scratch_ptr + ((pid_b * tl.num_programs(1) + pid_h) * n_splits + pid_s).to(tl.int64) * (
+            BLOCK_H * (BLOCK_T + 2)
+        )
+        p_ptrs = scr + tl.arange(0, BLOCK_H)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+        a_ptrs = (scr + BLOCK_H * BLOCK_T).to(tl.pointer_type(tl.float32)) + tl.arange(0, BLOCK_H)
         for t0 in range(t_start, t_end, BLOCK_T):
             offs_t = t0 + tl.arange(0, BLOCK_T)
             idx = tl.load(idx_ptr + pid_b.to(tl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
@@ -441,7 +464,15 @@ def _sparse_mla_split_kernel(
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(DOT_DTYPE), k_main, acc * alpha[:, None])
+            if BLOCK_H >= 64:
+                # P and alpha through the scratch: the QK dot gets warps [4, 2], not [8, 1]
+                tl.store(p_ptrs, p.to(DOT_DTYPE))
+                tl.store(a_ptrs, alpha)
+                tl.debug_barrier()
+                acc = tl.dot(tl.load(p_ptrs), k_main, acc * tl.load(a_ptrs)[:, None])
+                tl.debug_barrier()  # every warp has read P before the next tile's store
+            else:
+                acc = tl.dot(p.to(DOT_DTYPE), k_main, acc * alpha[:, None])
             m_i = m_new
 
         has = l_i > 0.0
@@ -653,6 +684,12 @@ class SparseMLADecode:
         else:
             part_out, part_lse = out, lse  # never written: one split stores the final result directly
 
+        p_scratch = torch.empty(
+            _scratch_elems(lay.code, B, H, topk, candidates, num_sms),
+            dtype=torch.bfloat16 if self.dot_dtype == "bf16" else torch.float16,
+            device=q.device,
+        )
+
         def grid(meta: dict[str, Any]) -> tuple[int, int, int]:
             req = "auto" if meta["SPLITS"] == 0 else meta["SPLITS"]
             n = resolve_num_splits(req, B, H, topk, meta["BLOCK_H"], meta["BLOCK_T"], num_sms)
@@ -668,6 +705,7 @@ class SparseMLADecode:
             lse,
             part_out,
             part_lse,
+            p_scratch,
             B,
             H,
             topk,
@@ -694,6 +732,21 @@ class SparseMLADecode:
                 part_out, part_lse, out, lse, n_splits, max_splits, D_V=lay.d_v, BLOCK_S=_block_s(n_splits), num_warps=4
             )
         return out, lse
+
+
+def _scratch_elems(layout_code: int, B: int, H: int, topk: int, configs: Any, num_sms: int) -> int:
+    # dot-dtype elements of the P / alpha scratch: BLOCK_H * (BLOCK_T + 2) per program of a V4 config
+    # with BLOCK_H >= 64 (module docstring, "Wide head tiles"); 1 (never read) when none runs it
+    need = [
+        B
+        * triton.cdiv(H, c.BLOCK_H)
+        * resolve_num_splits(c.num_splits, B, H, topk, c.BLOCK_H, c.BLOCK_T, num_sms)
+        * c.BLOCK_H
+        * (c.BLOCK_T + 2)
+        for c in configs
+        if layout_code == 1 and c.BLOCK_H >= 64
+    ]
+    return max(need, default=1)
 
 
 def _block_s(n_splits: int) -> int:
@@ -977,6 +1030,7 @@ def compile_specs(
         "lse_ptr": "*fp32",
         "part_out_ptr": "*fp32",
         "part_lse_ptr": "*fp32",
+        "p_scratch_ptr": "*bf16" if dot_dtype == "bf16" else "*fp16",
         "B": "i32",
         "H": "i32",
         "topk": "i32",

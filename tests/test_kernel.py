@@ -276,6 +276,29 @@ def test_cross_compiles_for_sm90_and_sm120():
     assert 0 < shared <= 232448
 
 
+_MMA_WARPS = """
+import re, triton
+from triton.compiler import ASTSource
+from triton.backends.compiler import GPUTarget
+from kernelcamp.variant import LaunchConfig
+from kernels.sparse_mla_decode import compile_specs
+spec = compile_specs("deepseek_v4", 64, 512, LaunchConfig(64, 64, 8, 2, "auto"), batch=128)[0]
+k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 2})
+print(sorted(set(re.findall(r"nvidia_mma<\\{versionMajor = 3.*?warpsPerCTA = \\[(\\d+), (\\d+)\\]", k.asm["ttgir"]))))
+"""
+
+
+def test_v4_wide_head_tile_qk_dot_is_not_computed_by_both_warpgroups():
+    # V4 at BLOCK_H 64, 8 warps (the table's B >= 8 rows): with P fed straight to the PV dot, Triton gave
+    # the QK dot warps [8, 1] (both warpgroups computing the whole 64-row tile); P through the scratch
+    # gives every wgmma layout warps [4, 2] (module docstring, "Wide head tiles")
+    r = _without_interpreter(_MMA_WARPS)
+    assert r.returncode == 0, r.stderr[-2000:]
+    warps = r.stdout.strip().splitlines()[-1]
+    assert warps == "[('4', '2')]", warps
+
+
 def test_batch_table_runs_the_row_for_each_batch_size_without_autotuning():
     # a batch table picks its row on the host from B (CUDA-graph safe: no autotuner, no benchmarking)
     small = LaunchConfig(16, 16, 4, 2, 2, max_batch=1)
