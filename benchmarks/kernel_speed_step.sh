@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One kernel-speed campaign step (issue 14) on the lent H200 in one device call, from a clone of this repo
+# made from a bundle (a baseline's kernel_rev needs the git history; an archive has none):
+#   git bundle create .probe/repo.bundle main             # here; .probe/ is git-ignored and carried
+#   git clone -q .probe/repo.bundle /tmp/kc && cp -r .whl /tmp/kc/ && cd /tmp/kc \
+#     && bash benchmarks/kernel_speed_step.sh OUT STEP SHAPE [SHAPE ...]   # there
+# Queues one DVC experiment per shape, `experiment=kernel_speed_<STEP>_<SHAPE>`
+# (conf/experiment/kernel_speed_<STEP>_<SHAPE>.yaml), runs the queue with `kernelcamp sweep` on GPU 0,
+# collects each experiment's report, records, params and lock into
+# reports/campaigns/kernel_speed/<STEP>_<SHAPE>/ (the sweep's log in <STEP>_sweep/) and packs them
+# into OUT/<STEP>.tgz at exit, so a cut run still returns what finished. SWEEP_TIMEOUT_S (default
+# 150 per shape) bounds the sweep. (kernel_speed_kscale.sh is the same run, written for step "kscale".)
+set -uo pipefail
+out=${1:?usage: kernel_speed_step.sh OUT STEP SHAPE [SHAPE ...]}
+step=${2:?usage: kernel_speed_step.sh OUT STEP SHAPE [SHAPE ...]}
+shift 2
+[ $# -ge 1 ] || { echo "usage: kernel_speed_step.sh OUT STEP SHAPE [SHAPE ...]" >&2; exit 2; }
+for n in "$@"; do
+  [ -f "conf/experiment/kernel_speed_${step}_$n.yaml" ] \
+    || { echo "error: conf/experiment/kernel_speed_${step}_$n.yaml not found" >&2; exit 2; }
+done
+mkdir -p "$out"
+source benchmarks/device_env.sh || exit 1
+export TRITON_CACHE_DIR=/tmp/triton-cache
+dest=reports/campaigns/kernel_speed
+trap 'tar czf "$out/$step.tgz" $dest/${step}_* 2>/dev/null' EXIT
+echo "repo at $(git rev-parse HEAD)"
+stamp=$(date -u +%Y%m%dT%H%M%S)
+for n in "$@"; do
+  dvc exp run --queue -n "ks-$step-$n-$stamp" -S "experiment=kernel_speed_${step}_$n" || exit 1
+done
+start=$(date +%s)
+mkdir -p "$dest/${step}_sweep"
+timeout -s TERM "${SWEEP_TIMEOUT_S:-$((150 * $#))}" python -m kernelcamp.cli sweep --gpus 0 --poll 10 2>&1 \
+  | while IFS= read -r line; do echo "$(( $(date +%s) - start ))s $line"; done | tee "$dest/${step}_sweep/sweep.log"
+echo "sweep ended after $(( $(date +%s) - start )) s"
+for n in "$@"; do
+  python -m kernelcamp.cli campaign collect "ks-$step-$n-$stamp" "$dest/${step}_$n" || echo "collect: $n not finished"
+  dvc queue logs "ks-$step-$n-$stamp" > "$dest/${step}_sweep/$n.log" 2>&1 || true
+  grep -h -i -E "decision|faster|slower|equivalent|inconclusive" "$dest/${step}_$n/report.md" 2>/dev/null | head -6
+done
