@@ -38,7 +38,9 @@ far too slow to serve). Weights: N(0, 1/fan_in) from ``workload.model.seed``.
 CUDA graphs: with ``server.cuda_graphs`` and a GPU, one graph per batch-size bucket
 (``server.graph_batch_buckets``), captured at start after eager warm-up runs (so any autotuning
 happens before capture); a step pads its batch to the smallest bucket >= B (pad rows write to a
-reserved trash page 0). Eager otherwise.
+reserved trash page 0). Eager otherwise. A step's inputs (tokens, positions, page tables) are written
+with NumPy into one persistent host staging tensor (pinned on a GPU) and moved by one copy into the
+device tensors the graphs read: the step's input path releases the GIL once (issue 12).
 
 Attention share: eager steps time attention against the whole step (CPU: every step; GPU: CUDA
 events in :meth:`DecoderModel.calibrate`, run at start for a few bucket sizes, since graph replays
@@ -202,9 +204,23 @@ class DecoderModel:
             )
         bmax = max([cfg.max_running_requests] + list(graph_batch_buckets or []))
         self.buckets = sorted({int(b) for b in (graph_batch_buckets or []) if 0 < int(b) <= bmax} | {bmax})
-        self.tok = torch.zeros(bmax, dtype=torch.long, device=self.device)
-        self.pos = torch.zeros(bmax, dtype=torch.long, device=self.device)
-        self.ptab = torch.zeros(bmax, self.max_pages, dtype=torch.long, device=self.device)
+        # The step's inputs, packed in one int64 tensor per side: row i = [token, position, page table
+        # (max_pages)] of request i. The host side is pinned on a GPU and filled through a NumPy view with
+        # NumPy slice assignments only (they hold the GIL); one copy_ moves rows [:nb] to the device (see
+        # _load). tok [bmax], pos [bmax] and ptab [bmax, max_pages] are views of the device side: the CUDA
+        # graphs are captured reading them, so they keep this storage for the model's lifetime (never rebind).
+        self._stage = torch.zeros(bmax, 2 + self.max_pages, dtype=torch.long, pin_memory=self.on_gpu)
+        self._stage_np = self._stage.numpy()
+        self._stage_dev = torch.zeros(bmax, 2 + self.max_pages, dtype=torch.long, device=self.device)
+        self.tok = self._stage_dev[:, 0]
+        self.pos = self._stage_dev[:, 1]
+        self.ptab = self._stage_dev[:, 2:]
+        # (host rows [:nb], device rows [:nb]) per nb, made once: a step's load is then one torch call
+        self._stage_views = [(self._stage[:n], self._stage_dev[:n]) for n in range(bmax + 1)]
+        # the page list each host row holds now ([] = all zeros), so a step rewrites only rows that changed
+        self._stage_rows: list[list[int]] = [[] for _ in range(bmax)]
+        # True from a non_blocking copy out of the pinned rows until a host sync shows it has finished
+        self._staging_pending = False
         self.next_tok = torch.zeros(bmax, dtype=torch.long, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.cuda_graphs = bool(cuda_graphs and self.on_gpu)
@@ -340,14 +356,51 @@ class DecoderModel:
         raise KernelcampError(f"batch {b} exceeds the largest bucket {self.buckets[-1]}")
 
     def _load(self, tokens: list[int], positions: list[int], pages: list[list[int]], nb: int) -> None:
+        """Put a step's inputs in ``tok``/``pos``/``ptab`` rows [:nb] (device): B = len(tokens) requests'
+        last tokens, positions and page lists (ints, at most ``max_pages`` each), then nb - B pad rows
+        (token 0, position 0, every page the trash page 0). Row j >= len(pages[i]) of ``ptab`` is 0.
+
+        Host work is NumPy only on the staging rows (no GIL release), and a row whose page list equals
+        the one it holds is not rewritten; then one ``copy_`` to the device (non_blocking from pinned
+        memory on a GPU): the step's only torch call, so its only GIL release.
+
+        Reusing the pinned rows is safe because each non_blocking copy is followed by a host sync before
+        the next fill: ``decode`` ends with ``.tolist()``, which waits for the stream the copy was queued
+        on (copy, then forward, then the read-back), ``_capture`` and ``calibrate`` synchronize the
+        device, and all of them clear ``_staging_pending``. A path that does not (``warmup``'s eager
+        step, a benchmark calling ``_load`` itself) leaves it set, and the next ``_load`` synchronizes
+        first. ``prefill`` does not use these rows.
+
+        Raises ``KernelcampError`` when the lengths differ or not B <= nb <= the largest bucket, and
+        ``ValueError`` (NumPy) for a page list longer than ``max_pages``.
+        """
         b = len(tokens)
-        pad = nb - b
-        tok = torch.tensor(list(tokens) + [0] * pad, dtype=torch.long)
-        pos = torch.tensor(list(positions) + [0] * pad, dtype=torch.long)
-        ptab = torch.tensor([self._ptab_row(p) for p in pages] + [[0] * self.max_pages] * pad, dtype=torch.long)
-        self.tok[:nb].copy_(tok, non_blocking=True)
-        self.pos[:nb].copy_(pos, non_blocking=True)
-        self.ptab[:nb].copy_(ptab, non_blocking=True)
+        if len(positions) != b or len(pages) != b or not b <= nb < len(self._stage_views):
+            raise KernelcampError(
+                f"decode inputs: {b} tokens, {len(positions)} positions, {len(pages)} page lists, "
+                f"bucket {nb} (at most {len(self._stage_views) - 1})"
+            )
+        if self._staging_pending:  # a copy not yet known to be done may still read the pinned rows
+            torch.cuda.synchronize(self.device)
+            self._staging_pending = False
+        a, held = self._stage_np, self._stage_rows
+        a[:b, 0] = tokens
+        a[:b, 1] = positions
+        a[b:nb, :2] = 0
+        for i in range(nb):
+            p = pages[i] if i < b else []
+            old = held[i]
+            if isinstance(p, list) and p == old:
+                continue
+            n, m = len(p), len(old)
+            if n:
+                a[i, 2 : 2 + n] = p
+            if m > n:
+                a[i, 2 + n : 2 + m] = 0
+            held[i] = list(p)
+        src, dst = self._stage_views[nb]
+        dst.copy_(src, non_blocking=self.on_gpu)
+        self._staging_pending = self.on_gpu
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> list[int]:
@@ -357,7 +410,8 @@ class DecoderModel:
         Sets what the step ran, for the server's step record: ``last_bucket`` (the padded batch the
         graph replayed; B when eager) and ``last_timing``, in ms (host times from ``time.perf_counter``):
 
-        - ``load_ms``: host, building the padded inputs and issuing their copies to the device;
+        - ``load_ms``: host, filling the padded inputs' staging rows and issuing their one copy to the
+          device (:meth:`_load`);
         - ``launch_ms``: host, from recording the first event to the launch's return (eager: the whole
           forward's launches); None on a CPU;
         - ``sync_ms``: host, from the launch's return to ``.tolist()``'s return (waiting for the GPU,
@@ -400,6 +454,7 @@ class DecoderModel:
             ev[1].record()
         t_sync = time.perf_counter()
         out = self.next_tok[:b].tolist()  # copies to the host and so waits for the stream: both events are done
+        self._staging_pending = False  # ... and so is the input copy queued before them (see _load)
         t_end = time.perf_counter()
         self.last_bucket = nb
         self.last_timing = {
@@ -423,6 +478,7 @@ class DecoderModel:
         with torch.cuda.graph(g):
             self.next_tok[:nb] = self._forward(self.tok[:nb], self.pos[:nb], self.ptab[:nb])
         torch.cuda.synchronize()
+        self._staging_pending = False  # the dummy inputs' copy is done
         self.graphs[nb] = g
 
     @torch.inference_mode()
@@ -461,6 +517,7 @@ class DecoderModel:
                     self._forward(self.tok[:b], self.pos[:b], self.ptab[:b], timer)
                     end.record()
                     torch.cuda.synchronize()
+                    self._staging_pending = False  # this batch's input copy is done
                     attn = sum(ev[i].elapsed_time(ev[i + 1]) for i in range(0, len(ev), 2))
                     step = start.elapsed_time(end)
                 else:
