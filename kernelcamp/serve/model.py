@@ -40,7 +40,9 @@ CUDA graphs: with ``server.cuda_graphs`` and a GPU, one graph per batch-size buc
 happens before capture); a step pads its batch to the smallest bucket >= B (pad rows write to a
 reserved trash page 0). Eager otherwise. A step's inputs (tokens, positions, page tables) are written
 with NumPy into one persistent host staging tensor (pinned on a GPU) and moved by one copy into the
-device tensors the graphs read: the step's input path releases the GIL once (issue 12).
+device tensors the graphs read: the step's input path releases the GIL once (issue 12). A decode step
+is :meth:`DecoderModel.launch` (load, replay or eager forward) then :meth:`DecoderModel.collect` (the
+read-back), so a caller can do host work while the GPU runs; :meth:`DecoderModel.decode` is both in a row.
 
 Attention share: eager steps time attention against the whole step (CPU: every step; GPU: CUDA
 events in :meth:`DecoderModel.calibrate`, run at start for a few bucket sizes, since graph replays
@@ -226,9 +228,11 @@ class DecoderModel:
         self.cuda_graphs = bool(cuda_graphs and self.on_gpu)
         self.graphs_disabled_reason = None if self.cuda_graphs else ("no GPU" if not self.on_gpu else "flag off")
         self.attn_ms_last = 0.0
-        # what the last decode step ran (see :meth:`decode`): its padded batch and where its time went
+        # what the last decode step ran (see :meth:`collect`): its padded batch and where its time went
         self.last_bucket: int | None = None
         self.last_timing: dict[str, float | None] = {}
+        # the step launch() started and collect() has not read yet: (B, bucket, three perf_counter times)
+        self._launched: tuple[int, int, float, float, float] | None = None
         # two timing events around each decode step's replay or forward, created once (a few us per step)
         self._step_events = (
             (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.on_gpu else None
@@ -365,8 +369,8 @@ class DecoderModel:
         memory on a GPU): the step's only torch call, so its only GIL release.
 
         Reusing the pinned rows is safe because each non_blocking copy is followed by a host sync before
-        the next fill: ``decode`` ends with ``.tolist()``, which waits for the stream the copy was queued
-        on (copy, then forward, then the read-back), ``_capture`` and ``calibrate`` synchronize the
+        the next fill: ``collect`` (so ``decode`` too) does ``.tolist()``, which waits for the stream the
+        copy was queued on (copy, then forward, then the read-back), ``_capture`` and ``calibrate`` synchronize the
         device, and all of them clear ``_staging_pending``. A path that does not (``warmup``'s eager
         step, a benchmark calling ``_load`` itself) leaves it set, and the next ``_load`` synchronizes
         first. ``prefill`` does not use these rows.
@@ -404,24 +408,30 @@ class DecoderModel:
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> list[int]:
-        """One decode step for B requests: their last tokens, positions (= tokens already cached) and
-        page lists -> their next tokens. Pads to a graph bucket when graphs are on.
+        """One decode step for B requests: :meth:`launch` then :meth:`collect` in a row.
 
-        Sets what the step ran, for the server's step record: ``last_bucket`` (the padded batch the
-        graph replayed; B when eager) and ``last_timing``, in ms (host times from ``time.perf_counter``):
+        ``tokens``: their last tokens, ``positions``: tokens already cached, ``pages``: page lists ->
+        their next tokens (B ints). Sets ``last_bucket`` and ``last_timing`` as :meth:`collect` says
+        (``handoff_ms`` is about 0 here). Raises ``KernelcampError`` as :meth:`launch` does."""
+        self.launch(tokens, positions, pages)
+        return self.collect()
 
-        - ``load_ms``: host, filling the padded inputs' staging rows and issuing their one copy to the
-          device (:meth:`_load`);
-        - ``launch_ms``: host, from recording the first event to the launch's return (eager: the whole
-          forward's launches); None on a CPU;
-        - ``sync_ms``: host, from the launch's return to ``.tolist()``'s return (waiting for the GPU,
-          the output copy, and getting the GIL back: torch releases it while it waits);
-        - ``gpu_ms``: GPU, between two CUDA events recorded on the stream around the replay or eager
-          forward, read after the sync that ``.tolist()`` does anyway; it starts once the input copies
-          are done. GPU idle waiting for the launch (the launch_ms after the first event, e.g. this
-          thread waiting for the GIL) is inside it. None on a CPU.
+    @torch.inference_mode()
+    def launch(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> None:
+        """Start one decode step for B requests (their last tokens, positions = tokens already cached,
+        and page lists); :meth:`collect` returns its next tokens. Pads to a graph bucket when graphs are on.
 
-        So ``sync_ms - (gpu_ms - launch_ms)`` is roughly the host's delay after the GPU finished."""
+        Host side: :meth:`_load` (the step's one input copy), then the bucket's graph replay or the
+        eager forward, between two timing events on a GPU. On a GPU this returns once the work is
+        queued, so the caller's host work until :meth:`collect` overlaps the GPU's; on a CPU the
+        forward runs here, synchronously. Between launch and collect the caller must not touch the
+        model (no prefill, no other launch): the step writes the cache pages of its requests and
+        ``next_tok``.
+
+        Raises ``KernelcampError`` when a launched step has not been collected yet, for bad input
+        lengths or a batch over the largest bucket (see :meth:`_load`)."""
+        if self._launched is not None:
+            raise KernelcampError("launch: the previous decode step was launched and not collected")
         b = len(tokens)
         nb = self.bucket_for(b) if self.cuda_graphs else b
         if self.cuda_graphs and nb not in self.graphs:
@@ -452,16 +462,48 @@ class DecoderModel:
             self.attn_ms_last = acc[0] * 1e3 if timer else float("nan")
         if ev is not None:
             ev[1].record()
-        t_sync = time.perf_counter()
+        self._launched = (b, nb, t_load, t_launch, time.perf_counter())
+
+    @torch.inference_mode()
+    def collect(self) -> list[int]:
+        """The next tokens (B ints, in the order given to :meth:`launch`) of the launched decode step:
+        ``.tolist()`` of its output, which waits for the GPU (the GIL is released while it waits).
+
+        Sets what the step ran, for the server's step record: ``last_bucket`` (the padded batch the
+        graph replayed; B when eager) and ``last_timing``, in ms (host times from ``time.perf_counter``):
+
+        - ``load_ms``: host, filling the padded inputs' staging rows and issuing their one copy to the
+          device (:meth:`_load`);
+        - ``launch_ms``: host, from recording the first event to the launch's return (eager: the whole
+          forward's launches); None on a CPU;
+        - ``sync_ms``: host, from the launch's return to ``.tolist()``'s return (the caller's work between
+          :meth:`launch` and :meth:`collect`, then waiting for the GPU, the output copy, and getting the
+          GIL back: torch releases it while it waits);
+        - ``handoff_ms``: host, the part of ``sync_ms`` before :meth:`collect` was called (the caller's
+          work while the GPU ran: in the server, handing the previous step's tokens to the event loop;
+          about 0 through :meth:`decode`);
+        - ``gpu_ms``: GPU, between two CUDA events recorded on the stream around the replay or eager
+          forward, read after the sync that ``.tolist()`` does anyway; it starts once the input copies
+          are done. GPU idle waiting for the launch (the launch_ms after the first event, e.g. this
+          thread waiting for the GIL) is inside it. None on a CPU.
+
+        So ``sync_ms - (gpu_ms - launch_ms)`` is roughly the host's delay after the GPU finished.
+        Raises ``KernelcampError`` when no step was launched (or it was collected already)."""
+        if self._launched is None:
+            raise KernelcampError("collect: no decode step was launched (or it was collected already)")
+        (b, nb, t_load, t_launch, t_sync), self._launched = self._launched, None
+        t_collect = time.perf_counter()
         out = self.next_tok[:b].tolist()  # copies to the host and so waits for the stream: both events are done
         self._staging_pending = False  # ... and so is the input copy queued before them (see _load)
         t_end = time.perf_counter()
+        ev = self._step_events
         self.last_bucket = nb
         self.last_timing = {
             "gpu_ms": ev[0].elapsed_time(ev[1]) if ev is not None else None,
             "load_ms": (t_launch - t_load) * 1e3,
             "launch_ms": (t_sync - t_launch) * 1e3 if ev is not None else None,
             "sync_ms": (t_end - t_sync) * 1e3,
+            "handoff_ms": (t_collect - t_sync) * 1e3,
         }
         return out
 
