@@ -234,14 +234,14 @@ def test_a_disconnected_stream_frees_its_pages(server):
 def test_an_engine_error_reaches_every_request_and_the_thread_ends(params):
     state = build_state({**params, "server": {**params["server"], "max_running_requests": 3}}, "cpu")
     model, go = state.engine.model, threading.Event()
-    decode = model.decode
+    collect = model.collect  # the server runs a decode step as launch + collect; a GPU fault surfaces here
 
-    def failing_decode(*a, **kw):
+    def failing_collect(*a, **kw):
         if go.is_set():
             raise RuntimeError("planted decode failure")
-        return decode(*a, **kw)
+        return collect(*a, **kw)
 
-    model.decode = failing_decode
+    model.collect = failing_collect
     threads_before = set(threading.enumerate())
     with ServerThread(make_app(state)) as url, httpx.Client(base_url=url, timeout=60) as c:
         streamed: list = []

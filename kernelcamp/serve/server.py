@@ -37,9 +37,17 @@ task awaiting each step on a worker thread, the next step could start only once 
 round to it, behind every pending SSE write (about 10,000 a second at concurrency 64 on an H200), so
 the step rate could depend on the streaming load (issue 12's suspect for a 5% run-to-run spread in
 tok/s; ``benchmarks/serving_noise_probe.sh`` compares two trees). The model thread still shares the GIL with
-the event loop. Step records' ``step_ms`` is the model step alone, timed on the model thread; decode
-records also carry the GPU time of the step (``gpu_ms``, CUDA events) and its padded ``bucket`` (fields:
-:meth:`Engine.stats`).
+the event loop, so step i's tokens are handed over only once step i+1 is launched: each turn collects
+step i (``DecoderModel.collect``: tokens appended, finishes found), admits and prefills, launches step
+i+1 (``DecoderModel.launch``), then sends step i's tokens and finishes; the event loop's SSE writes then
+run while the GPU computes step i+1 (they used to take the GIL at the next step's first release, before
+its launch, with the GPU idle: issue 12). A token reaches its client later by the admission, prefills
+and launch of the next step; with no next step it is sent at once. Profiled steps run launch and
+collect in a row. Step records' ``step_ms`` is the model step alone, timed on the model thread from its
+launch to its collect's return (so it includes the hand-off in between, ``handoff_ms``); decode records
+also carry the GPU time of the step (``gpu_ms``, CUDA events) and its padded ``bucket`` (fields:
+:meth:`Engine.stats`). This is not an overlap scheduler: step i+1 is still scheduled after step i's
+tokens are read.
 ``server.overlap_scheduling`` is not implemented (``overlap_scheduling_active: false`` in info); the
 embedded deploy refuses it (kernelcamp.deploy.embedded).
 
@@ -102,6 +110,18 @@ class _Req:
     cancelled: bool = False  # set on the event loop (client gone), read by the model thread
 
 
+@dataclass
+class _Step:
+    """A decode step launched on the model thread and not yet collected (see :meth:`Engine._launch`)."""
+
+    batch: list[_Req]  # the running requests, in the order of the model's rows
+    prof: Any  # the _Profile that ran it, or None
+    prefills: int  # prefills run since the previous decode step
+    t0: float  # perf_counter at the launch
+    tokens: list[int] | None = None  # set when the step already ran whole (profiled, or no launch/collect)
+    ms: float | None = None  # its step_ms, then
+
+
 def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
     """Event loop: put one step's items (token, None or Exception) into their requests' queues."""
     for q, x in items:
@@ -151,6 +171,9 @@ class Engine:
         self._exc: Exception | None = None
         self.error: str | None = None
         self.profile: _Profile | None = None  # armed by the profile endpoint, run by the model thread
+        # a model with launch/collect has its decode steps overlapped with the token hand-off (model thread)
+        self._split = callable(getattr(model, "launch", None)) and callable(getattr(model, "collect", None))
+        self._unsent: list[tuple[asyncio.Queue, Any]] = []  # the collected step's queue items, not yet sent
 
     def start(self) -> None:
         """Start the model thread; tokens go to queues of the running event loop."""
@@ -208,6 +231,11 @@ class Engine:
 
     # -- model thread -------------------------------------------------------------------------------
     def _thread_main(self) -> None:
+        """Model thread. Each turn: collect decode step i (tokens appended, finishes detected), run the
+        queued calls, admit and prefill, launch step i+1, and only then hand step i's tokens (and
+        finishes) to the event loop, whose SSE work so runs while the GPU computes step i+1. With no
+        step to launch, the tokens go at once."""
+        step: _Step | None = None
         try:
             dev = getattr(self.model, "device", None)
             if dev is not None and dev.type == "cuda":  # Triton launches on the thread's current device
@@ -215,9 +243,13 @@ class Engine:
 
                 torch.cuda.set_device(dev)
             while True:
+                if step is not None:
+                    self._collect(step, self._unsent)
+                    step = None
                 with self._cv:
                     calls, self._calls = self._calls, []
                     if self._stopping:
+                        self._flush()
                         for _, _, fut in calls:
                             self._send(_settle, fut, None, RuntimeError("the server is stopping"))
                         return
@@ -229,13 +261,22 @@ class Engine:
                     self._send(_settle, fut, res, exc)
                 self._admit()
                 if self.running:
-                    self._decode()
+                    step = self._launch()
+                self._flush()
+                if step is not None:
                     continue
                 with self._cv:
                     if not self._stopping and not self._calls:
                         self._cv.wait(0.005 if self.waiting else None)  # waiting for pages, or for anything
         except Exception as e:  # noqa: BLE001 - a broken engine fails every request, loudly
+            self._flush()  # the last collected step's tokens and finishes first, as they came before the error
             self._fail(e)
+
+    def _flush(self) -> None:
+        """Model thread: hand the collected step's queue items (tokens, None) to the event loop, if any."""
+        if self._unsent:
+            out, self._unsent = self._unsent, []
+            self._send(_put_all, out)
 
     def _send(self, fn: Any, *args: Any) -> None:
         """Model thread: run ``fn(*args)`` on the event loop (one callback per step, not per token)."""
@@ -276,32 +317,44 @@ class Engine:
             for r in [r for r in self.running if r.cancelled]:
                 self._finish(r)
 
-    def _decode(self) -> None:
+    def _launch(self) -> _Step:
+        """Model thread: launch one decode step for every running request (see :class:`_Step`).
+
+        A profiled step (:class:`_Profile`) and a model without ``launch``/``collect`` run the whole
+        step here (``model.decode``), so :meth:`_collect` only records it."""
         batch = list(self.running)
         toks = [r.generated[-1] for r in batch]
         pos = [len(r.prompt) + len(r.generated) - 1 for r in batch]
         pages = [r.pages for r in batch]
         prof = self.profile if self.profile is not None and not self.profile.done else None
-        t0 = time.perf_counter()
-        if prof is None:
-            nxt = self.model.decode(toks, pos, pages)
-        else:
-            nxt = prof.decode_step(self.model, toks, pos, pages)
-        ms = (time.perf_counter() - t0) * 1e3
-        m = self.model
-        timing = {**m.last_timing, "prefills": self._prefills_since_decode}
+        st = _Step(batch, prof, self._prefills_since_decode, time.perf_counter())
         self._prefills_since_decode = 0
-        out: list[tuple[asyncio.Queue, Any]] = []
+        if prof is not None:
+            st.tokens = prof.decode_step(self.model, toks, pos, pages)
+        elif self._split:
+            self.model.launch(toks, pos, pages)
+        else:
+            st.tokens = self.model.decode(toks, pos, pages)
+        if st.tokens is not None:
+            st.ms = (time.perf_counter() - st.t0) * 1e3
+        return st
+
+    def _collect(self, st: _Step, out: list[tuple[asyncio.Queue, Any]]) -> None:
+        """Model thread: read the step's tokens, record it, append them to its requests (finishing the
+        requests that reached max_tokens) and their queue items to ``out`` (sent by :meth:`_flush`)."""
+        nxt = st.tokens if st.tokens is not None else self.model.collect()
+        ms = st.ms if st.ms is not None else (time.perf_counter() - st.t0) * 1e3
+        m = self.model
+        timing = {**m.last_timing, "prefills": st.prefills}
         with self._cv:
-            self._record("decode", len(batch), ms, m.attn_ms_last, m.last_bucket, prof is not None, timing)
+            self._record("decode", len(st.batch), ms, m.attn_ms_last, m.last_bucket, st.prof is not None, timing)
             self.counts["decode_steps"] += 1
-            for r, t in zip(batch, nxt, strict=True):
+            for r, t in zip(st.batch, nxt, strict=True):
                 self._emit(r, t, out)
                 if len(r.generated) >= r.max_tokens:
                     self._finish(r)
-        self._send(_put_all, out)
-        if prof is not None and prof.done:
-            prof.resolve()
+        if st.prof is not None and st.prof.done:
+            st.prof.resolve()
 
     def _fail(self, e: Exception) -> None:
         """Model thread, on an exception from a step: every request in the engine (and every later one) gets it."""
@@ -390,13 +443,17 @@ class Engine:
         every kept record whose index is above it (the newest ``history`` are kept).
 
         A record: ``index``, ``kind`` ("prefill" or "decode"), ``batch`` (requests; a prefill's prompt
-        tokens), ``step_ms`` (host wall time of the model call on the model thread, ms), ``attn_ms``
+        tokens), ``step_ms`` (host wall time of the model step on the model thread, ms: a prefill's call;
+        a decode step from its launch to its collect's return, the hand-off of the previous step's tokens
+        to the event loop in between included, see ``handoff_ms``), ``attn_ms``
         (eager CPU steps only, else None), ``t`` (unix time at its end), ``profiled`` when under the
         profiler. A decode record also has ``bucket`` (padded graph batch; = batch when eager), the
-        split of its step (:meth:`kernelcamp.serve.model.DecoderModel.decode`): ``gpu_ms`` (GPU time of
+        split of its step (:meth:`kernelcamp.serve.model.DecoderModel.collect`): ``gpu_ms`` (GPU time of
         the replay or eager forward, CUDA events; None on a CPU), host ``load_ms``, ``launch_ms`` (None
-        on a CPU) and ``sync_ms``, and ``prefills`` (prefills the scheduler ran since the previous
-        decode step: their time is in their own records, not in this step_ms, but in the gap before
+        on a CPU), ``sync_ms`` and ``handoff_ms`` (the part of sync_ms spent handing the previous step's
+        tokens to the event loop while the GPU ran; about 0 for a profiled step), and ``prefills``
+        (prefills the scheduler ran since the previous decode step: their time is in their own records,
+        not in this step_ms, but in the gap before
         it). Prefill records have ``bucket`` None."""
         with self._cv:
             all_steps = list(self.steps)
