@@ -140,15 +140,6 @@ def test_no_free_fallback_port_is_a_clear_error(params, tmp_path):
     assert not (tmp_path / ".kernelcamp" / "server.json").exists()
 
 
-def test_overlap_scheduling_on_the_embedded_server_is_refused_before_any_side_effect(params, tmp_path):
-    # It was recorded, hashed and reported, but the embedded server ignored it: a run with it set
-    # measured plain scheduling under another name.
-    params["server"] = {**params["server"], "overlap_scheduling": True}
-    with pytest.raises(KernelcampError, match="does not implement overlap scheduling"):
-        deploy(params, tmp_path)
-    assert not (tmp_path / ".kernelcamp").exists(), "nothing may be started or written"
-
-
 def test_never_ready_server_times_out_and_leaves_nothing(params, tmp_path):
     params["server"]["args"] = ["--never-ready"]
     params["deploy"]["health_timeout_s"] = 2

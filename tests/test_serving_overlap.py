@@ -1,6 +1,7 @@
-"""The model thread hands step i's tokens to the event loop only after launching step i+1 (issue 12), so
-the event loop's SSE work runs while the GPU computes; the tokens, their per-request order and the finish
-events stay those of plain ``decode`` steps. CPU model, no HTTP: the call order is recorded."""
+"""With ``server.overlap_scheduling`` the model thread hands step i's tokens to the event loop only after
+launching step i+1 (issue 12), so the event loop's SSE work runs while the GPU computes; without it (the
+default) right after step i. Either way the tokens, their per-request order and the finish events stay
+those of plain ``decode`` steps. CPU model, no HTTP: the call order is recorded."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def test_decode_is_launch_then_collect_and_misuse_is_refused(model):
     assert 0 <= timing["handoff_ms"] <= timing["sync_ms"] and model.last_bucket == 2
 
 
-def test_step_tokens_reach_the_event_loop_after_the_next_launch_and_equal_plain_decode(model):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_step_tokens_reach_the_event_loop_after_the_next_launch_only_with_overlap(model, overlap):
     prompts = [encode(f"overlap prompt {i} " + "w " * i, model.cfg.vocab_size) for i in range(4)]
     wanted = [3, 6, 1, 5]  # MAX_RUNNING=2: later requests are admitted (prefilled) between decode steps
     expected = [_alone(model, p, n) for p, n in zip(prompts, wanted, strict=True)]
@@ -67,7 +69,8 @@ def test_step_tokens_reach_the_event_loop_after_the_next_launch_and_equal_plain_
     model.launch = lambda *a: (log.append(("launch",)), launch(*a))[1]
     model.collect = lambda: (out := collect(), log.append(("collect", out)))[0]
     model.prefill = lambda *a: (tok := prefill(*a), log.append(("prefill", tok)))[0]
-    eng = Engine(model, MAX_RUNNING)
+    eng = Engine(model, MAX_RUNNING, overlap=overlap)
+    assert eng.overlap_active is overlap
     send = eng._send
 
     def logged_send(fn, *args):
@@ -107,8 +110,10 @@ def test_step_tokens_reach_the_event_loop_after_the_next_launch_and_equal_plain_
     assert len(collects) == len(launches) == len(decode_sends) >= max(wanted) - 1, kinds
     for n, (c, s) in enumerate(zip(collects, decode_sends, strict=True)):
         nxt = launches[n + 1] if n + 1 < len(launches) else None
-        # step n's tokens (and finishes) go after step n+1's launch when there is one, before its collect
-        assert c < s and (nxt is None or nxt < s) and (n + 1 == len(collects) or s < collects[n + 1]), kinds
+        if overlap:  # step n's tokens (and finishes) go after step n+1's launch when there is one
+            assert c < s and (nxt is None or nxt < s) and (n + 1 == len(collects) or s < collects[n + 1]), kinds
+        else:  # ... or right after step n, before step n+1 is launched
+            assert c < s and (nxt is None or s < nxt), kinds
         assert [x for x in log[s][1] if x is not None] == log[c][1]
     assert kinds[collects[-1] + 1] == "send", "with no next step, the last step's tokens go at once"
 
@@ -117,7 +122,7 @@ def test_step_tokens_reach_the_event_loop_after_the_next_launch_and_equal_plain_
     assert all(0 <= s["handoff_ms"] <= s["sync_ms"] and s["load_ms"] + s["sync_ms"] < s["step_ms"] for s in dec)
 
 
-def test_a_failed_launch_still_delivers_the_collected_step_first(model):
+def test_with_overlap_a_failed_launch_still_delivers_the_collected_step_first(model):
     # The step collected before a failing launch: its tokens (and a request's finish) reach the
     # queues before the error, as when each step's tokens went out right after it.
     prompts = [encode(f"fail {i}", model.cfg.vocab_size) for i in range(2)]
@@ -130,7 +135,7 @@ def test_a_failed_launch_still_delivers_the_collected_step_first(model):
         return launch(*a)
 
     model.launch = failing_launch
-    eng = Engine(model, MAX_RUNNING)
+    eng = Engine(model, MAX_RUNNING, overlap=True)
 
     async def run():
         eng.start()

@@ -280,3 +280,12 @@ def test_a_page_pool_smaller_than_one_full_context_is_refused_at_build(params):
     # a pool that holds one full-context request (plus the trash page) builds
     ok = {**server, "num_cache_tokens": 2048 + 64, "cpu_cache_tokens": 2048 + 64}
     assert build_state({**params, "server": ok}, "cpu") is not None
+
+
+def test_overlap_scheduling_flag_reaches_the_engine_and_info(params):
+    # server.overlap_scheduling: the embedded engine's hand-off overlap (off by default), in /info
+    for flag in (False, True):
+        state = build_state({**params, "server": {**params["server"], "overlap_scheduling": flag}}, "cpu")
+        assert state.engine.overlap_active is flag
+        with ServerThread(make_app(state)) as url:
+            assert httpx.get(url + INFO, params={"steps": 0}).json()["overlap_scheduling_active"] is flag

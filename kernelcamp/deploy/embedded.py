@@ -96,18 +96,12 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
     which port it took and why. A live server of ours with the same variant hash and flags, on the
     configured port or on one of its fallbacks, is reused.
 
-    Raises ``KernelcampError`` (before any side effect) for ``server.overlap_scheduling: true``: the
-    embedded server does not implement it, so a run with it set would measure something else; and
-    when the configured port and every fallback are held by other processes.
+    Raises ``KernelcampError`` (before any side effect) when the configured port and every fallback
+    are held by other processes. ``server.overlap_scheduling: true`` turns on the embedded server's
+    hand-off overlap (kernelcamp.serve.server, "Scheduling").
     """
     cfg = params.get("deploy") or {}
     server = params.get("server") or {}
-    if server.get("overlap_scheduling"):
-        raise KernelcampError(
-            "server.overlap_scheduling=true: the embedded server does not implement overlap scheduling "
-            "(the flag reaches your own server as KERNELCAMP_OVERLAP_SCHEDULING=1 with deploy=command or ssh); "
-            "set server.overlap_scheduling=false for the embedded server"
-        )
     variant, khash, flags, vhash, kpath = _variant_facts(params)
     host = str(server.get("host") or "127.0.0.1")
     port = worker_port(int(server.get("port", 8765)))

@@ -37,19 +37,22 @@ task awaiting each step on a worker thread, the next step could start only once 
 round to it, behind every pending SSE write (about 10,000 a second at concurrency 64 on an H200), so
 the step rate could depend on the streaming load (issue 12's suspect for a 5% run-to-run spread in
 tok/s; ``benchmarks/serving_noise_probe.sh`` compares two trees). The model thread still shares the GIL with
-the event loop, so step i's tokens are handed over only once step i+1 is launched: each turn collects
-step i (``DecoderModel.collect``: tokens appended, finishes found), admits and prefills, launches step
-i+1 (``DecoderModel.launch``), then sends step i's tokens and finishes; the event loop's SSE writes then
-run while the GPU computes step i+1 (they used to take the GIL at the next step's first release, before
-its launch, with the GPU idle: issue 12). A token reaches its client later by the admission, prefills
-and launch of the next step; with no next step it is sent at once. Profiled steps run launch and
-collect in a row. Step records' ``step_ms`` is the model step alone, timed on the model thread from its
-launch to its collect's return (so it includes the hand-off in between, ``handoff_ms``); decode records
-also carry the GPU time of the step (``gpu_ms``, CUDA events) and its padded ``bucket`` (fields:
-:meth:`Engine.stats`). This is not an overlap scheduler: step i+1 is still scheduled after step i's
-tokens are read.
-``server.overlap_scheduling`` is not implemented (``overlap_scheduling_active: false`` in info); the
-embedded deploy refuses it (kernelcamp.deploy.embedded).
+the event loop. With ``server.overlap_scheduling: true`` step i's tokens are handed over only once
+step i+1 is launched: each turn collects step i (``DecoderModel.collect``: tokens appended, finishes
+found), admits and prefills, launches step i+1 (``DecoderModel.launch``), then sends step i's tokens and
+finishes; the event loop's SSE writes then run while the GPU computes step i+1, instead of taking the GIL
+at the next step's first release, before its launch, with the GPU idle. A token reaches its client
+later by the admission, prefills and launch of the next step; with no next step it is sent at once.
+Profiled steps run launch and collect in a row. Off by default: on the H200 (V4-Flash bt16_w4,
+concurrency 64, reports/campaigns/decisions/README.md) it raised output throughput by 31% but the
+step then waits on the event loop's work instead of the GPU (a faster kernel no longer shortens it),
+and the run-to-run spread went from 5.6% to 10.1% (five runs each). Without it a step is decoded
+(launch + collect) and its tokens are handed over at once. Step records' ``step_ms`` is the model
+step alone, timed on the model thread from its launch to its collect's return (with overlap it
+includes the hand-off in between, ``handoff_ms``); decode records also carry the GPU time of the step
+(``gpu_ms``, CUDA events) and its padded ``bucket`` (fields: :meth:`Engine.stats`). Step i+1 is still
+scheduled after step i's tokens are read (no future tokens, unlike SGLang's overlap scheduler);
+``overlap_scheduling_active`` in info says whether the hand-off overlap is on.
 
     kernelcamp serve --params params.yaml [--host 127.0.0.1] [--port N] [--device cuda:0] [--api-key KEY]
                      [--trace-dir DIR]
@@ -147,7 +150,9 @@ class Engine:
 
     THREAD_NAME = "kernelcamp-model"
 
-    def __init__(self, model: Any, max_running: int, history: int = 20000):
+    def __init__(self, model: Any, max_running: int, history: int = 20000, overlap: bool = False):
+        """``overlap`` (``server.overlap_scheduling``): hand step i's tokens to the event loop after
+        launching step i+1 (module docstring); only for a model with ``launch`` and ``collect``."""
         self.model, self.max_running = model, max_running
         self.waiting: collections.deque[_Req] = collections.deque()
         self.running: list[_Req] = []
@@ -171,9 +176,16 @@ class Engine:
         self._exc: Exception | None = None
         self.error: str | None = None
         self.profile: _Profile | None = None  # armed by the profile endpoint, run by the model thread
-        # a model with launch/collect has its decode steps overlapped with the token hand-off (model thread)
-        self._split = callable(getattr(model, "launch", None)) and callable(getattr(model, "collect", None))
+        # overlap: a model with launch/collect has its decode steps overlapped with the token hand-off
+        self._split = (
+            bool(overlap) and callable(getattr(model, "launch", None)) and callable(getattr(model, "collect", None))
+        )
         self._unsent: list[tuple[asyncio.Queue, Any]] = []  # the collected step's queue items, not yet sent
+
+    @property
+    def overlap_active(self) -> bool:
+        """True when decode steps are launched before the previous step's tokens are handed over."""
+        return self._split
 
     def start(self) -> None:
         """Start the model thread; tokens go to queues of the running event loop."""
@@ -232,9 +244,9 @@ class Engine:
     # -- model thread -------------------------------------------------------------------------------
     def _thread_main(self) -> None:
         """Model thread. Each turn: collect decode step i (tokens appended, finishes detected), run the
-        queued calls, admit and prefill, launch step i+1, and only then hand step i's tokens (and
-        finishes) to the event loop, whose SSE work so runs while the GPU computes step i+1. With no
-        step to launch, the tokens go at once."""
+        queued calls, admit and prefill, launch step i+1 and hand step i's tokens (and finishes) to the
+        event loop: with overlap after that launch, so that the loop's SSE work runs while the GPU
+        computes step i+1 (with no step to launch, at once); without it right after the collect."""
         step: _Step | None = None
         try:
             dev = getattr(self.model, "device", None)
@@ -246,6 +258,8 @@ class Engine:
                 if step is not None:
                     self._collect(step, self._unsent)
                     step = None
+                    if not self._split:  # no overlap: step i's tokens go now, before anything else runs
+                        self._flush()
                 with self._cv:
                     calls, self._calls = self._calls, []
                     if self._stopping:
@@ -780,7 +794,7 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
             "variant": state.variant.as_dict(),
             "config_running": _jsonable(getattr(m.launcher, "last_config", None)),
             "server_flags": state.flags,
-            "overlap_scheduling_active": False,
+            "overlap_scheduling_active": eng.overlap_active,
             "pid": os.getpid(),
             "started_at": state.started_at,
             "device": state.device,
@@ -908,7 +922,7 @@ def build_state(params: dict[str, Any], device: str, never_ready: bool = False) 
     model.calibrate(sizes)
     khash = kernel_source_hash(params.get("kernel"))
     return ServeState(
-        Engine(model, cfg.max_running_requests),
+        Engine(model, cfg.max_running_requests, overlap=flags["overlap_scheduling"]),
         variant,
         variant_hash(variant, khash, flags),
         khash,
