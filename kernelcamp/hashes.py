@@ -31,15 +31,29 @@ SERVER_FLAG_KEYS = (
 )
 
 
+def _flag(server: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
+    v = server.get(key, default)
+    if isinstance(v, bool) != (kind is bool) or not isinstance(v, kind):  # bool("false") is True
+        want = "true or false" if kind is bool else "an integer"
+        raise KernelcampError(f"server.{key} = {v!r}: expected {want}")
+    return v
+
+
 def server_flags(server: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The hashed part of params.yaml's ``server`` section, with defaults filled in (JSON-ready)."""
+    """The hashed part of params.yaml's ``server`` section, with defaults filled in (JSON-ready).
+
+    Raises ``KernelcampError`` for a flag of the wrong type (a string where true/false or an integer
+    belongs): read loosely, ``overlap_scheduling: "false"`` would have run with overlap on."""
     server = dict(server or {})
+    buckets = server.get("graph_batch_buckets") or [1, 2, 4, 8, 16, 32, 64, 96]
+    if not isinstance(buckets, list) or any(isinstance(b, bool) or not isinstance(b, int) for b in buckets):
+        raise KernelcampError(f"server.graph_batch_buckets = {buckets!r}: expected a list of integers")
     flags = {
         "name": server.get("name", "default"),
-        "cuda_graphs": bool(server.get("cuda_graphs", True)),
-        "graph_batch_buckets": [int(b) for b in server.get("graph_batch_buckets") or [1, 2, 4, 8, 16, 32, 64, 96]],
-        "max_running_requests": int(server.get("max_running_requests", 96)),
-        "overlap_scheduling": bool(server.get("overlap_scheduling", False)),
+        "cuda_graphs": _flag(server, "cuda_graphs", True, bool),
+        "graph_batch_buckets": list(buckets),
+        "max_running_requests": _flag(server, "max_running_requests", 96, int),
+        "overlap_scheduling": _flag(server, "overlap_scheduling", False, bool),
         "env": {str(k): str(v) for k, v in sorted((server.get("env") or {}).items())},
         "args": [str(a) for a in server.get("args") or []],
     }

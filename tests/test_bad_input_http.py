@@ -247,6 +247,12 @@ def _bad_params(tmp_path: Path, kind: str) -> str:
         params = load_params(ROOT / "params.yaml")
         params["server"]["port"] = "eighty"
         p.write_text(json.dumps(params))
+    elif kind in ("overlap_string", "running_word"):
+        # a string where true/false or an integer belongs: bool("false") would have turned overlap on
+        params = load_params(ROOT / "params.yaml")
+        key, value = ("overlap_scheduling", "false") if kind == "overlap_string" else ("max_running_requests", "abc")
+        params["server"][key] = value
+        p.write_text(json.dumps(params))
     return str(p)
 
 
@@ -270,6 +276,8 @@ CLI_ROWS = [
     ("params_list", ["--params", "@list"], "--params"),
     ("params_missing", ["--params", "/nonexistent/params.yaml"], "--params"),
     ("params_port_word", ["--params", "@bad_port"], "server.port"),
+    ("params_overlap_string", ["--params", "@overlap_string"], "server.overlap_scheduling"),
+    ("params_running_word", ["--params", "@running_word"], "server.max_running_requests"),
     ("api_key_empty", ["--fake", "chunk=1", "--api-key", ""], "--api-key"),
     ("unknown_option", ["--fake", "chunk=1", "--bogus"], "--bogus"),
 ]

@@ -289,3 +289,14 @@ def test_overlap_scheduling_flag_reaches_the_engine_and_info(params):
         assert state.engine.overlap_active is flag
         with ServerThread(make_app(state)) as url:
             assert httpx.get(url + INFO, params={"steps": 0}).json()["overlap_scheduling_active"] is flag
+
+
+def test_server_flags_refuse_strings_where_bools_or_ints_belong():
+    from kernelcamp.hashes import server_flags
+
+    assert server_flags({"overlap_scheduling": False})["overlap_scheduling"] is False
+    for key, value in (("overlap_scheduling", "false"), ("cuda_graphs", "no"), ("max_running_requests", "8")):
+        with pytest.raises(KernelcampError, match=f"server.{key} = "):
+            server_flags({key: value})
+    with pytest.raises(KernelcampError, match="graph_batch_buckets"):
+        server_flags({"graph_batch_buckets": [1, "2"]})

@@ -1017,6 +1017,12 @@ def main(args: argparse.Namespace) -> int:
         if spec is None:
             params = _load_serve_params(args.params)
             server = params.get("server") or {}
+            from kernelcamp.spec import ServerSpec, parse_section
+
+            try:  # as strictly as the spec stage: "false" (a string) must not read as true
+                parse_section(ServerSpec, server, "server")
+            except KernelcampError as e:
+                raise KernelcampError(f"{e} (in {args.params})") from None
         host = str(args.host or server.get("host") or "127.0.0.1")
         port = args.port if args.port is not None else server.get("port", 8765)
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
