@@ -11,13 +11,19 @@
 # into OUT/<STEP>.tgz at exit, so a cut run still returns what finished. SWEEP_TIMEOUT_S (default
 # 150 per shape) bounds the sweep. (kernel_speed_kscale.sh is the same run, written for step "kscale".)
 set -uo pipefail
-out=${1:?usage: kernel_speed_step.sh OUT STEP SHAPE [SHAPE ...]}
-step=${2:?usage: kernel_speed_step.sh OUT STEP SHAPE [SHAPE ...]}
+usage="usage: kernel_speed_step.sh OUT STEP SHAPE [SHAPE ...]"
+[ $# -ge 3 ] || { echo "$usage" >&2; exit 2; }
+out=$1
+step=$2
 shift 2
-[ $# -ge 1 ] || { echo "usage: kernel_speed_step.sh OUT STEP SHAPE [SHAPE ...]" >&2; exit 2; }
+case $out in /*) ;; *) out=$PWD/$out ;; esac
+cd "$(dirname "$0")/.." || exit 2  # the repo root: conf/, dvc.yaml
 for n in "$@"; do
-  [ -f "conf/experiment/kernel_speed_${step}_$n.yaml" ] \
-    || { echo "error: conf/experiment/kernel_speed_${step}_$n.yaml not found" >&2; exit 2; }
+  if [ ! -f "conf/experiment/kernel_speed_${step}_$n.yaml" ]; then
+    have=$(cd conf/experiment && ls kernel_speed_*.yaml 2>/dev/null | sed 's/^kernel_speed_//; s/\.yaml$//' | tr '\n' ' ')
+    echo "error: conf/experiment/kernel_speed_${step}_$n.yaml not found; STEP_SHAPE pairs there: $have" >&2
+    exit 2
+  fi
 done
 mkdir -p "$out"
 source benchmarks/device_env.sh || exit 1

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import threading
@@ -67,8 +68,18 @@ def main() -> int:
     ap.add_argument("--switch-ms", type=float, default=20.0, help="switch interval of the third mode")
     ap.add_argument("--what", choices=["load", "decode"], default="load", help="time _load, or whole decode steps")
     args = ap.parse_args()
+    for name, low in (("batch", 1), ("pages", 1), ("iters", 2)):
+        if getattr(args, name) < low:
+            ap.error(f"--{name} {getattr(args, name)}: must be >= {low}")
+    if not args.switch_ms > 0:
+        ap.error(f"--switch-ms {args.switch_ms}: must be > 0")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        ap.error(f"--device {args.device}: expected cpu, cuda or cuda:N")
 
     import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: no CUDA GPU here (use --device cpu)")
 
     from kernelcamp.hashes import server_flags
     from kernelcamp.io import load_params
@@ -91,6 +102,8 @@ def main() -> int:
         graph_batch_buckets=flags["graph_batch_buckets"],
     )
     b, npg = args.batch, min(args.pages, model.max_pages)
+    if b > model.buckets[-1]:
+        ap.error(f"--batch {b}: more than the server's largest batch bucket {model.buckets[-1]}")
     nb = model.bucket_for(b)
     tokens = [7 + i for i in range(b)]
     positions = [npg * cfg.page_size - 1 - i % cfg.page_size for i in range(b)]

@@ -479,9 +479,11 @@ class DecoderModel:
         - ``sync_ms``: host, from the launch's return to ``.tolist()``'s return (the caller's work between
           :meth:`launch` and :meth:`collect`, then waiting for the GPU, the output copy, and getting the
           GIL back: torch releases it while it waits);
-        - ``handoff_ms``: host, the part of ``sync_ms`` before :meth:`collect` was called (the caller's
-          work while the GPU ran: in the server, handing the previous step's tokens to the event loop;
-          about 0 through :meth:`decode`);
+        - ``handoff_ms``: host, the part of ``sync_ms`` from the launch's return to :meth:`collect` being
+          called: the caller's work while the GPU ran (with ``server.overlap_scheduling``, handing the
+          previous step's tokens to the event loop); through :meth:`decode` only the return from one
+          call and the start of the other (about 0.06 ms on this project's 2-core CPU machine, where
+          the eager forward's temporaries are freed in it);
         - ``gpu_ms``: GPU, between two CUDA events recorded on the stream around the replay or eager
           forward, read after the sync that ``.tolist()`` does anyway; it starts once the input copies
           are done. GPU idle waiting for the launch (the launch_ms after the first event, e.g. this
