@@ -189,10 +189,12 @@ def run_line(row: dict[str, Any]) -> str:
 
 
 def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Per tree with two or more completed runs: tok/s spread, and per run step p50, gpu p50, SM clock."""
+    """Per tree (the rows' ``tree``, or ``mode`` in the probe's older files, in order of appearance) with
+    two or more completed runs: tok/s spread, and per run step p50, gpu p50, SM clock."""
     lines = []
-    for tree in ("before", "after"):
-        got = [r for r in rows if r.get("tree") == tree and "output_tok_s" in r]
+    trees = list(dict.fromkeys(r.get("tree", r.get("mode")) for r in rows))
+    for tree in trees:
+        got = [r for r in rows if r.get("tree", r.get("mode")) == tree and "output_tok_s" in r]
         if len(got) < 2:
             continue
         tok = [r["output_tok_s"] for r in got]
@@ -212,6 +214,9 @@ def main(argv: list[str]) -> int:
     """``row`` or ``summary`` (see the module doc); exit status 2 on a bad command line."""
     if len(argv) == 6 and argv[0] == "row":
         label, run, load_path, info_path, smi_path = argv[1:]
+        if not run.isdigit():
+            print(f"error: RUN {run!r}: expected a run number", file=sys.stderr)
+            return 2
         try:
             info = json.loads(_read(info_path) or "")
         except ValueError:
@@ -221,10 +226,18 @@ def main(argv: list[str]) -> int:
         print(run_line(row), file=sys.stderr)
         return 0
     if len(argv) == 2 and argv[0] == "summary":
-        rows = [json.loads(x) for x in (_read(argv[1]) or "").splitlines() if x.strip()]
-        for line in summary_lines(rows):
+        text = _read(argv[1])
+        if text is None:
+            print(f"error: {argv[1]}: cannot read it", file=sys.stderr)
+            return 2
+        rows = [json.loads(x) for x in text.splitlines() if x.strip()]
+        lines = summary_lines(rows)
+        if not lines:
+            print(f"error: {argv[1]}: no tree with two or more completed runs", file=sys.stderr)
+            return 1
+        for line in lines:
             print(line)
-        hashes = {r.get("tree"): r.get("server_kernel_source_hash") for r in rows}
+        hashes = {r.get("tree"): r.get("server_kernel_source_hash") for r in rows if r.get("server_kernel_source_hash")}
         if len(set(hashes.values())) > 1:
             print(
                 f"warning: the trees ran different kernel sources {hashes}: not a server-only comparison",

@@ -150,3 +150,17 @@ def test_summary_lists_each_runs_step_gpu_and_clock():
     assert (
         "step_ms p50 [9.0, 11.0]" in line and "gpu_ms p50 [8.0, 9.9]" in line and "SM MHz mean [1980.0, 1700.0]" in line
     )
+
+
+def test_summary_groups_by_any_label_and_refuses_to_be_silent(tmp_path, capsys):
+    m = _summary()
+    rows = [{"mode": "pinned", "output_tok_s": v} for v in (100.0, 110.0)] + [{"tree": "x", "output_tok_s": 90.0}]
+    f = tmp_path / "noise.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert m.main(["summary", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("pinned: output tok/s mean 105, cv 6.7%") and "x:" not in out  # one run of x: no line
+    assert m.main(["summary", str(tmp_path / "missing.jsonl")]) == 2
+    f.write_text(json.dumps({"tree": "after", "output_tok_s": 1.0}) + "\n")
+    assert m.main(["summary", str(f)]) == 1
+    assert m.main(["row", "before", "x", "a", "b", "c"]) == 2
