@@ -458,14 +458,16 @@ class Engine:
 
         A record: ``index``, ``kind`` ("prefill" or "decode"), ``batch`` (requests; a prefill's prompt
         tokens), ``step_ms`` (host wall time of the model step on the model thread, ms: a prefill's call;
-        a decode step from its launch to its collect's return, the hand-off of the previous step's tokens
-        to the event loop in between included, see ``handoff_ms``), ``attn_ms``
+        a decode step from its launch to its collect's return, with ``server.overlap_scheduling`` the
+        hand-off of the previous step's tokens to the event loop in between included, see
+        ``handoff_ms``), ``attn_ms``
         (eager CPU steps only, else None), ``t`` (unix time at its end), ``profiled`` when under the
         profiler. A decode record also has ``bucket`` (padded graph batch; = batch when eager), the
         split of its step (:meth:`kernelcamp.serve.model.DecoderModel.collect`): ``gpu_ms`` (GPU time of
         the replay or eager forward, CUDA events; None on a CPU), host ``load_ms``, ``launch_ms`` (None
-        on a CPU), ``sync_ms`` and ``handoff_ms`` (the part of sync_ms spent handing the previous step's
-        tokens to the event loop while the GPU ran; about 0 for a profiled step), and ``prefills``
+        on a CPU), ``sync_ms`` and ``handoff_ms`` (the part of sync_ms between launch and collect: with
+        overlap, handing the previous step's tokens to the event loop while the GPU ran; without it, or
+        for a profiled step, only the calls' own return and start), and ``prefills``
         (prefills the scheduler ran since the previous decode step: their time is in their own records,
         not in this step_ms, but in the gap before
         it). Prefill records have ``bucket`` None."""
