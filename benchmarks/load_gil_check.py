@@ -48,14 +48,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+from benchmarks.serving_noise_summary import spread  # noqa: E402
+
+
 def _spread(xs: list[float]) -> dict[str, float]:
-    q = statistics.quantiles(xs, n=10, method="inclusive")
-    return {
-        "mean": round(statistics.fmean(xs), 4),
-        "p50": round(statistics.median(xs), 4),
-        "p90": round(q[8], 4),
-        "max": round(max(xs), 4),
-    }
+    return {**spread(xs), "max": round(max(xs), 4)}
 
 
 def main() -> int:
