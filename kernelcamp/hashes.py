@@ -31,24 +31,33 @@ SERVER_FLAG_KEYS = (
 )
 
 
+def _flag(server: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
+    v = server.get(key, default)
+    if isinstance(v, bool) != (kind is bool) or not isinstance(v, kind):  # bool("false") is True
+        want = "true or false" if kind is bool else "an integer"
+        raise KernelcampError(f"server.{key} = {v!r}: expected {want}")
+    return v
+
+
 def server_flags(server: Mapping[str, Any] | None) -> dict[str, Any]:
     """The hashed part of params.yaml's ``server`` section, with defaults filled in (JSON-ready).
 
-    The section is checked as the spec stage checks it (:class:`kernelcamp.spec.ServerSpec`: types
-    strictly, ranges, unknown keys). Raises ``KernelcampError`` (one line naming the key) on a bad value:
-    read loosely, ``overlap_scheduling: "false"`` would have run with overlap on."""
-    from kernelcamp.spec import ServerSpec, parse_section  # spec imports this module
-
-    spec = parse_section(ServerSpec, dict(server or {}), "server")
-    return {
-        "name": spec.name,
-        "cuda_graphs": spec.cuda_graphs,
-        "graph_batch_buckets": list(spec.graph_batch_buckets),
-        "max_running_requests": spec.max_running_requests,
-        "overlap_scheduling": spec.overlap_scheduling,
-        "env": {str(k): str(v) for k, v in sorted(spec.env.items())},
-        "args": [str(a) for a in spec.args],
+    Raises ``KernelcampError`` for a flag of the wrong type (a string where true/false or an integer
+    belongs): read loosely, ``overlap_scheduling: "false"`` would have run with overlap on."""
+    server = dict(server or {})
+    buckets = server.get("graph_batch_buckets") or [1, 2, 4, 8, 16, 32, 64, 96]
+    if not isinstance(buckets, list) or any(isinstance(b, bool) or not isinstance(b, int) for b in buckets):
+        raise KernelcampError(f"server.graph_batch_buckets = {buckets!r}: expected a list of integers")
+    flags = {
+        "name": server.get("name", "default"),
+        "cuda_graphs": _flag(server, "cuda_graphs", True, bool),
+        "graph_batch_buckets": list(buckets),
+        "max_running_requests": _flag(server, "max_running_requests", 96, int),
+        "overlap_scheduling": _flag(server, "overlap_scheduling", False, bool),
+        "env": {str(k): str(v) for k, v in sorted((server.get("env") or {}).items())},
+        "args": [str(a) for a in server.get("args") or []],
     }
+    return flags
 
 
 def project_root() -> Path:
