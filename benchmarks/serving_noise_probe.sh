@@ -40,6 +40,9 @@
 # step_ms is not the same quantity in both trees: before the model thread (commit "serve (issue 12)")
 # it was timed on the event loop around the awaited step, so it includes the wait for the loop to
 # resume the scheduler; after, it is the model step alone. The period is comparable across trees.
+# BEFORE_PYTHONPATH (optional): folders put first on the before server's PYTHONPATH only, e.g. one
+# whose httptools.py raises ImportError, so that uvicorn falls back to h11 as it did before httptools
+# was a dependency. Each server's info (at its start) is kept as OUTDIR/info_<tree>.json.
 # The pinned mode (server and load generator on their own CPUs) is gone: on the H200 it did not
 # change the spread (reports/campaigns/decisions/README.md, 2026-12-01).
 set -u
@@ -95,7 +98,9 @@ trap smi_stop EXIT
 # probe TREE LABEL: a fresh server from TREE, five load runs, one JSON line each
 probe() {
   local tree=$1 label=$2 pid since r
-  (cd "$tree" && PYTHONPATH="$tree:$PYTHONPATH" exec python3 -m kernelcamp.cli serve --params "$HERE/params.yaml" \
+  local pre=
+  [ "$label" = before ] && pre=${BEFORE_PYTHONPATH:+$BEFORE_PYTHONPATH:}
+  (cd "$tree" && PYTHONPATH="$pre$tree:$PYTHONPATH" exec python3 -m kernelcamp.cli serve --params "$HERE/params.yaml" \
     --port $PORT --device cuda:0) > "$W/server_$label.log" 2>&1 &
   pid=$!
   for _ in $(seq 240); do curl -sf "$URL/health" >/dev/null && break; sleep 0.5; done
@@ -104,6 +109,7 @@ probe() {
     kill $pid 2>/dev/null; wait $pid 2>/dev/null
     return 1
   fi
+  curl -sf "$URL/v1/kernelcamp/info?steps=0" > "$W/info_$label.json"
   for r in 1 2 3 4 5; do
     since=$(step_index)
     smi_start "$W/smi_${label}_$r.csv"

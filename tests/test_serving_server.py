@@ -214,6 +214,41 @@ def test_decode_steps_run_while_the_event_loop_is_blocked(server):
     assert done == [120] * 4, done
 
 
+def test_tokens_that_queued_while_the_event_loop_was_busy_leave_as_one_chunk(server):
+    # Issue 12: one SSE chunk per token kept a busy event loop busy (and the model thread waiting for
+    # the GIL); the tokens of the steps that ran meanwhile now go out together, counted in the chunk.
+    chunks: list[tuple[int, str]] = []
+
+    def stream() -> None:
+        with httpx.Client(base_url=server, timeout=60) as c:
+            req = {"prompt": "coalesce me", "max_tokens": 120, "stream": True}
+            with c.stream("POST", "/v1/completions", json=req) as s:
+                for line in s.iter_lines():
+                    if line.startswith("data: {"):
+                        o = json.loads(line[6:])
+                        if o["choices"] and o.get("kernelcamp_tokens"):
+                            chunks.append((o["kernelcamp_tokens"], o["choices"][0]["text"]))
+
+    th = threading.Thread(target=stream)
+    th.start()
+    with httpx.Client(base_url=server, timeout=60) as c:
+        _wait_counts(c, lambda k: k["running"] == 1, "the request running")
+        c.get("/test/block-event-loop", params={"seconds": 0.4})
+        th.join(timeout=60)
+        whole = c.post("/v1/completions", json={"prompt": "coalesce me", "max_tokens": 120}).json()
+    assert sum(k for k, _ in chunks) == 120
+    assert max(k for k, _ in chunks) > 1, chunks[:10]
+    assert all(len(t.split()) == k for k, t in chunks)
+    assert "".join(t for _, t in chunks) == whole["choices"][0]["text"]
+
+
+def test_info_reports_the_http_stack_it_runs(server):
+    from kernelcamp.serve.server import http_stack
+
+    with httpx.Client(base_url=server, timeout=60) as c:
+        assert c.get(INFO, params={"steps": 0}).json()["http_stack"] == http_stack()
+
+
 def test_a_disconnected_stream_frees_its_pages(server):
     with httpx.Client(base_url=server, timeout=60) as c:
         before = _wait_counts(c, lambda k: k["running"] == 0 and k["waiting"] == 0, "server idle")

@@ -52,6 +52,7 @@ cannot be split).
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import time
 import zlib
@@ -73,9 +74,17 @@ def encode(text: str, vocab_size: int) -> list[int]:
     return ids or [1]
 
 
+_SYL = [c + v for c in _CONS for v in _VOW]
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def token_text(token_id: int) -> str:
-    """A token's text: a space and a pseudo-word spelled from the id (distinct per id)."""
-    syl = [c + v for c in _CONS for v in _VOW]
+    """A token's text: a space and a pseudo-word spelled from the id (distinct per id).
+
+    Cached (the vocabulary is small): the server's event loop spells every streamed token, and the
+    uncached spelling cost about 20 us per token on a 2-core CPU (benchmarks/sse_path_probe.py's
+    cProfile), time the model thread then waits for the GIL (issue 12)."""
+    syl = _SYL
     n, parts = int(token_id), []
     while True:
         parts.append(syl[n % len(syl)])

@@ -282,7 +282,15 @@ def _check_model(req: _Generate) -> JSONResponse | None:
     return None
 
 
-def _chunk(rid: str, chat: bool, text: str | None, k: int | None, finish: str | None, first: bool) -> dict[str, Any]:
+def _chunk(
+    rid: str,
+    chat: bool,
+    text: str | None,
+    k: int | None,
+    finish: str | None,
+    first: bool,
+    created: int | None = None,
+) -> dict[str, Any]:
     if chat:
         delta: dict[str, Any] = {}
         if first:
@@ -294,7 +302,8 @@ def _chunk(rid: str, chat: bool, text: str | None, k: int | None, finish: str | 
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
         obj = "text_completion"
-    out = {"id": rid, "object": obj, "created": int(time.time()), "model": MODEL_NAME, "choices": [choice]}
+    created = int(time.time()) if created is None else created
+    out = {"id": rid, "object": obj, "created": created, "model": MODEL_NAME, "choices": [choice]}
     if k is not None:
         out["kernelcamp_tokens"] = k
     return out
@@ -325,6 +334,30 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+class _Frames:
+    """The SSE frames of one stream's text chunks, formatted once: per chunk only the text's JSON and
+    the token count are spliced in (``json.dumps`` of a whole dict per token was most of the event
+    loop's per-token time, which the model thread then waits for, issue 12). The bytes equal
+    ``_sse(_chunk(rid, chat, text, k, None, False, created))``; every chunk of a stream carries the
+    stream's one ``created`` time, as OpenAI's chunks of one completion do."""
+
+    _TEXT, _K = "\u0000text", "\u0000k"  # sentinels: no id, model name or key holds a NUL
+
+    def __init__(self, rid: str, chat: bool, counts: bool, created: int):
+        whole = _sse(_chunk(rid, chat, self._TEXT, self._K if counts else None, None, False, created))
+        head, rest = whole.split(json.dumps(self._TEXT).encode(), 1)
+        if counts:
+            mid, tail = rest.split(json.dumps(self._K).encode(), 1)
+        else:
+            mid, tail = rest, b""
+        self.head, self.mid, self.tail, self.counts = head, mid, tail, counts
+
+    def text(self, text: str, k: int) -> bytes:
+        if self.counts:
+            return b"".join((self.head, json.dumps(text).encode(), self.mid, str(k).encode(), self.tail))
+        return b"".join((self.head, json.dumps(text).encode(), self.mid))
+
+
 async def _stream_tokens(
     rid: str,
     chat: bool,
@@ -335,19 +368,26 @@ async def _stream_tokens(
 ) -> AsyncIterator[bytes]:
     """SSE body: one chunk per piece (text, tokens it holds), a finish chunk, optional usage, [DONE].
 
-    ``counts``: put ``kernelcamp_tokens`` in every chunk (False imitates a foreign server)."""
+    ``counts``: put ``kernelcamp_tokens`` in every chunk (False imitates a foreign server). All chunks
+    carry one ``created`` (unix seconds at the stream's start); the first chat chunk also carries the
+    assistant role, the later ones are spliced from :class:`_Frames`."""
+    created = int(time.time())
+    frames = _Frames(rid, chat, counts, created)
     n, first = 0, True
     async for text, k in pieces:
-        yield _sse(_chunk(rid, chat, text, k if counts else None, None, first))
-        first = False
+        if first:
+            yield _sse(_chunk(rid, chat, text, k if counts else None, None, True, created))
+            first = False
+        else:
+            yield frames.text(text, k)
         n += k
-    yield _sse(_chunk(rid, chat, None if chat else "", 0 if counts else None, "length", first))
+    yield _sse(_chunk(rid, chat, None if chat else "", 0 if counts else None, "length", first, created))
     if include_usage:
         yield _sse(
             {
                 "id": rid,
                 "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()),
+                "created": created,
                 "model": MODEL_NAME,
                 "choices": [],
                 "usage": _usage(prompt_tokens, n),

@@ -23,7 +23,12 @@ a list of text parts (joined by newlines; other part types are 400); a prompt th
 everything but ``/health`` (401 otherwise), as with vLLM's and SGLang's ``--api-key``.
 
 Token accounting for clients: every streamed chunk carries ``"kernelcamp_tokens": k``, the number
-of tokens whose text it holds (the engine sends one token per chunk). Decoding is greedy;
+of tokens whose text it holds: one while the event loop keeps up with the decode steps, all those
+queued meanwhile when it fell behind (:meth:`Engine.token_batches`), so that the streaming work stays
+one write per request per event-loop turn. Frames are spliced from a per-stream template
+(``kernelcamp.serve.openai._Frames``); every chunk of a stream carries its one ``created`` time. The
+HTTP parser and event loop (httptools and uvloop when installed) are reported in info as
+``http_stack``. Decoding is greedy;
 ``temperature``/``top_p`` are accepted and ignored; generation always runs to ``max_tokens``
 (finish_reason "length": the stand-in model has no end-of-sequence token).
 
@@ -64,6 +69,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import os
 import re
 import shutil
@@ -438,14 +444,39 @@ class Engine:
 
     # -- event loop ---------------------------------------------------------------------------------
     async def tokens(self, r: _Req) -> AsyncIterator[int]:
+        """Event loop: the request's tokens, one by one (see :meth:`token_batches`)."""
+        async with contextlib.aclosing(self.token_batches(r)) as batches:
+            async for batch in batches:
+                for t in batch:
+                    yield t
+
+    async def token_batches(self, r: _Req) -> AsyncIterator[list[int]]:
+        """Event loop: the request's tokens, each time all of those that have arrived (at least one).
+
+        One token per batch while the event loop keeps up with the steps; when it falls behind, the
+        tokens queued meanwhile come as one batch, so a stream then costs one SSE chunk per event-loop
+        turn rather than one per token, and the loop catches up instead of taking ever more of the
+        GIL from the model thread (issue 12). vLLM's API server merges queued outputs the same way
+        (``RequestOutputCollector`` in ``vllm/v1/engine/output_processor.py``). Raises the engine's
+        exception after the tokens that came before it. A request left early (client gone, an
+        exception in the consumer) is marked cancelled; the model thread frees its pages."""
+        q = r.queue
         try:
             while True:
-                t = await r.queue.get()
-                if t is None:
-                    return
-                if isinstance(t, Exception):
-                    raise t
-                yield t
+                batch: list[int] = []
+                x = await q.get()
+                while True:
+                    if x is None or isinstance(x, Exception):
+                        if batch:
+                            yield batch
+                        if x is None:
+                            return
+                        raise x
+                    batch.append(x)
+                    if q.empty():
+                        break
+                    x = q.get_nowait()
+                yield batch
         finally:
             if len(r.generated) < r.max_tokens:
                 r.cancelled = True  # the model thread frees its pages at its next step
@@ -739,6 +770,22 @@ class TraceStore:
 
 
 # ---- the real app ------------------------------------------------------------------------------------
+def http_stack() -> dict[str, str]:
+    """The HTTP parser and event loop uvicorn runs the server with: ``{"http": "httptools" or "h11",
+    "loop": "uvloop" or "asyncio", "uvicorn": version}``, the C ones when installed (uvicorn's own
+    "auto" choice, made explicit by :func:`main` so that info reports what ran). The pure-Python
+    ones cost the event loop more per streamed token (issue 12, ``benchmarks/sse_path_probe.py``)."""
+    import importlib.util
+
+    import uvicorn
+
+    return {
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "loop": "uvloop" if sys.platform != "win32" and importlib.util.find_spec("uvloop") else "asyncio",
+        "uvicorn": uvicorn.__version__,
+    }
+
+
 @dataclass
 class ServeState:
     """Everything the info endpoint reports about what runs."""
@@ -751,6 +798,7 @@ class ServeState:
     device: str
     never_ready: bool = False
     started_at: float = field(default_factory=time.time)
+    http_stack: dict[str, str] = field(default_factory=http_stack)
 
 
 def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Path | None = None) -> FastAPI:
@@ -797,6 +845,7 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
             "config_running": _jsonable(getattr(m.launcher, "last_config", None)),
             "server_flags": state.flags,
             "overlap_scheduling_active": eng.overlap_active,
+            "http_stack": state.http_stack,
             "pid": os.getpid(),
             "started_at": state.started_at,
             "device": state.device,
@@ -879,8 +928,8 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
         if req.stream:
 
             async def pieces():
-                async for t in eng.tokens(r):
-                    yield token_text(t), 1
+                async for batch in eng.token_batches(r):
+                    yield "".join([token_text(t) for t in batch]), len(batch)
 
             return StreamingResponse(
                 _stream_tokens(rid, chat, len(r.prompt), pieces(), req.include_usage()),
@@ -1055,8 +1104,16 @@ def main(args: argparse.Namespace) -> int:
     warn = exposure_warning(host, port)
     if warn:
         print(warn, file=sys.stderr, flush=True)
+    stack = http_stack()  # what the real server's info reports as http_stack
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5
+        app,
+        host=host,
+        port=port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        http=stack["http"],
+        loop=stack["loop"],
     )
     srv = uvicorn.Server(config)
     print(f"kernelcamp serve: {client_url(host, port)} (bound to {host}) pid {os.getpid()}", flush=True)
