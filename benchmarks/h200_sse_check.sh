@@ -2,6 +2,7 @@
 # Issue 12's H200 check of the cheaper streaming path, one device call from the repo root with .whl/
 # and .probe/ carried (.probe/before: `git archive <old commit>` of this repo, see below):
 #   bash benchmarks/h200_sse_check.sh OUT [NAME...]
+# (the experiments run first, the probe after them)
 # 1. benchmarks/serving_noise_probe.sh: the server of .probe/before (its own HTTP stack: h11, httptools
 #    hidden) against this tree's (httptools + uvloop, spliced SSE frames, queued tokens in one chunk),
 #    five runs each at concurrency 64, into reports/campaigns/decisions/serving_noise/sse_path/;
@@ -22,12 +23,6 @@ export TRITON_CACHE_DIR=/tmp/triton-cache
 dest=reports/campaigns/decisions
 mkdir -p "$dest/h200_sse"
 trap 'tar czf "$out/sse_check.tgz" "$dest/serving_noise/sse_path" "$dest/h200_sse" 2>/dev/null' EXIT
-if [ -d .probe/before ] && [ -z "${SKIP_PROBE:-}" ]; then
-  cp -r kernels .probe/before/  # the same kernel sources: the comparison is of the server only
-  mkdir -p /tmp/noht && echo 'raise ImportError("hidden: the before server ran with h11")' > /tmp/noht/httptools.py
-  BEFORE_PYTHONPATH=/tmp/noht timeout "${PROBE_TIMEOUT_S:-240}" bash benchmarks/serving_noise_probe.sh \
-    "$dest/serving_noise/sse_path" .probe/before 2>&1 | tail -12
-fi
 for n in "${names[@]}"; do
   d="$dest/h200_sse/$n"
   set_args=()
@@ -41,4 +36,10 @@ for n in "${names[@]}"; do
   python -m kernelcamp.cli campaign collect "$n" "$d" > /dev/null 2>&1 || echo "collect: $n not finished"
   grep -h -A2 "^## Decision" "$d/report.md" 2>/dev/null | head -3
 done
+if [ -d .probe/before ] && [ -z "${SKIP_PROBE:-}" ]; then
+  cp -r kernels .probe/before/  # the same kernel sources: the comparison is of the server only
+  mkdir -p /tmp/noht && echo 'raise ImportError("hidden: the before server ran with h11")' > /tmp/noht/httptools.py
+  BEFORE_PYTHONPATH=/tmp/noht timeout "${PROBE_TIMEOUT_S:-240}" bash benchmarks/serving_noise_probe.sh \
+    "$dest/serving_noise/sse_path" .probe/before 2>&1 | tail -12
+fi
 nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm --format=csv,noheader > "$dest/h200_sse/gpus.txt"
