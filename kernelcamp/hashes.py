@@ -26,6 +26,7 @@ SERVER_FLAG_KEYS = (
     "graph_batch_buckets",
     "max_running_requests",
     "overlap_scheduling",
+    "engine_process",
     "env",
     "args",
 )
@@ -54,6 +55,7 @@ def server_flags(server: Mapping[str, Any] | None) -> dict[str, Any]:
         "graph_batch_buckets": list(buckets),
         "max_running_requests": _flag(server, "max_running_requests", 96, int),
         "overlap_scheduling": _flag(server, "overlap_scheduling", False, bool),
+        "engine_process": _flag(server, "engine_process", True, bool),
         "env": {str(k): str(v) for k, v in sorted((server.get("env") or {}).items())},
         "args": [str(a) for a in server.get("args") or []],
     }

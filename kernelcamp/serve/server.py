@@ -32,6 +32,12 @@ HTTP parser and event loop (httptools and uvloop when installed) are reported in
 ``temperature``/``top_p`` are accepted and ignored; generation always runs to ``max_tokens``
 (finish_reason "length": the stand-in model has no end-of-sequence token).
 
+Processes: with ``server.engine_process: true`` (the default) ``kernelcamp serve`` is two processes,
+an HTTP front on the port and an engine process with the model, the scheduler and this module's app
+on a private Unix socket (:mod:`kernelcamp.serve.front`): the model thread then shares its GIL with
+an event loop that does one write per decode step, not the SSE writes of every token. With
+``false`` it is one process, as described below; :func:`make_app` is that one-process app.
+
 Scheduling (continuous batching, :class:`Engine`): one model thread (``kernelcamp-model``) admits
 waiting requests up to ``server.max_running_requests`` (and while the page pool has room for prompt +
 max_tokens), prefills each new one, then runs one decode step for every running request, and loops:
@@ -91,6 +97,7 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import kernel_source_hash, server_flags, variant_hash
 from kernelcamp.serve.client import API_KEY_ENV, INFO_PATH, PROFILE_PATH, TRACE_PATH, client_url, exposure_warning
 from kernelcamp.serve.fake import FakeSpec, make_fake_app
+from kernelcamp.serve.front import EngineLink, add_engine_routes, http_stack, make_front_app, watch_parent
 from kernelcamp.serve.openai import (
     MODEL_NAME,
     ChatRequest,
@@ -214,18 +221,19 @@ class Engine:
                     flush=True,
                 )
 
-    def submit(self, prompt: list[int], max_tokens: int) -> _Req:
+    def submit(self, prompt: list[int], max_tokens: int, queue: Any = None) -> _Req:
         """Event loop: queue a request for admission (its tokens arrive in ``r.queue``, see :meth:`tokens`).
 
-        Raises ``ValueError`` when prompt + max_tokens exceed the context. After an engine error the
-        request fails at once (the error is in its queue)."""
+        ``queue``: where its items go (anything with ``put_nowait``, called on the event loop; default
+        a new ``asyncio.Queue``). Raises ``ValueError`` when prompt + max_tokens exceed the context.
+        After an engine error the request fails at once (the error is in its queue)."""
         limit = self.model.cfg.max_context_tokens
         if len(prompt) + max_tokens > limit:
             raise ValueError(
                 f"the prompt's {len(prompt)} tokens + max_tokens={max_tokens} exceed this server's context "
                 f"of {limit} tokens (server.max_context_tokens): shorten the prompt or ask for fewer tokens"
             )
-        r = _Req(prompt, max_tokens, asyncio.Queue())
+        r = _Req(prompt, max_tokens, asyncio.Queue() if queue is None else queue)
         with self._cv:
             self.counts["requests_total"] += 1
             if self._exc is not None:
@@ -478,10 +486,15 @@ class Engine:
                     x = q.get_nowait()
                 yield batch
         finally:
-            if len(r.generated) < r.max_tokens:
-                r.cancelled = True  # the model thread frees its pages at its next step
-                with self._cv:
-                    self._cv.notify()
+            self.cancel(r)
+
+    def cancel(self, r: _Req) -> None:
+        """Event loop: the client is gone; a request not yet done is dropped (the model thread frees
+        its pages at its next step). A finished request is left as it is."""
+        if len(r.generated) < r.max_tokens:
+            r.cancelled = True
+            with self._cv:
+                self._cv.notify()
 
     def stats(self, steps: int = 256, since: int | None = None) -> dict[str, Any]:
         """Counts and step records for the info endpoint: the last ``steps`` records, or with ``since``
@@ -770,22 +783,6 @@ class TraceStore:
 
 
 # ---- the real app ------------------------------------------------------------------------------------
-def http_stack() -> dict[str, str]:
-    """The HTTP parser and event loop uvicorn runs the server with: ``{"http": "httptools" or "h11",
-    "loop": "uvloop" or "asyncio", "uvicorn": version}``, the C ones when installed (uvicorn's own
-    "auto" choice, made explicit by :func:`main` so that info reports what ran). The pure-Python
-    ones cost the event loop more per streamed token (issue 12, ``benchmarks/sse_path_probe.py``)."""
-    import importlib.util
-
-    import uvicorn
-
-    return {
-        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
-        "loop": "uvloop" if sys.platform != "win32" and importlib.util.find_spec("uvloop") else "asyncio",
-        "uvicorn": uvicorn.__version__,
-    }
-
-
 @dataclass
 class ServeState:
     """Everything the info endpoint reports about what runs."""
@@ -1036,6 +1033,8 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
     )
     ap.add_argument("--never-ready", action="store_true", help="test aid: /health answers 503 forever")
     ap.add_argument("--log-level", default="warning")
+    # internal: run as the engine process of a front process (kernelcamp.serve.front), on this socket
+    ap.add_argument("--engine-uds", default=None, help=argparse.SUPPRESS)
     ap.set_defaults(main=main)
     return ap
 
@@ -1056,7 +1055,10 @@ def main(args: argparse.Namespace) -> int:
             raise KernelcampError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
         if args.trace_dir is not None and Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
             raise KernelcampError(f"--trace-dir {args.trace_dir}: exists and is not a folder")
+        engine_uds = getattr(args, "engine_uds", None)
         key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+        if engine_uds is not None:
+            key = None  # the engine process answers only its front, over a socket in a private folder
         if key is not None and (not key.strip() or key != key.strip()):
             where = "--api-key" if args.api_key is not None else API_KEY_ENV
             raise KernelcampError(
@@ -1081,7 +1083,7 @@ def main(args: argparse.Namespace) -> int:
         dev_cfg = server.get("device")
         if args.device is None and dev_cfg is not None and not _DEVICE.match(str(dev_cfg)):
             raise KernelcampError(f"server.device={dev_cfg!r} in {args.params}: expected cpu, cuda or cuda:N")
-        busy = _bind_error(host, port)  # before the model is built, and before any URL is printed
+        busy = None if engine_uds else _bind_error(host, port)  # before the model is built and any URL printed
         if busy:
             raise KernelcampError(
                 f"cannot listen on {host}:{port}: {busy}; pass --port, or stop the server holding it "
@@ -1097,10 +1099,26 @@ def main(args: argparse.Namespace) -> int:
                 import torch
 
                 device = "cuda:0" if torch.cuda.is_available() else "cpu"
-            app = make_app(build_state(params, device, never_ready=args.never_ready), key, args.trace_dir)
+            if engine_uds is not None:
+                state = build_state(params, device, never_ready=args.never_ready)
+                app = make_app(state, None, args.trace_dir)
+                add_engine_routes(app, state.engine, state.engine.model.cfg.vocab_size)
+                watch_parent()
+            elif server_flags(server)["engine_process"]:
+                argv = [sys.executable, "-m", "kernelcamp.cli", "serve", "--params", str(Path(args.params).resolve())]
+                argv += ["--device", device, "--log-level", args.log_level]
+                if args.trace_dir is not None:
+                    argv += ["--trace-dir", str(Path(args.trace_dir).resolve())]
+                if args.never_ready:
+                    argv.append("--never-ready")
+                app = make_front_app(EngineLink(argv), key)
+            else:
+                app = make_app(build_state(params, device, never_ready=args.never_ready), key, args.trace_dir)
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    if engine_uds is not None:
+        return _run_engine_process(app, engine_uds, args.log_level)
     warn = exposure_warning(host, port)
     if warn:
         print(warn, file=sys.stderr, flush=True)
@@ -1125,6 +1143,29 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: the server did not start on {host}:{port} (see the lines above)", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _run_engine_process(app: FastAPI, uds: str, log_level: str) -> int:
+    """The engine process's uvicorn, on the Unix socket its front gave (kernelcamp.serve.front)."""
+    import uvicorn
+
+    stack = http_stack()
+    config = uvicorn.Config(
+        app,
+        uds=uds,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        http=stack["http"],
+        loop=stack["loop"],
+    )
+    srv = uvicorn.Server(config)
+    print(f"kernelcamp serve: engine process pid {os.getpid()} on {uds}", flush=True)
+    try:
+        srv.run()
+    except KeyboardInterrupt:
+        pass
+    return 0 if srv.started else 1
 
 
 def _bind_error(host: str, port: int) -> str | None:

@@ -1,0 +1,418 @@
+"""The embedded server as two processes (``server.engine_process: true``, the default): an HTTP front
+process and an engine process.
+
+Why (issue 12): in one process the model thread shares the GIL with the HTTP event loop, and every
+streamed token costs that loop tens of microseconds (SSE frame, uvicorn send, task wake-ups). On the
+H200 (V4-Flash, concurrency 64) the decode step's host part waited 0.8-3 ms for the GIL, more than the
+GPU's 1.27 ms, and that wait moved by 10-25% from run to run: the serving A/B measured the HTTP loop's
+noise. vLLM runs its API server and its EngineCore in separate processes for the same reason (the
+``AsyncLLM`` / ``EngineCoreClient`` split of ``vllm/v1/engine``).
+
+- The **engine process** is ``kernelcamp serve`` itself with ``--engine-uds PATH``: the model, the
+  scheduler (:class:`kernelcamp.serve.server.Engine`) and the full app (info, profile, traces,
+  health) on a Unix socket in a private folder (mode 0700; no API key there, nothing else can reach
+  it), plus three internal routes (:func:`add_engine_routes`): submit, cancel, and one long-lived
+  stream of every request's tokens, one JSON line per event-loop turn (about one per decode step),
+  so its event loop's work per step is one callback, one ``json.dumps`` and one write, whatever the
+  number of requests.
+- The **front process** (:func:`make_front_app`) listens on the public port. It spawns the engine
+  process, streams the completions (SSE frames, one write per request per turn) from that one line
+  per step, and forwards every other route (health, models, info, profile, traces) to the engine
+  process. Info says ``engine_process: true``; its ``pid`` is the front's (the process deploy started
+  and stops), ``engine_pid`` the engine's, ``http_stack`` the front's.
+
+Lifetimes: the front stops the engine process at shutdown (SIGTERM, then SIGKILL after 30 s); the
+engine process exits when its parent is gone (it checks every second), and both are in one process
+group, which deploy stops as a whole. Before the engine process answers its health, the front's
+``/health`` is 503 ``starting``; if it exits, 500 with its exit status, and every request in flight
+fails with that message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from kernelcamp.serve.client import INFO_PATH
+from kernelcamp.serve.openai import (
+    ChatRequest,
+    CompletionRequest,
+    _add_completion_routes,
+    _check_model,
+    _error,
+    _full,
+    _openai_app,
+    _stream_tokens,
+)
+
+INTERNAL = "/internal/v1"
+ENGINE_STOP_GRACE_S = 30.0
+
+
+def http_stack() -> dict[str, str]:
+    """The HTTP parser and event loop uvicorn runs the server with: ``{"http": "httptools" or "h11",
+    "loop": "uvloop" or "asyncio", "uvicorn": version}``, the C ones when installed (uvicorn's own
+    "auto" choice, made explicit by ``kernelcamp serve`` so that info reports what ran). The
+    pure-Python ones cost the event loop more per streamed token (issue 12,
+    ``benchmarks/sse_path_probe.py``)."""
+    import uvicorn
+
+    return {
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "loop": "uvloop" if sys.platform != "win32" and importlib.util.find_spec("uvloop") else "asyncio",
+        "uvicorn": uvicorn.__version__,
+    }
+
+
+# ---- engine process: the internal routes ------------------------------------------------------------
+class _Mux:
+    """Engine process: the queue items (token, None = done, Exception) of every request, gathered on
+    the event loop until the front's stream takes them, one line per turn."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, Any]] = []
+        self.ready = asyncio.Event()
+
+    def queue(self, rid: str) -> _MuxQueue:
+        return _MuxQueue(rid, self)
+
+
+class _MuxQueue:
+    """The ``queue`` of one request in the engine process (see ``Engine.submit``)."""
+
+    __slots__ = ("rid", "mux")
+
+    def __init__(self, rid: str, mux: _Mux):
+        self.rid, self.mux = rid, mux
+
+    def put_nowait(self, x: Any) -> None:
+        self.mux.items.append((self.rid, x))
+        self.mux.ready.set()
+
+
+def _step_line(items: list[tuple[str, Any]]) -> bytes:
+    """One line of the token stream: ``{"tok": {rid: [ids]}, "end": [rid], "err": {rid: message}}``."""
+    tok: dict[str, list[int]] = {}
+    end: list[str] = []
+    err: dict[str, str] = {}
+    for rid, x in items:
+        if x is None:
+            end.append(rid)
+        elif isinstance(x, BaseException):
+            err[rid] = str(x) if str(x).startswith("engine error") else f"engine error: {x}"
+        else:
+            tok.setdefault(rid, []).append(x)
+    return json.dumps({"tok": tok, "end": end, "err": err}, separators=(",", ":")).encode() + b"\n"
+
+
+def add_engine_routes(app: FastAPI, engine: Any, vocab_size: int) -> None:
+    """Engine process: the internal routes the front process uses (module docstring).
+
+    ``POST {INTERNAL}/submit`` ``{"rid", "prompt", "max_tokens"}`` -> ``{"prompt_tokens"}``, or 400
+    ``{"error"}`` (the context check of ``Engine.submit``); ``POST {INTERNAL}/cancel`` ``{"rid"}``;
+    ``GET {INTERNAL}/steps``: the token stream (one reader: the front)."""
+    from kernelcamp.serve.model import encode
+
+    mux = _Mux()
+    reqs: dict[str, Any] = {}
+
+    @app.post(INTERNAL + "/submit")
+    async def submit(body: dict[str, Any]):
+        rid, text, n = str(body["rid"]), str(body["prompt"]), int(body["max_tokens"])
+        try:
+            r = engine.submit(encode(text, vocab_size), n, queue=mux.queue(rid))
+        except ValueError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        reqs[rid] = r
+        return {"prompt_tokens": len(r.prompt)}
+
+    @app.post(INTERNAL + "/cancel")
+    async def cancel(body: dict[str, Any]):
+        r = reqs.pop(str(body["rid"]), None)
+        if r is not None:
+            engine.cancel(r)
+        return {"cancelled": r is not None}
+
+    @app.get(INTERNAL + "/steps")
+    async def steps():
+        async def lines() -> AsyncIterator[bytes]:
+            yield b"{}\n"  # the stream is open: the front may start taking requests
+            while True:
+                await mux.ready.wait()
+                mux.ready.clear()
+                items, mux.items = mux.items, []
+                for rid, x in items:
+                    if x is None or isinstance(x, BaseException):
+                        reqs.pop(rid, None)
+                yield _step_line(items)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def watch_parent(poll_s: float = 1.0) -> None:
+    """Engine process: SIGTERM to itself once its parent (the front) is gone (a daemon thread)."""
+    parent = os.getppid()
+
+    def run() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=run, name="kernelcamp-parent-watch", daemon=True).start()
+
+
+# ---- front process ----------------------------------------------------------------------------------
+class EngineLink:
+    """Front process: the engine process (spawned by :meth:`start`) and the token stream from it.
+
+    ``argv``: the engine's ``kernelcamp serve`` command line without ``--engine-uds``."""
+
+    def __init__(self, argv: list[str]):
+        self.argv = list(argv)
+        self.dir: Path | None = None
+        self.uds = ""
+        self.proc: subprocess.Popen | None = None
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.error: str | None = None
+        self.linked = False  # the token stream is open
+        self._task: asyncio.Task | None = None
+        self.client: Any = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> None:
+        """Spawn the engine process (its output goes to ours) and the task that links to it."""
+        import httpx
+
+        self.dir = Path(tempfile.mkdtemp(prefix="kernelcamp-engine-"))  # mode 0700: ours alone
+        self.uds = str(self.dir / "engine.sock")
+        self.proc = subprocess.Popen([*self.argv, "--engine-uds", self.uds])
+        self.client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=self.uds), base_url="http://engine", timeout=None
+        )
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def exited(self) -> str | None:
+        """The engine process's end, as a message (None while it runs)."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return f"the engine process (pid {self.proc.pid}) exited with status {self.proc.returncode}"
+
+    async def _run(self) -> None:
+        """Wait for the engine's socket, then read its token stream until it ends; then fail everything."""
+        import httpx
+
+        why = "the engine process's token stream ended"
+        try:
+            while True:
+                if self.exited():
+                    why = self.exited()
+                    return
+                try:
+                    async with self.client.stream("GET", INTERNAL + "/steps") as resp:
+                        if resp.status_code != 200:
+                            raise httpx.TransportError(f"status {resp.status_code}")
+                        async for line in resp.aiter_lines():
+                            if not line:
+                                continue
+                            self.linked = True
+                            self._deliver(json.loads(line))
+                    why = self.exited() or why
+                    return
+                except (httpx.TransportError, OSError):
+                    if self.linked:
+                        why = self.exited() or "the engine process's token stream broke"
+                        return
+                    await asyncio.sleep(0.2)  # not listening yet: it is still loading the model
+        except asyncio.CancelledError:
+            why = "the server is stopping"
+            raise
+        finally:
+            self.linked = False
+            self.error = why
+            for q in self.queues.values():
+                q.put_nowait(RuntimeError(f"engine error: {why}"))
+
+    def _deliver(self, msg: dict[str, Any]) -> None:
+        queues = self.queues
+        for rid, toks in msg.get("tok", {}).items():
+            q = queues.get(rid)
+            if q is not None:
+                q.put_nowait(toks)
+        for rid, text in msg.get("err", {}).items():
+            q = queues.pop(rid, None)
+            if q is not None:
+                q.put_nowait(RuntimeError(text))
+        for rid in msg.get("end", []):
+            q = queues.pop(rid, None)
+            if q is not None:
+                q.put_nowait(None)
+
+    async def submit(self, rid: str, prompt: str, max_tokens: int) -> tuple[asyncio.Queue, int]:
+        """Queue a request in the engine; returns (its queue of token lists, its prompt tokens).
+
+        Raises ``ValueError`` (the engine's context check) or ``RuntimeError`` (no engine)."""
+        if self.error is not None or not self.linked:
+            raise RuntimeError(self.error or "the engine process is still starting")
+        q: asyncio.Queue = asyncio.Queue()
+        self.queues[rid] = q  # before the engine can send its first token
+        try:
+            resp = await self.client.post(
+                INTERNAL + "/submit", json={"rid": rid, "prompt": prompt, "max_tokens": max_tokens}
+            )
+        except Exception as e:
+            self.queues.pop(rid, None)
+            raise RuntimeError(f"engine error: {self.exited() or e}") from None
+        if resp.status_code == 400:
+            self.queues.pop(rid, None)
+            raise ValueError(resp.json()["error"])
+        if resp.status_code != 200:
+            self.queues.pop(rid, None)
+            raise RuntimeError(f"engine error: submit answered {resp.status_code}")
+        return q, int(resp.json()["prompt_tokens"])
+
+    async def batches(self, rid: str, q: asyncio.Queue) -> AsyncIterator[list[int]]:
+        """The request's tokens, each time all that have arrived; cancels it in the engine when left early."""
+        done = False
+        try:
+            while True:
+                x = await q.get()
+                batch: list[int] = []
+                while True:
+                    if x is None or isinstance(x, Exception):
+                        done = True
+                        if batch:
+                            yield batch
+                        if x is None:
+                            return
+                        raise x
+                    batch.extend(x)
+                    if q.empty():
+                        break
+                    x = q.get_nowait()
+                yield batch
+        finally:
+            if not done and self.queues.pop(rid, None) is not None and self.linked:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.client.post(INTERNAL + "/cancel", json={"rid": rid}))
+
+    async def forward(self, request: Request) -> Response:
+        """Pass one request to the engine process's app as it came; its answer back."""
+        if self.exited():
+            return JSONResponse({"status": "error", "error": self.exited()}, status_code=500)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
+        try:
+            resp = await self.client.request(
+                request.method,
+                request.url.path,
+                params=request.query_params,
+                content=await request.body(),
+                headers=headers,
+            )
+        except Exception:  # noqa: BLE001 - not listening yet (loading the model), or gone
+            if self.exited():
+                return JSONResponse({"status": "error", "error": self.exited()}, status_code=500)
+            return JSONResponse({"status": "starting"}, status_code=503)
+        keep = {k: v for k, v in resp.headers.items() if k.lower() in ("content-type", "content-disposition")}
+        return Response(resp.content, status_code=resp.status_code, headers=keep)
+
+    async def stop(self) -> None:
+        """Stop the engine process (SIGTERM, then SIGKILL after ``ENGINE_STOP_GRACE_S``) and the link."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        if self.client is not None:
+            await self.client.aclose()
+        p = self.proc
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                await asyncio.to_thread(p.wait, ENGINE_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                await asyncio.to_thread(p.wait)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def make_front_app(link: EngineLink, api_key: str | None = None) -> FastAPI:
+    """The front process's app (module docstring): completions streamed from ``link``, the rest forwarded.
+
+    ``api_key`` is checked here (the engine process has none: only this process can reach it)."""
+    from kernelcamp.serve.model import token_text
+
+    async def lifespan(app: FastAPI):
+        link.start()
+        try:
+            yield
+        finally:
+            await link.stop()
+
+    app = _openai_app("kernelcamp decode server (front)", api_key, lifespan)
+    stack = http_stack()
+
+    async def _complete(req: CompletionRequest | ChatRequest, chat: bool, request: Request):
+        bad = _check_model(req)
+        if bad is not None:
+            return bad
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        try:
+            q, prompt_tokens = await link.submit(rid, req.text(), req.tokens_wanted())
+        except ValueError as e:
+            return _error(str(e), 400, "messages" if chat else "prompt", "context_length_exceeded")
+        except RuntimeError as e:
+            return _error(str(e), 503 if not link.error else 500)
+        if req.stream:
+
+            async def pieces():
+                async for batch in link.batches(rid, q):
+                    yield "".join([token_text(t) for t in batch]), len(batch)
+
+            return StreamingResponse(
+                _stream_tokens(rid, chat, prompt_tokens, pieces(), req.include_usage()),
+                media_type="text/event-stream",
+            )
+        try:
+            toks = [t async for b in link.batches(rid, q) for t in b]
+        except Exception as e:  # noqa: BLE001
+            return _error(f"{e}", 500)
+        return _full(rid, chat, "".join(token_text(t) for t in toks), prompt_tokens, len(toks))
+
+    _add_completion_routes(app, _complete)
+
+    @app.get(INFO_PATH)
+    async def info(request: Request):
+        resp = await link.forward(request)
+        if resp.status_code != 200:
+            return resp
+        body = json.loads(resp.body)
+        body.update(pid=os.getpid(), engine_pid=body.get("pid"), engine_process=True, http_stack=stack)
+        return body
+
+    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    async def forward(path: str, request: Request):
+        if request.url.path.startswith(INTERNAL):
+            return _error(f"no route {request.url.path}", 404)
+        return await link.forward(request)
+
+    return app

@@ -1,0 +1,190 @@
+"""``kernelcamp serve`` as two processes (``server.engine_process``, the default; issue 12): the front
+streams what the engine process decodes, forwards the other routes, keeps the API key, reports both
+pids, cancels a stream its client left, and neither process outlives the other."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from kernelcamp.io import load_params, pid_alive
+from kernelcamp.serve.front import _step_line
+from kernelcamp.serve.testing import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+INFO = "/v1/kernelcamp/info"
+KEY = "front-test-key"
+
+
+def _params(tmp_path: Path, **server) -> Path:
+    p = load_params(ROOT / "params.yaml")
+    p["server"] = {**p["server"], "max_running_requests": 4, "max_context_tokens": 256, **server}
+    out = tmp_path / "params.yaml"
+    out.write_text(yaml.safe_dump(p))
+    return out
+
+
+class _Served:
+    def __init__(self, params: Path, *extra: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "kernelcamp.cli", "serve", "--params", str(params), "--port", str(self.port)]
+        self.proc = subprocess.Popen([*cmd, "--device", "cpu", *extra], cwd=ROOT, env={**os.environ})
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert self.proc.poll() is None, f"kernelcamp serve exited with {self.proc.returncode}"
+            assert time.monotonic() < deadline, "the server did not become healthy within 180 s"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    s = _Served(_params(tmp_path_factory.mktemp("front")), "--api-key", KEY)
+    yield s
+    s.stop()
+
+
+def _client(s: _Served) -> httpx.Client:
+    return httpx.Client(base_url=s.url, timeout=60, headers={"Authorization": f"Bearer {KEY}"})
+
+
+def test_step_lines_carry_tokens_ends_and_errors():
+    line = _step_line([("a", 5), ("b", 7), ("a", 6), ("b", None), ("c", RuntimeError("boom"))])
+    assert json.loads(line) == {"tok": {"a": [5, 6], "b": [7]}, "end": ["b"], "err": {"c": "engine error: boom"}}
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+
+
+def test_front_streams_what_the_engine_decodes_and_reports_both_processes(served):
+    with _client(served) as c:
+        whole = c.post("/v1/completions", json={"prompt": "two processes", "max_tokens": 12}).json()
+        text, n = "", 0
+        req = {"prompt": "two processes", "max_tokens": 12, "stream": True, "stream_options": {"include_usage": True}}
+        with c.stream("POST", "/v1/completions", json=req) as s:
+            assert s.status_code == 200
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    o = json.loads(line[6:])
+                    if o["choices"]:
+                        text += o["choices"][0]["text"]
+                        n += o.get("kernelcamp_tokens", 0)
+                    else:
+                        assert o["usage"]["completion_tokens"] == 12
+        info = c.get(INFO, params={"steps": 0}).json()
+    assert text == whole["choices"][0]["text"] and n == 12 and len(text.split()) == 12
+    assert whole["usage"]["prompt_tokens"] == 2
+    assert info["pid"] == served.proc.pid and info["engine_process"] is True
+    assert info["engine_pid"] != info["pid"] and pid_alive(info["engine_pid"])
+    assert info["server_flags"]["engine_process"] is True
+    assert set(info["http_stack"]) == {"http", "loop", "uvicorn"}
+
+
+def test_front_keeps_the_api_key_and_hides_the_internal_routes(served):
+    with httpx.Client(base_url=served.url, timeout=30) as bare:
+        assert bare.get("/health").status_code == 200
+        assert bare.get(INFO).status_code == 401
+        assert bare.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 401
+    with _client(served) as c:
+        assert c.get("/internal/v1/steps").status_code == 404
+        assert c.post("/internal/v1/submit", json={"rid": "x", "prompt": "y", "max_tokens": 1}).status_code == 404
+        assert c.get("/v1/models").json()["data"][0]["id"] == "kernelcamp-decoder"
+
+
+def test_front_passes_the_engines_refusals_through(served):
+    with _client(served) as c:
+        r = c.post("/v1/completions", json={"prompt": "w " * 200, "max_tokens": 100})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        r = c.post("/v1/kernelcamp/profile", json={"steps": 2, "timeout_s": 0.5})
+        assert r.status_code == 504 and "no decode step" in r.json()["error"]["message"]
+
+
+def test_a_stream_its_client_left_is_cancelled_in_the_engine(served):
+    with _client(served) as c:
+        before = c.get(INFO, params={"steps": 0}).json()["counts"]
+        with c.stream("POST", "/v1/completions", json={"prompt": "leave", "max_tokens": 200, "stream": True}) as s:
+            got = 0
+            for line in s.iter_lines():
+                got += line.startswith("data: {")
+                if got == 3:
+                    break
+        deadline = time.monotonic() + 30
+        while True:
+            after = c.get(INFO, params={"steps": 0}).json()["counts"]
+            if after["requests_cancelled"] > before["requests_cancelled"] and after["running"] == 0:
+                break
+            assert time.monotonic() < deadline, (before, after)
+            time.sleep(0.05)
+    assert after["free_pages"] == before["free_pages"]
+    assert after["tokens_generated"] - before["tokens_generated"] < 200
+
+
+def test_neither_process_outlives_the_other(tmp_path):
+    params = _params(tmp_path)
+    # the front stopped: it stops its engine
+    s = _Served(params)
+    engine = httpx.get(s.url + INFO, params={"steps": 0}).json()["engine_pid"]
+    s.stop()
+    assert _gone(engine, 40), "the engine process outlived its front's SIGTERM"
+    # the front killed (no shutdown of its own): the engine notices its parent is gone
+    s = _Served(params)
+    engine = httpx.get(s.url + INFO, params={"steps": 0}).json()["engine_pid"]
+    s.proc.send_signal(signal.SIGKILL)
+    s.proc.wait(10)
+    assert _gone(engine, 40), "the engine process outlived its killed front"
+    # the engine gone: the front says so on health, and requests fail with the reason
+    s = _Served(params)
+    try:
+        engine = httpx.get(s.url + INFO, params={"steps": 0}).json()["engine_pid"]
+        os.kill(engine, signal.SIGKILL)
+        assert _gone(engine, 20)
+        deadline = time.monotonic() + 20
+        while (h := httpx.get(s.url + "/health", timeout=10)).status_code != 500:
+            assert time.monotonic() < deadline, h.text
+            time.sleep(0.1)
+        assert "engine process" in h.json()["error"] and "exited" in h.json()["error"]
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+        assert r.status_code == 500 and "engine process" in r.json()["error"]["message"]
+    finally:
+        s.stop()
+
+
+def test_one_process_when_asked(tmp_path):
+    s = _Served(_params(tmp_path, engine_process=False))
+    try:
+        info = httpx.get(s.url + INFO, params={"steps": 0}).json()
+        assert info["pid"] == s.proc.pid and "engine_pid" not in info
+        assert info["server_flags"]["engine_process"] is False
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "one", "max_tokens": 3}, timeout=30)
+        assert len(r.json()["choices"][0]["text"].split()) == 3
+    finally:
+        s.stop()
