@@ -39,7 +39,8 @@ done
 if [ -d .probe/before ] && [ -z "${SKIP_PROBE:-}" ]; then
   cp -r kernels .probe/before/  # the same kernel sources: the comparison is of the server only
   mkdir -p /tmp/noht && echo 'raise ImportError("hidden: the before server ran with h11")' > /tmp/noht/httptools.py
-  BEFORE_PYTHONPATH=/tmp/noht timeout "${PROBE_TIMEOUT_S:-240}" bash benchmarks/serving_noise_probe.sh \
+  grep -v "^  engine_process:" params.yaml > /tmp/before_params.yaml  # a key the older tree refuses
+  BEFORE_PARAMS=/tmp/before_params.yaml BEFORE_PYTHONPATH=/tmp/noht timeout "${PROBE_TIMEOUT_S:-240}" bash benchmarks/serving_noise_probe.sh \
     "$dest/serving_noise/sse_path" .probe/before 2>&1 | tail -12
 fi
 nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm --format=csv,noheader > "$dest/h200_sse/gpus.txt"

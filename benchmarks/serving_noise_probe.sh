@@ -42,7 +42,8 @@
 # resume the scheduler; after, it is the model step alone. The period is comparable across trees.
 # BEFORE_PYTHONPATH (optional): folders put first on the before server's PYTHONPATH only, e.g. one
 # whose httptools.py raises ImportError, so that uvicorn falls back to h11 as it did before httptools
-# was a dependency. Each server's info (at its start) is kept as OUTDIR/info_<tree>.json.
+# was a dependency; BEFORE_PARAMS (optional): the params file of the before server (one without
+# the keys its tree does not know). Each server's info (at its start) is kept as OUTDIR/info_<tree>.json.
 # The pinned mode (server and load generator on their own CPUs) is gone: on the H200 it did not
 # change the spread (reports/campaigns/decisions/README.md, 2026-12-01).
 set -u
@@ -98,9 +99,9 @@ trap smi_stop EXIT
 # probe TREE LABEL: a fresh server from TREE, five load runs, one JSON line each
 probe() {
   local tree=$1 label=$2 pid since r
-  local pre=
-  [ "$label" = before ] && pre=${BEFORE_PYTHONPATH:+$BEFORE_PYTHONPATH:}
-  (cd "$tree" && PYTHONPATH="$pre$tree:$PYTHONPATH" exec python3 -m kernelcamp.cli serve --params "$HERE/params.yaml" \
+  local pre= params="$HERE/params.yaml"
+  [ "$label" = before ] && pre=${BEFORE_PYTHONPATH:+$BEFORE_PYTHONPATH:} && params=${BEFORE_PARAMS:-$params}
+  (cd "$tree" && PYTHONPATH="$pre$tree:$PYTHONPATH" exec python3 -m kernelcamp.cli serve --params "$params" \
     --port $PORT --device cuda:0) > "$W/server_$label.log" 2>&1 &
   pid=$!
   for _ in $(seq 240); do curl -sf "$URL/health" >/dev/null && break; sleep 0.5; done
