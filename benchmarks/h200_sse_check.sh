@@ -10,6 +10,7 @@
 #    -rN>` (NAME "default": no -S, params.yaml as it is) in a temporary copy (--temp: the workspace
 #    stays as it is between runs), collected into reports/campaigns/decisions/h200_sse/<NAME>/, its
 #    log and wall time beside it (<NAME>.log, <NAME>.wall.json).
+# SKIP_PROBE=1: no noise probe; GPU_SUITE=1: then `pytest -m gpu` (log in h200_sse/gpu_suite.log).
 # Everything lands in OUT/sse_check.tgz at exit, also when a step is cut by its timeout.
 #   mkdir -p .probe/before && git archive f6218c3 | tar -x -C .probe/before
 set -uo pipefail
@@ -42,5 +43,9 @@ if [ -d .probe/before ] && [ -z "${SKIP_PROBE:-}" ]; then
   grep -v "^  engine_process:" params.yaml > /tmp/before_params.yaml  # a key the older tree refuses
   BEFORE_PARAMS=/tmp/before_params.yaml BEFORE_PYTHONPATH=/tmp/noht timeout "${PROBE_TIMEOUT_S:-240}" bash benchmarks/serving_noise_probe.sh \
     "$dest/serving_noise/sse_path" .probe/before 2>&1 | tail -12
+fi
+if [ -n "${GPU_SUITE:-}" ]; then  # the GPU test suite last, in what time is left
+  timeout "${GPU_SUITE_TIMEOUT_S:-120}" python -m pytest -m gpu -q -p no:cacheprovider 2>&1 \
+    | tee "$dest/h200_sse/gpu_suite.log" | tail -3
 fi
 nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm --format=csv,noheader > "$dest/h200_sse/gpus.txt"

@@ -188,3 +188,11 @@ def test_one_process_when_asked(tmp_path):
         assert len(r.json()["choices"][0]["text"].split()) == 3
     finally:
         s.stop()
+
+
+def test_the_front_closes_idle_engine_connections_before_the_engine_would():
+    # On the H200 one request of a concurrency-96 window got 503: the front reused a connection the
+    # engine's uvicorn closed at that moment (its 5 s keep-alive, the same as httpx's default expiry).
+    from kernelcamp.serve.front import ENGINE_KEEPALIVE_S, KEEPALIVE_S
+
+    assert KEEPALIVE_S < ENGINE_KEEPALIVE_S

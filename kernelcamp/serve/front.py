@@ -64,6 +64,8 @@ from kernelcamp.serve.openai import (
 
 INTERNAL = "/internal/v1"
 ENGINE_STOP_GRACE_S = 30.0
+KEEPALIVE_S = 60.0  # the front's idle connections to the engine process close after this
+ENGINE_KEEPALIVE_S = 3600  # the engine process's uvicorn keeps them open this long (> KEEPALIVE_S)
 
 
 def http_stack() -> dict[str, str]:
@@ -206,8 +208,12 @@ class EngineLink:
         self.dir = Path(tempfile.mkdtemp(prefix="kernelcamp-engine-"))  # mode 0700: ours alone
         self.uds = str(self.dir / "engine.sock")
         self.proc = subprocess.Popen([*self.argv, "--engine-uds", self.uds])
+        # Idle connections are closed by this side (after KEEPALIVE_S), never by the engine's uvicorn
+        # (ENGINE_KEEPALIVE_S): a request sent on a connection the server closes at that moment fails
+        # (on the H200 one request in a concurrency-96 window did, 503, with uvicorn's 5 s default).
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_S)
         self.client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=self.uds), base_url="http://engine", timeout=None
+            transport=httpx.AsyncHTTPTransport(uds=self.uds, limits=limits), base_url="http://engine", timeout=None
         )
         self._task = asyncio.get_running_loop().create_task(self._run())
 

@@ -362,6 +362,32 @@ class DecoderModel:
         ptab = torch.tensor(self._ptab_row(pages), dtype=torch.long, device=self.device)[None].expand(t, -1)
         return int(self._forward(tok, pos, ptab.contiguous())[-1].item())
 
+    @torch.inference_mode()
+    def prefill_many(self, prompts: list[list[int]], pages: list[list[int]]) -> list[int]:
+        """:meth:`prefill` for K prompts in one forward: their tokens are concatenated as rows, each row
+        with its own position and page-table row, so each prompt attends over its own pages only, as
+        alone. Returns the K first tokens (in order). Raises ``ValueError`` for mismatched lengths."""
+        if len(prompts) != len(pages):
+            raise ValueError(f"prefill_many: {len(prompts)} prompts but {len(pages)} page lists")
+        if len(prompts) == 1:
+            return [self.prefill(prompts[0], pages[0])]
+        toks: list[int] = []
+        pos: list[int] = []
+        rows: list[list[int]] = []
+        last: list[int] = []
+        for prompt, pg in zip(prompts, pages, strict=True):
+            toks += prompt
+            pos += range(len(prompt))
+            rows += [self._ptab_row(pg)] * len(prompt)
+            last.append(len(toks) - 1)
+        dev = self.device
+        out = self._forward(
+            torch.tensor(toks, dtype=torch.long, device=dev),
+            torch.tensor(pos, dtype=torch.long, device=dev),
+            torch.tensor(rows, dtype=torch.long, device=dev),
+        )
+        return out[torch.tensor(last, device=dev)].tolist()
+
     def bucket_for(self, b: int) -> int:
         for s in self.buckets:
             if s >= b:

@@ -97,7 +97,14 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import kernel_source_hash, server_flags, variant_hash
 from kernelcamp.serve.client import API_KEY_ENV, INFO_PATH, PROFILE_PATH, TRACE_PATH, client_url, exposure_warning
 from kernelcamp.serve.fake import FakeSpec, make_fake_app
-from kernelcamp.serve.front import EngineLink, add_engine_routes, http_stack, make_front_app, watch_parent
+from kernelcamp.serve.front import (
+    ENGINE_KEEPALIVE_S,
+    EngineLink,
+    add_engine_routes,
+    http_stack,
+    make_front_app,
+    watch_parent,
+)
 from kernelcamp.serve.openai import (
     MODEL_NAME,
     ChatRequest,
@@ -181,7 +188,7 @@ class Engine:
         }
         self._cv = threading.Condition()
         self._calls: list[tuple[Any, tuple, asyncio.Future]] = []  # (fn, args, future) for the model thread
-        self._prefilling: _Req | None = None
+        self._prefilling: list[_Req] = []  # admitted, being prefilled (model thread)
         self._prefills_since_decode = 0  # prefills run since the last decode step (model thread)
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -314,32 +321,47 @@ class Engine:
             pass
 
     def _admit(self) -> None:
-        while True:
-            with self._cv:
-                if any(r.cancelled for r in self.waiting):
-                    self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
-                if not self.waiting or len(self.running) >= self.max_running or self._stopping:
-                    break
+        """Model thread: admit waiting requests while there is room (``max_running``) and pages, and
+        prefill them together: one ``model.prefill_many`` call for all admitted at this turn (a model
+        without it: one ``prefill`` each). Each admitted request's first token goes to its queue.
+
+        Why together: at high concurrency requests end, and new ones arrive, several per decode step;
+        prefilled one by one (an eager forward each, milliseconds) they stalled the decode steps in
+        waves whose phase against a measurement window moved the window's throughput (issue 12)."""
+        group: list[_Req] = []
+        with self._cv:
+            if any(r.cancelled for r in self.waiting):
+                self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
+            while self.waiting and len(self.running) + len(group) < self.max_running and not self._stopping:
                 r = self.waiting[0]
                 pages = self.model.alloc(len(r.prompt) + r.max_tokens)
                 if pages is None:
                     break
-                self._prefilling = self.waiting.popleft()
                 r.pages = pages
+                group.append(self.waiting.popleft())
+            self._prefilling = list(group)
+        if group:
             t0 = time.perf_counter()
-            tok = self.model.prefill(r.prompt, pages)
+            many = getattr(self.model, "prefill_many", None)
+            if callable(many):
+                toks = many([r.prompt for r in group], [r.pages for r in group])
+            else:
+                toks = [self.model.prefill(r.prompt, r.pages) for r in group]
             ms = (time.perf_counter() - t0) * 1e3
             out: list[tuple[asyncio.Queue, Any]] = []
             with self._cv:
-                self._prefilling = None
-                self._record("prefill", len(r.prompt), ms, float("nan"))
-                self.counts["prefills"] += 1
-                self._prefills_since_decode += 1
-                self._emit(r, tok, out)
-                if len(r.generated) >= r.max_tokens or r.cancelled:
-                    self._finish(r)
-                else:
-                    self.running.append(r)
+                self._prefilling = []
+                self._record(
+                    "prefill", sum(len(r.prompt) for r in group), ms, float("nan"), extra={"requests": len(group)}
+                )
+                self.counts["prefills"] += len(group)
+                self._prefills_since_decode += len(group)
+                for r, tok in zip(group, toks, strict=True):
+                    self._emit(r, tok, out)
+                    if len(r.generated) >= r.max_tokens or r.cancelled:
+                        self._finish(r)
+                    else:
+                        self.running.append(r)
             self._send(_put_all, out)
         with self._cv:
             for r in [r for r in self.running if r.cancelled]:
@@ -389,7 +411,7 @@ class Engine:
         with self._cv:
             self.error = f"{type(e).__name__}: {e}"
             self._exc = e
-            reqs = list(self.running) + list(self.waiting) + ([self._prefilling] if self._prefilling else [])
+            reqs = list(self.running) + list(self.waiting) + list(self._prefilling)
             self.waiting.clear()
             calls, self._calls = self._calls, []
         self._send(_put_all, [(r.queue, e) for r in reqs])
@@ -514,7 +536,8 @@ class Engine:
         for a profiled step, only the calls' own return and start), and ``prefills``
         (prefills the scheduler ran since the previous decode step: their time is in their own records,
         not in this step_ms, but in the gap before
-        it). Prefill records have ``bucket`` None."""
+        it). Prefill records have ``bucket`` None and ``requests``, the prompts prefilled together in that
+        one forward (``batch`` is then their prompt tokens together)."""
         with self._cv:
             all_steps = list(self.steps)
             counts = {
@@ -1155,6 +1178,7 @@ def _run_engine_process(app: FastAPI, uds: str, log_level: str) -> int:
         uds=uds,
         log_level=log_level,
         access_log=False,
+        timeout_keep_alive=ENGINE_KEEPALIVE_S,
         timeout_graceful_shutdown=5,
         http=stack["http"],
         loop=stack["loop"],

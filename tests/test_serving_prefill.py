@@ -1,0 +1,68 @@
+"""Prefills admitted together run as one forward (``DecoderModel.prefill_many``, issue 12): the same
+first tokens and the same cache contents as one prefill per prompt, and one prefill record per group."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from kernelcamp.io import load_params
+from kernelcamp.serve.model import DecoderModel, ModelConfig, encode
+from kernelcamp.serve.server import Engine
+from kernelcamp.variant import parse_variant
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model() -> DecoderModel:
+    p = load_params(ROOT / "params.yaml")
+    p["server"] = {**p["server"], "max_running_requests": 4}
+    cfg = ModelConfig.from_params(p, "cpu")
+    return DecoderModel(cfg, parse_variant(p["variant"]), p.get("kernel"), "cpu")
+
+
+def _prompts(model: DecoderModel) -> list[list[int]]:
+    return [encode("one " + "word " * n, model.cfg.vocab_size) for n in (0, 5, 17, 2)]
+
+
+def test_prefill_many_is_one_prefill_per_prompt(model):
+    prompts = _prompts(model)
+    alone_pages = [model.alloc(len(p) + 4) for p in prompts]
+    together_pages = [model.alloc(len(p) + 4) for p in prompts]
+    try:
+        alone = [model.prefill(p, pg) for p, pg in zip(prompts, alone_pages, strict=True)]
+        together = model.prefill_many(prompts, together_pages)
+        assert together == alone
+        # the cache holds the same latents: the next decode step gives the same tokens from either
+        pos = [len(p) for p in prompts]
+        assert model.decode(together, pos, together_pages) == model.decode(alone, pos, alone_pages)
+        with pytest.raises(ValueError, match="2 prompts but 1 page lists"):
+            model.prefill_many(prompts[:2], together_pages[:1])
+    finally:
+        for pg in alone_pages + together_pages:
+            model.free(pg)
+
+
+def test_requests_admitted_together_share_one_prefill_record(model):
+    prompts = _prompts(model)
+    eng = Engine(model, 4)
+
+    async def read(r) -> list[int]:
+        return [t async for t in eng.tokens(r)]
+
+    async def run():
+        reqs = [eng.submit(p, 3) for p in prompts]  # all waiting before the model thread starts
+        eng.start()
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(read(r) for r in reqs)), 60)
+        finally:
+            await eng.stop()
+
+    got = asyncio.run(run())
+    assert [len(g) for g in got] == [3] * 4
+    pre = [s for s in eng.stats(steps=100)["steps"] if s["kind"] == "prefill"]
+    assert [s["requests"] for s in pre] == [4] and eng.counts["prefills"] == 4
+    assert sum(s["batch"] for s in pre) == sum(len(p) for p in prompts)
