@@ -66,3 +66,23 @@ def test_requests_admitted_together_share_one_prefill_record(model):
     pre = [s for s in eng.stats(steps=100)["steps"] if s["kind"] == "prefill"]
     assert [s["requests"] for s in pre] == [4] and eng.counts["prefills"] == 4
     assert sum(s["batch"] for s in pre) == sum(len(p) for p in prompts)
+
+
+def test_prefill_many_pads_its_rows_to_a_power_of_two(model, monkeypatch):
+    # the attention kernel's autotune key is its row count: unpadded, an autotune-list variant would
+    # re-tune at nearly every group of prompts
+    seen: list[int] = []
+    forward = model._forward
+    monkeypatch.setattr(
+        model, "_forward", lambda tok, pos, ptab, *a: (seen.append(tok.shape[0]), forward(tok, pos, ptab, *a))[1]
+    )
+    prompts = _prompts(model)
+    pages = [model.alloc(len(p) + 4) for p in prompts]
+    try:
+        for k in (2, 3, 4):
+            model.prefill_many(prompts[:k], pages[:k])
+    finally:
+        for pg in pages:
+            model.free(pg)
+    lengths = [sum(len(p) for p in prompts[:k]) for k in (2, 3, 4)]
+    assert all(n >= max(16, m) and n & (n - 1) == 0 for n, m in zip(seen, lengths, strict=True)), (seen, lengths)

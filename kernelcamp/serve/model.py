@@ -65,6 +65,7 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.serve.attention import CacheWriter, check_writer, load_backend
 
 _CONS, _VOW = "bdfgklmnprstvz", "aeiou"
+PREFILL_MIN_ROWS = 16  # prefill_many pads its rows to a power of two, at least this many
 CPU_MODEL_DEFAULTS = {"num_layers": 2, "hidden_size": 256, "mlp_size": 512, "vocab_size": 4096}
 
 
@@ -366,7 +367,12 @@ class DecoderModel:
     def prefill_many(self, prompts: list[list[int]], pages: list[list[int]]) -> list[int]:
         """:meth:`prefill` for K prompts in one forward: their tokens are concatenated as rows, each row
         with its own position and page-table row, so each prompt attends over its own pages only, as
-        alone. Returns the K first tokens (in order). Raises ``ValueError`` for mismatched lengths."""
+        alone. Returns the K first tokens (in order). Raises ``ValueError`` for mismatched lengths.
+
+        The rows are padded to a power of two (at least :data:`PREFILL_MIN_ROWS`) with the decode
+        step's pad rows (token 0, position 0, every page the trash page 0): the attention kernel's
+        autotune key is its row count, and a variant that is an autotune list re-tunes at every new
+        key; unpadded, nearly every group of prompts would be a new one (a stall of tens of ms each)."""
         if len(prompts) != len(pages):
             raise ValueError(f"prefill_many: {len(prompts)} prompts but {len(pages)} page lists")
         if len(prompts) == 1:
@@ -380,6 +386,10 @@ class DecoderModel:
             pos += range(len(prompt))
             rows += [self._ptab_row(pg)] * len(prompt)
             last.append(len(toks) - 1)
+        pad = max(PREFILL_MIN_ROWS, 1 << (len(toks) - 1).bit_length()) - len(toks)
+        toks += [0] * pad
+        pos += [0] * pad
+        rows += [[0] * self.max_pages] * pad
         dev = self.device
         out = self._forward(
             torch.tensor(toks, dtype=torch.long, device=dev),
