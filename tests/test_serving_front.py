@@ -161,21 +161,45 @@ def test_neither_process_outlives_the_other(tmp_path):
     s.proc.send_signal(signal.SIGKILL)
     s.proc.wait(10)
     assert _gone(engine, 40), "the engine process outlived its killed front"
-    # the engine gone: the front says so on health, and requests fail with the reason
+    # the engine gone: requests in flight fail with the reason, and the front stops too, status 1
     s = _Served(params)
     try:
         engine = httpx.get(s.url + INFO, params={"steps": 0}).json()["engine_pid"]
-        os.kill(engine, signal.SIGKILL)
-        assert _gone(engine, 20)
-        deadline = time.monotonic() + 20
-        while (h := httpx.get(s.url + "/health", timeout=10)).status_code != 500:
-            assert time.monotonic() < deadline, h.text
-            time.sleep(0.1)
-        assert "engine process" in h.json()["error"] and "exited" in h.json()["error"]
-        r = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
-        assert r.status_code == 500 and "engine process" in r.json()["error"]["message"]
+        chunks: list[str] = []
+        req = {"prompt": "x", "max_tokens": 240, "stream": True}
+        with pytest.raises(httpx.RemoteProtocolError):  # the stream breaks off (loadgen: broken_stream)
+            with httpx.stream("POST", s.url + "/v1/completions", json=req, timeout=60) as r:
+                for line in r.iter_lines():
+                    chunks.append(line)
+                    if len(chunks) == 4:
+                        os.kill(engine, signal.SIGKILL)
+        assert "[DONE]" not in "".join(chunks)
+        assert s.proc.wait(30) == 1
     finally:
         s.stop()
+
+
+def test_an_engine_that_fails_to_build_stops_the_server_with_status_1(tmp_path):
+    p = load_params(ROOT / "params.yaml")
+    p["server"] = {**p["server"], "num_cache_tokens": 256, "cpu_cache_tokens": 256, "max_context_tokens": 2048}
+    bad = tmp_path / "params.yaml"
+    bad.write_text(yaml.safe_dump(p))
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernelcamp.cli",
+        "serve",
+        "--params",
+        str(bad),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+    ]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "the engine process" in r.stderr and "exited with status" in r.stderr
 
 
 def test_one_process_when_asked(tmp_path):

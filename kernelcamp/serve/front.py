@@ -24,8 +24,10 @@ noise. vLLM runs its API server and its EngineCore in separate processes for the
 Lifetimes: the front stops the engine process at shutdown (SIGTERM, then SIGKILL after 30 s); the
 engine process exits when its parent is gone (it checks every second), and both are in one process
 group, which deploy stops as a whole. Before the engine process answers its health, the front's
-``/health`` is 503 ``starting``; if it exits, 500 with its exit status, and every request in flight
-fails with that message.
+``/health`` is 503 ``starting``. If the engine process exits on its own (a failed build, a crash),
+every request in flight fails with its exit status, the front prints one line saying so and stops
+too, with exit status 1: to deploy the server is gone, as a one-process server would be, instead of
+a port that answers 500 until a timeout.
 """
 
 from __future__ import annotations
@@ -193,6 +195,8 @@ class EngineLink:
         self.proc: subprocess.Popen | None = None
         self.queues: dict[str, asyncio.Queue] = {}
         self.error: str | None = None
+        self.failed = False  # the engine process ended on its own: the front exits non-zero
+        self.on_failure: Any = None  # called (on the event loop) to stop the front when that happens
         self.linked = False  # the token stream is open
         self._task: asyncio.Task | None = None
         self.client: Any = None
@@ -228,6 +232,7 @@ class EngineLink:
         import httpx
 
         why = "the engine process's token stream ended"
+        ours = False  # the front is stopping it (vs. the engine ending on its own)
         try:
             while True:
                 if self.exited():
@@ -250,13 +255,25 @@ class EngineLink:
                         return
                     await asyncio.sleep(0.2)  # not listening yet: it is still loading the model
         except asyncio.CancelledError:
-            why = "the server is stopping"
+            why, ours = "the server is stopping", True
             raise
         finally:
             self.linked = False
             self.error = why
             for q in self.queues.values():
                 q.put_nowait(RuntimeError(f"engine error: {why}"))
+            if not ours:  # the engine ended (or never started): the server as a whole stops, and says why
+                self.failed = True
+                print(
+                    f"kernelcamp serve: {why}; the front stops too (the engine's own lines above say why)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                # after a moment, so that the failed requests' answers go out first; on_failure (set by
+                # ``kernelcamp serve``: uvicorn's should_exit) stops the server so that its main returns 1,
+                # where a SIGTERM would end the process with that signal's status
+                stop = self.on_failure or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+                asyncio.get_running_loop().call_later(0.5, stop)
 
     def _deliver(self, msg: dict[str, Any]) -> None:
         queues = self.queues
@@ -405,6 +422,19 @@ def make_front_app(link: EngineLink, api_key: str | None = None) -> FastAPI:
         return _full(rid, chat, "".join(token_text(t) for t in toks), prompt_tokens, len(toks))
 
     _add_completion_routes(app, _complete)
+
+    @app.get("/health")
+    async def health(request: Request):
+        # 200 only once the token stream is open too: the engine's own health can answer before the
+        # front has linked to it, and a completion sent then would be refused (503)
+        if link.exited():
+            return JSONResponse({"status": "error", "error": link.exited()}, status_code=500)
+        if not link.linked:
+            return JSONResponse(
+                {"status": "error", "error": link.error} if link.error else {"status": "starting"},
+                status_code=500 if link.error else 503,
+            )
+        return await link.forward(request)
 
     @app.get(INFO_PATH)
     async def info(request: Request):

@@ -1088,6 +1088,7 @@ def main(args: argparse.Namespace) -> int:
                 f"{where}: empty or with surrounding spaces (no request could match it); give a key, or leave it unset"
             )
         server: dict[str, Any] = {}
+        link: EngineLink | None = None
         spec = FakeSpec.parse(args.fake) if args.fake is not None else None
         params: dict[str, Any] = {}
         if spec is None:
@@ -1134,7 +1135,8 @@ def main(args: argparse.Namespace) -> int:
                     argv += ["--trace-dir", str(Path(args.trace_dir).resolve())]
                 if args.never_ready:
                     argv.append("--never-ready")
-                app = make_front_app(EngineLink(argv), key)
+                link = EngineLink(argv)
+                app = make_front_app(link, key)
             else:
                 app = make_app(build_state(params, device, never_ready=args.never_ready), key, args.trace_dir)
     except KernelcampError as e:
@@ -1157,6 +1159,8 @@ def main(args: argparse.Namespace) -> int:
         loop=stack["loop"],
     )
     srv = uvicorn.Server(config)
+    if link is not None:
+        link.on_failure = lambda: setattr(srv, "should_exit", True)
     print(f"kernelcamp serve: {client_url(host, port)} (bound to {host}) pid {os.getpid()}", flush=True)
     try:
         srv.run()
@@ -1164,6 +1168,9 @@ def main(args: argparse.Namespace) -> int:
         pass
     if not srv.started:
         print(f"error: the server did not start on {host}:{port} (see the lines above)", file=sys.stderr, flush=True)
+        return 1
+    if link is not None and link.failed:
+        print(f"error: {link.error} (its own lines above say why)", file=sys.stderr, flush=True)
         return 1
     return 0
 
