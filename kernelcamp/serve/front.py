@@ -197,6 +197,7 @@ class EngineLink:
         self.error: str | None = None
         self.failed = False  # the engine process ended on its own: the front exits non-zero
         self.on_failure: Any = None  # called (on the event loop) to stop the front when that happens
+        self.stopping: Any = None  # () -> bool: the front is already shutting down (then no failure)
         self.linked = False  # the token stream is open
         self._task: asyncio.Task | None = None
         self.client: Any = None
@@ -262,6 +263,8 @@ class EngineLink:
             self.error = why
             for q in self.queues.values():
                 q.put_nowait(RuntimeError(f"engine error: {why}"))
+            if not ours and self.stopping is not None and self.stopping():
+                ours = True  # both got the process group's SIGTERM, and the engine was quicker
             if not ours:  # the engine ended (or never started): the server as a whole stops, and says why
                 self.failed = True
                 print(

@@ -1161,6 +1161,7 @@ def main(args: argparse.Namespace) -> int:
     srv = uvicorn.Server(config)
     if link is not None:
         link.on_failure = lambda: setattr(srv, "should_exit", True)
+        link.stopping = lambda: bool(srv.should_exit)
     print(f"kernelcamp serve: {client_url(host, port)} (bound to {host}) pid {os.getpid()}", flush=True)
     try:
         srv.run()
