@@ -85,6 +85,34 @@ def http_stack() -> dict[str, str]:
     }
 
 
+async def queue_batches(q: Any, lists: bool = False) -> AsyncIterator[list[int]]:
+    """A request's queue read in batches: each time every item that has arrived (at least one).
+
+    Items: token ids (with ``lists``, lists of them), then None (done) or an Exception (raised after
+    the tokens before it). One batch while the reader keeps up; when it falls behind, the tokens queued
+    meanwhile come as one batch, so a stream costs one SSE chunk per event-loop turn rather than one
+    per token (issue 12). vLLM's API server merges queued outputs the same way
+    (``RequestOutputCollector`` in ``vllm/v1/engine/output_processor.py``)."""
+    while True:
+        batch: list[int] = []
+        x = await q.get()
+        while True:
+            if x is None or isinstance(x, Exception):
+                if batch:
+                    yield batch
+                if x is None:
+                    return
+                raise x
+            if lists:
+                batch.extend(x)
+            else:
+                batch.append(x)
+            if q.empty():
+                break
+            x = q.get_nowait()
+        yield batch
+
+
 # ---- engine process: the internal routes ------------------------------------------------------------
 class _Mux:
     """Engine process: the queue items (token, None = done, Exception) of every request, gathered on
@@ -317,25 +345,16 @@ class EngineLink:
         return q, int(resp.json()["prompt_tokens"])
 
     async def batches(self, rid: str, q: asyncio.Queue) -> AsyncIterator[list[int]]:
-        """The request's tokens, each time all that have arrived; cancels it in the engine when left early."""
+        """The request's tokens, each time all that have arrived (:func:`queue_batches`); raises the
+        engine's error after the tokens before it. Cancels the request in the engine when left early."""
         done = False
         try:
-            while True:
-                x = await q.get()
-                batch: list[int] = []
-                while True:
-                    if x is None or isinstance(x, Exception):
-                        done = True
-                        if batch:
-                            yield batch
-                        if x is None:
-                            return
-                        raise x
-                    batch.extend(x)
-                    if q.empty():
-                        break
-                    x = q.get_nowait()
+            async for batch in queue_batches(q, lists=True):
                 yield batch
+            done = True
+        except Exception:
+            done = True  # the engine's error: nothing to cancel
+            raise
         finally:
             if not done and self.queues.pop(rid, None) is not None and self.linked:
                 with contextlib.suppress(Exception):

@@ -103,6 +103,7 @@ from kernelcamp.serve.front import (
     add_engine_routes,
     http_stack,
     make_front_app,
+    queue_batches,
     watch_parent,
 )
 from kernelcamp.serve.openai import (
@@ -481,32 +482,14 @@ class Engine:
                     yield t
 
     async def token_batches(self, r: _Req) -> AsyncIterator[list[int]]:
-        """Event loop: the request's tokens, each time all of those that have arrived (at least one).
-
-        One token per batch while the event loop keeps up with the steps; when it falls behind, the
-        tokens queued meanwhile come as one batch, so a stream then costs one SSE chunk per event-loop
-        turn rather than one per token, and the loop catches up instead of taking ever more of the
-        GIL from the model thread (issue 12). vLLM's API server merges queued outputs the same way
-        (``RequestOutputCollector`` in ``vllm/v1/engine/output_processor.py``). Raises the engine's
-        exception after the tokens that came before it. A request left early (client gone, an
-        exception in the consumer) is marked cancelled; the model thread frees its pages."""
-        q = r.queue
+        """Event loop: the request's tokens, each time all of those that have arrived (at least one;
+        :func:`kernelcamp.serve.front.queue_batches`). Raises the engine's exception after the tokens
+        that came before it. A request left early (client gone, an exception in the consumer) is
+        marked cancelled; the model thread frees its pages."""
         try:
-            while True:
-                batch: list[int] = []
-                x = await q.get()
-                while True:
-                    if x is None or isinstance(x, Exception):
-                        if batch:
-                            yield batch
-                        if x is None:
-                            return
-                        raise x
-                    batch.append(x)
-                    if q.empty():
-                        break
-                    x = q.get_nowait()
-                yield batch
+            async with contextlib.aclosing(queue_batches(r.queue)) as batches:
+                async for batch in batches:
+                    yield batch
         finally:
             self.cancel(r)
 
