@@ -54,7 +54,8 @@ found), admits and prefills, launches step i+1 (``DecoderModel.launch``), then s
 finishes; the event loop's SSE writes then run while the GPU computes step i+1, instead of taking the GIL
 at the next step's first release, before its launch, with the GPU idle. A token reaches its client
 later by the admission, prefills and launch of the next step; with no next step it is sent at once.
-Profiled steps run launch and collect in a row. Off by default: on the H200 (V4-Flash bt16_w4,
+Profiled steps run launch and collect in a row, and no request is admitted (prefilled) between two of
+them: the profiler runs from the first profiled step to the last, and its table is of decode steps. Off by default: on the H200 (V4-Flash bt16_w4,
 concurrency 64, reports/campaigns/decisions/README.md) it raised output throughput by 31% but the
 step then waits on the event loop's work instead of the GPU (a faster kernel no longer shortens it),
 and the run-to-run spread went from 5.6% to 10.1% (five runs each). Without it a step is decoded
@@ -295,7 +296,9 @@ class Engine:
                     except Exception as e:  # noqa: BLE001 - the caller gets it
                         res, exc = None, e
                     self._send(_settle, fut, res, exc)
-                self._admit()
+                prof = self.profile
+                if prof is None or prof.done or prof.prof is None:  # no prefills between profiled steps
+                    self._admit()
                 if self.running:
                     step = self._launch()
                 self._flush()
