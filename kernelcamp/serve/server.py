@@ -55,8 +55,9 @@ finishes; the event loop's SSE writes then run while the GPU computes step i+1, 
 at the next step's first release, before its launch, with the GPU idle. A token reaches its client
 later by the admission, prefills and launch of the next step; with no next step it is sent at once.
 Profiled steps run launch and collect in a row, and no request is admitted (prefilled) between two of
-them: the profiler runs from the first profiled step to the last, and its table is of decode steps. Off by default: on the H200 (V4-Flash bt16_w4,
-concurrency 64, reports/campaigns/decisions/README.md) it raised output throughput by 31% but the
+them: the profiler runs from the first profiled step to the last, and its table is of decode steps.
+The overlap is off by default: on the H200 (V4-Flash bt16_w4, concurrency 64,
+reports/campaigns/decisions/README.md) it raised output throughput by 31% but the
 step then waits on the event loop's work instead of the GPU (a faster kernel no longer shortens it),
 and the run-to-run spread went from 5.6% to 10.1% (five runs each). Without it a step is decoded
 (launch + collect) and its tokens are handed over at once. Step records' ``step_ms`` is the model
