@@ -1,6 +1,7 @@
 """How much the HTTP event loop slows the embedded server's decode steps, without a GPU (issue 12).
 
-The real server's :class:`kernelcamp.serve.server.Engine` and FastAPI app run in a child process
+The real server's :class:`kernelcamp.serve.server.Engine` and FastAPI app (the one-process server,
+``server.engine_process: false``: the model thread beside the HTTP event loop) run in a child process
 around a stand-in model whose decode step releases the GIL like the real one's host path (one release
 for the input copy, one for the launch) and then sleeps ``--gpu-ms`` with the GIL released (the GPU's
 time). The parent loads it with ``kernelcamp loadgen``'s closed-loop window at ``--concurrency`` and
