@@ -372,7 +372,8 @@ class DecoderModel:
         The rows are padded to a power of two (at least :data:`PREFILL_MIN_ROWS`) with the decode
         step's pad rows (token 0, position 0, every page the trash page 0): the attention kernel's
         autotune key is its row count, and a variant that is an autotune list re-tunes at every new
-        key; unpadded, nearly every group of prompts would be a new one (a stall of tens of ms each)."""
+        key (Triton's autotuner times every config of the list, on the model thread); unpadded, nearly
+        every group of prompts would be a new key."""
         if len(prompts) != len(pages):
             raise ValueError(f"prefill_many: {len(prompts)} prompts but {len(pages)} page lists")
         if len(prompts) == 1:
