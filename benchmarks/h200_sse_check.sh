@@ -5,7 +5,8 @@
 # (the experiments run first, the probe after them)
 # 1. benchmarks/serving_noise_probe.sh: the server of .probe/before (its own HTTP stack: h11, httptools
 #    hidden) against this tree's (httptools + uvloop, spliced SSE frames, queued tokens in one chunk),
-#    five runs each at concurrency 64, into reports/campaigns/decisions/serving_noise/sse_path/;
+#    five runs each at concurrency 64, into reports/campaigns/decisions/serving_noise/sse_path/
+#    (the second call's probe, with the engine process, was committed as serving_noise/engine_process/);
 # 2. for each NAME (default: warp_occupancy-r1), one timed `dvc exp run -S experiment=<NAME without
 #    -rN>` (NAME "default": no -S, params.yaml as it is) in a temporary copy (--temp: the workspace
 #    stays as it is between runs), collected into reports/campaigns/decisions/h200_sse/<NAME>/, its
