@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,11 +35,12 @@ def _params(tmp_path: Path, **server) -> Path:
 
 
 class _Served:
-    def __init__(self, params: Path, *extra: str):
+    def __init__(self, params: Path, *extra: str, stderr: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "kernelcamp.cli", "serve", "--params", str(params), "--port", str(self.port)]
-        self.proc = subprocess.Popen([*cmd, "--device", "cpu", *extra], cwd=ROOT, env={**os.environ})
+        err = open(stderr, "w") if stderr is not None else None  # noqa: SIM115 - the child holds it
+        self.proc = subprocess.Popen([*cmd, "--device", "cpu", *extra], cwd=ROOT, env={**os.environ}, stderr=err)
         deadline = time.monotonic() + 180
         while True:
             try:
@@ -158,9 +160,12 @@ def test_neither_process_outlives_the_other(tmp_path):
     # the front killed (no shutdown of its own): the engine notices its parent is gone
     s = _Served(params)
     engine = httpx.get(s.url + INFO, params={"steps": 0}).json()["engine_pid"]
+    before = set(Path(tempfile.gettempdir()).glob("kernelcamp-engine-*"))
     s.proc.send_signal(signal.SIGKILL)
     s.proc.wait(10)
     assert _gone(engine, 40), "the engine process outlived its killed front"
+    left = set(Path(tempfile.gettempdir()).glob("kernelcamp-engine-*"))
+    assert len(before - left) == 1, "the killed front's socket folder was left behind"
     # the engine gone: requests in flight fail with the reason, and the front stops too, status 1
     s = _Served(params)
     try:
@@ -220,3 +225,71 @@ def test_the_front_closes_idle_engine_connections_before_the_engine_would():
     from kernelcamp.serve.front import ENGINE_KEEPALIVE_S, KEEPALIVE_S
 
     assert KEEPALIVE_S < ENGINE_KEEPALIVE_S
+
+
+def test_the_internal_routes_cannot_be_reached_through_the_front(served):
+    # A path that normalizes to /internal/v1/... reached the engine (httpx collapses "..": the front's
+    # check saw the raw path); anyone could then cancel a request by its id or submit unread work.
+    import http.client
+
+    for method, path, body in [
+        ("POST", "/v1/../internal/v1/cancel", '{"rid": "x"}'),
+        ("POST", "/v1/../internal/v1/submit", '{"rid": "x", "prompt": "p", "max_tokens": 5}'),
+        ("GET", "/v1/kernelcamp/profile/traces/../../../internal/v1/steps", None),
+        ("GET", "/v1/../v1/models", None),
+    ]:
+        c = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+        headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        c.request(method, path, body=body, headers=headers)  # the path goes out as written
+        r = c.getresponse()
+        assert r.status == 404, (path, r.status, r.read()[:200])
+        c.close()
+
+
+def test_the_engines_internal_routes_answer_only_its_own_front(monkeypatch):
+    # defence in depth: the engine's internal routes also want the secret its front gave it
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from kernelcamp.serve.front import ENGINE_TOKEN_ENV, ENGINE_TOKEN_HEADER, add_engine_routes
+
+    class _Engine:
+        submitted: list = []
+
+        def submit(self, prompt, max_tokens, queue=None):
+            self.submitted.append(prompt)
+            return type("R", (), {"prompt": prompt})()
+
+    monkeypatch.setenv(ENGINE_TOKEN_ENV, "s3cret")
+    app = FastAPI()
+    eng = _Engine()
+    add_engine_routes(app, eng, 4096)
+    body = {"rid": "r1", "prompt": "a b", "max_tokens": 3}
+    with TestClient(app) as c:
+        assert c.post("/internal/v1/submit", json=body).status_code == 404
+        assert c.post("/internal/v1/submit", json=body, headers={ENGINE_TOKEN_HEADER: "wrong"}).status_code == 404
+        assert c.post("/internal/v1/cancel", json={"rid": "r1"}).status_code == 404
+        assert eng.submitted == []
+        ok = c.post("/internal/v1/submit", json=body, headers={ENGINE_TOKEN_HEADER: "s3cret"})
+        assert ok.status_code == 200 and ok.json() == {"prompt_tokens": 2} and len(eng.submitted) == 1
+
+
+def test_sigterm_with_a_stream_in_flight_stops_cleanly(tmp_path):
+    err = tmp_path / "stderr.log"
+    s = _Served(_params(tmp_path), stderr=err)
+    try:
+        with httpx.stream(
+            "POST", s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 240, "stream": True}, timeout=60
+        ) as r:
+            assert r.status_code == 200
+            n = 0
+            for line in r.iter_lines():
+                n += line.startswith("data: {")
+                if n == 3:
+                    s.proc.terminate()
+                    break
+        s.proc.wait(40)
+    finally:
+        s.stop()
+    text = err.read_text()
+    assert "Traceback" not in text and "never retrieved" not in text, text[-3000:]

@@ -10,16 +10,18 @@ noise. vLLM runs its API server and its EngineCore in separate processes for the
 
 - The **engine process** is ``kernelcamp serve`` itself with ``--engine-uds PATH``: the model, the
   scheduler (:class:`kernelcamp.serve.server.Engine`) and the full app (info, profile, traces,
-  health) on a Unix socket in a private folder (mode 0700; no API key there, nothing else can reach
-  it), plus three internal routes (:func:`add_engine_routes`): submit, cancel, and one long-lived
-  stream of every request's tokens, one JSON line per event-loop turn (about one per decode step),
+  health) on a Unix socket in a private folder (mode 0700; no API key there: only this user's
+  processes can reach it), plus three internal routes (:func:`add_engine_routes`), which also want a
+  secret the front passes in the engine's environment (``KERNELCAMP_ENGINE_TOKEN``): submit, cancel,
+  and one long-lived stream of every request's tokens, one JSON line per event-loop turn (about one per decode step),
   so its event loop's work per step is one callback, one ``json.dumps`` and one write, whatever the
   number of requests.
 - The **front process** (:func:`make_front_app`) listens on the public port. It spawns the engine
   process, streams the completions (SSE frames, one write per request per turn) from that one line
-  per step, and forwards every other route (health, models, info, profile, traces) to the engine
-  process. Info says ``engine_process: true``; its ``pid`` is the front's (the process deploy started
-  and stops), ``engine_pid`` the engine's, ``http_stack`` the front's.
+  per step, and forwards the other routes (health, models, info, profile, traces: an allow-list of
+  exact paths, so no path that normalizes to an internal route gets through) to the engine process.
+  Info says ``engine_process: true``; its ``pid`` is the front's (the process deploy started and
+  stops), ``engine_pid`` the engine's, ``http_stack`` the front's.
 
 Lifetimes: the front stops the engine process at shutdown (SIGTERM, then SIGKILL after 30 s); the
 engine process exits when its parent is gone (it checks every second), and both are in one process
@@ -34,9 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import importlib.util
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -52,7 +56,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from kernelcamp.serve.client import INFO_PATH
+from kernelcamp.serve.client import INFO_PATH, PROFILE_PATH, TRACE_PATH
 from kernelcamp.serve.openai import (
     ChatRequest,
     CompletionRequest,
@@ -65,6 +69,12 @@ from kernelcamp.serve.openai import (
 )
 
 INTERNAL = "/internal/v1"
+ENGINE_TOKEN_ENV = "KERNELCAMP_ENGINE_TOKEN"  # the front gives its engine a fresh secret through this
+ENGINE_TOKEN_HEADER = "x-kernelcamp-engine-token"
+# The routes the front forwards to the engine (exact paths, or the prefix of the trace downloads);
+# every other path is 404 at the front, whatever it would normalize to.
+FORWARDED = ("/health", "/v1/models", INFO_PATH, PROFILE_PATH)
+FORWARDED_PREFIX = TRACE_PATH.split("{")[0]
 ENGINE_STOP_GRACE_S = 30.0
 KEEPALIVE_S = 60.0  # the front's idle connections to the engine process close after this
 ENGINE_KEEPALIVE_S = 3600  # the engine process's uvicorn keeps them open this long (> KEEPALIVE_S)
@@ -164,9 +174,20 @@ def add_engine_routes(app: FastAPI, engine: Any, vocab_size: int) -> None:
 
     mux = _Mux()
     reqs: dict[str, Any] = {}
+    token = os.environ.get(ENGINE_TOKEN_ENV, "")
+
+    def _ours(request: Request) -> bool:
+        """Only the front that spawned this engine knows its token (a secret from its environment)."""
+        got = request.headers.get(ENGINE_TOKEN_HEADER, "")
+        return bool(token) and hmac.compare_digest(got.encode(), token.encode())
+
+    def _refused() -> JSONResponse:
+        return JSONResponse({"error": "internal route: not for clients"}, status_code=404)
 
     @app.post(INTERNAL + "/submit")
-    async def submit(body: dict[str, Any]):
+    async def submit(body: dict[str, Any], request: Request):
+        if not _ours(request):
+            return _refused()
         rid, text, n = str(body["rid"]), str(body["prompt"]), int(body["max_tokens"])
         try:
             r = engine.submit(encode(text, vocab_size), n, queue=mux.queue(rid))
@@ -176,14 +197,19 @@ def add_engine_routes(app: FastAPI, engine: Any, vocab_size: int) -> None:
         return {"prompt_tokens": len(r.prompt)}
 
     @app.post(INTERNAL + "/cancel")
-    async def cancel(body: dict[str, Any]):
+    async def cancel(body: dict[str, Any], request: Request):
+        if not _ours(request):
+            return _refused()
         r = reqs.pop(str(body["rid"]), None)
         if r is not None:
             engine.cancel(r)
         return {"cancelled": r is not None}
 
     @app.get(INTERNAL + "/steps")
-    async def steps():
+    async def steps(request: Request):
+        if not _ours(request):
+            return _refused()
+
         async def lines() -> AsyncIterator[bytes]:
             yield b"{}\n"  # the stream is open: the front may start taking requests
             while True:
@@ -198,13 +224,16 @@ def add_engine_routes(app: FastAPI, engine: Any, vocab_size: int) -> None:
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
-def watch_parent(poll_s: float = 1.0) -> None:
-    """Engine process: SIGTERM to itself once its parent (the front) is gone (a daemon thread)."""
+def watch_parent(folder: str | Path | None = None, poll_s: float = 1.0) -> None:
+    """Engine process: SIGTERM to itself once its parent (the front) is gone (a daemon thread), after
+    removing ``folder`` (the front's private socket folder, which a killed front leaves behind)."""
     parent = os.getppid()
 
     def run() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
+        if folder is not None and Path(folder).name.startswith("kernelcamp-engine-"):
+            shutil.rmtree(folder, ignore_errors=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=run, name="kernelcamp-parent-watch", daemon=True).start()
@@ -228,6 +257,8 @@ class EngineLink:
         self.stopping: Any = None  # () -> bool: the front is already shutting down (then no failure)
         self.linked = False  # the token stream is open
         self._task: asyncio.Task | None = None
+        self._pending: set[asyncio.Task] = set()  # cancel requests in flight
+        self.token = ""
         self.client: Any = None
 
     @property
@@ -240,13 +271,18 @@ class EngineLink:
 
         self.dir = Path(tempfile.mkdtemp(prefix="kernelcamp-engine-"))  # mode 0700: ours alone
         self.uds = str(self.dir / "engine.sock")
-        self.proc = subprocess.Popen([*self.argv, "--engine-uds", self.uds])
+        self.token = secrets.token_hex(16)
+        env = {**os.environ, ENGINE_TOKEN_ENV: self.token}
+        self.proc = subprocess.Popen([*self.argv, "--engine-uds", self.uds], env=env)
         # Idle connections are closed by this side (after KEEPALIVE_S), never by the engine's uvicorn
         # (ENGINE_KEEPALIVE_S): a request sent on a connection the server closes at that moment fails
         # (on the H200 one request in a concurrency-96 window did, 503, with uvicorn's 5 s default).
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_S)
         self.client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=self.uds, limits=limits), base_url="http://engine", timeout=None
+            transport=httpx.AsyncHTTPTransport(uds=self.uds, limits=limits),
+            base_url="http://engine",
+            timeout=None,
+            headers={ENGINE_TOKEN_HEADER: self.token},
         )
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -357,8 +393,16 @@ class EngineLink:
             raise
         finally:
             if not done and self.queues.pop(rid, None) is not None and self.linked:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.client.post(INTERNAL + "/cancel", json={"rid": rid}))
+                self._cancel_later(rid)
+
+    def _cancel_later(self, rid: str) -> None:
+        """Tell the engine to drop ``rid``, without waiting (this runs in a generator being closed, maybe
+        cancelled by a shutdown); a failure (the engine gone meanwhile) is retrieved and dropped."""
+        if self.stopping is not None and self.stopping():
+            return  # the engine stops with us
+        task = asyncio.get_running_loop().create_task(self.client.post(INTERNAL + "/cancel", json={"rid": rid}))
+        self._pending.add(task)
+        task.add_done_callback(lambda t: (self._pending.discard(t), t.cancelled() or t.exception()))
 
     async def forward(self, request: Request) -> Response:
         """Pass one request to the engine process's app as it came; its answer back."""
@@ -469,8 +513,9 @@ def make_front_app(link: EngineLink, api_key: str | None = None) -> FastAPI:
 
     @app.api_route("/{path:path}", methods=["GET", "POST"])
     async def forward(path: str, request: Request):
-        if request.url.path.startswith(INTERNAL):
-            return _error(f"no route {request.url.path}", 404)
-        return await link.forward(request)
+        p = request.url.path
+        if p in FORWARDED or (p.startswith(FORWARDED_PREFIX) and ".." not in p):
+            return await link.forward(request)
+        return _error(f"no route {p}", 404)
 
     return app

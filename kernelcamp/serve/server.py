@@ -1114,7 +1114,7 @@ def main(args: argparse.Namespace) -> int:
                 state = build_state(params, device, never_ready=args.never_ready)
                 app = make_app(state, None, args.trace_dir)
                 add_engine_routes(app, state.engine, state.engine.model.cfg.vocab_size)
-                watch_parent()
+                watch_parent(Path(engine_uds).parent)
             elif server_flags(server)["engine_process"]:
                 argv = [sys.executable, "-m", "kernelcamp.cli", "serve", "--params", str(Path(args.params).resolve())]
                 argv += ["--device", device, "--log-level", args.log_level]
