@@ -62,10 +62,9 @@ from kernelcamp.serve.openai import (
     CompletionRequest,
     _add_completion_routes,
     _check_model,
+    _completion_response,
     _error,
-    _full,
     _openai_app,
-    _stream_tokens,
 )
 
 INTERNAL = "/internal/v1"
@@ -76,6 +75,7 @@ ENGINE_TOKEN_HEADER = "x-kernelcamp-engine-token"
 FORWARDED = ("/health", "/v1/models", INFO_PATH, PROFILE_PATH)
 FORWARDED_PREFIX = TRACE_PATH.split("{")[0]
 ENGINE_STOP_GRACE_S = 30.0
+ENGINE_DIR_PREFIX = "kernelcamp-engine-"  # the front's private socket folder, in the temporary folder
 KEEPALIVE_S = 60.0  # the front's idle connections to the engine process close after this
 ENGINE_KEEPALIVE_S = 3600  # the engine process's uvicorn keeps them open this long (> KEEPALIVE_S)
 
@@ -232,7 +232,7 @@ def watch_parent(folder: str | Path | None = None, poll_s: float = 1.0) -> None:
     def run() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
-        if folder is not None and Path(folder).name.startswith("kernelcamp-engine-"):
+        if folder is not None and Path(folder).name.startswith(ENGINE_DIR_PREFIX):
             shutil.rmtree(folder, ignore_errors=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -261,15 +261,11 @@ class EngineLink:
         self.token = ""
         self.client: Any = None
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
     def start(self) -> None:
         """Spawn the engine process (its output goes to ours) and the task that links to it."""
         import httpx
 
-        self.dir = Path(tempfile.mkdtemp(prefix="kernelcamp-engine-"))  # mode 0700: ours alone
+        self.dir = Path(tempfile.mkdtemp(prefix=ENGINE_DIR_PREFIX))  # mode 0700: ours alone
         self.uds = str(self.dir / "engine.sock")
         self.token = secrets.token_hex(16)
         env = {**os.environ, ENGINE_TOKEN_ENV: self.token}
@@ -448,7 +444,6 @@ def make_front_app(link: EngineLink, api_key: str | None = None) -> FastAPI:
     """The front process's app (module docstring): completions streamed from ``link``, the rest forwarded.
 
     ``api_key`` is checked here (the engine process has none: only this process can reach it)."""
-    from kernelcamp.serve.model import token_text
 
     async def lifespan(app: FastAPI):
         link.start()
@@ -471,21 +466,8 @@ def make_front_app(link: EngineLink, api_key: str | None = None) -> FastAPI:
             return _error(str(e), 400, "messages" if chat else "prompt", "context_length_exceeded")
         except RuntimeError as e:
             return _error(str(e), 503 if not link.error else 500)
-        if req.stream:
-
-            async def pieces():
-                async for batch in link.batches(rid, q):
-                    yield "".join([token_text(t) for t in batch]), len(batch)
-
-            return StreamingResponse(
-                _stream_tokens(rid, chat, prompt_tokens, pieces(), req.include_usage()),
-                media_type="text/event-stream",
-            )
-        try:
-            toks = [t async for b in link.batches(rid, q) for t in b]
-        except Exception as e:  # noqa: BLE001
-            return _error(f"{e}", 500)
-        return _full(rid, chat, "".join(token_text(t) for t in toks), prompt_tokens, len(toks))
+        # the link's errors already say "engine error: ..."
+        return await _completion_response(rid, chat, req, prompt_tokens, link.batches(rid, q), error_prefix="")
 
     _add_completion_routes(app, _complete)
 

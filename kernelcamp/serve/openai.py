@@ -397,6 +397,37 @@ async def _stream_tokens(
     yield b"data: [DONE]\n\n"
 
 
+async def _completion_response(
+    rid: str,
+    chat: bool,
+    req: CompletionRequest | ChatRequest,
+    prompt_tokens: int,
+    batches: AsyncIterator[list[int]],
+    error_prefix: str = "engine error: ",
+) -> Any:
+    """The answer to a completion whose tokens arrive in ``batches`` (lists of token ids, each spelled
+    by ``kernelcamp.serve.model.token_text``): SSE with one chunk per batch when ``req.stream``, else
+    the full response once they all came, or a 500 naming the error (after ``error_prefix``)."""
+    from fastapi.responses import StreamingResponse
+
+    from kernelcamp.serve.model import token_text
+
+    if req.stream:
+
+        async def pieces():
+            async for batch in batches:
+                yield "".join([token_text(t) for t in batch]), len(batch)
+
+        return StreamingResponse(
+            _stream_tokens(rid, chat, prompt_tokens, pieces(), req.include_usage()), media_type="text/event-stream"
+        )
+    try:
+        toks = [t async for batch in batches for t in batch]
+    except Exception as e:  # noqa: BLE001
+        return _error(f"{error_prefix}{e}", 500)
+    return _full(rid, chat, "".join(token_text(t) for t in toks), prompt_tokens, len(toks))
+
+
 def _add_completion_routes(app: FastAPI, complete: Any) -> None:
     """The two OpenAI completion routes, both served by ``complete(request model, chat=...)``."""
 

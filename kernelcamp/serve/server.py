@@ -93,7 +93,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import kernel_source_hash, server_flags, variant_hash
@@ -115,10 +115,9 @@ from kernelcamp.serve.openai import (
     ProfileRequest,
     _add_completion_routes,
     _check_model,
+    _completion_response,
     _error,
-    _full,
     _openai_app,
-    _stream_tokens,
 )
 
 PROFILE_MAX_STEPS = 200
@@ -921,7 +920,7 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
         return FileResponse(path, media_type="application/gzip", filename=f"trace-{trace_id}.json.gz")
 
     async def _complete(req: CompletionRequest | ChatRequest, chat: bool, request: Request):
-        from kernelcamp.serve.model import encode, token_text
+        from kernelcamp.serve.model import encode
 
         bad = _check_model(req)
         if bad is not None:
@@ -932,21 +931,7 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
         except ValueError as e:
             return _error(str(e), 400, "messages" if chat else "prompt", "context_length_exceeded")
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        if req.stream:
-
-            async def pieces():
-                async for batch in eng.token_batches(r):
-                    yield "".join([token_text(t) for t in batch]), len(batch)
-
-            return StreamingResponse(
-                _stream_tokens(rid, chat, len(r.prompt), pieces(), req.include_usage()),
-                media_type="text/event-stream",
-            )
-        try:
-            toks = [t async for t in eng.tokens(r)]
-        except Exception as e:  # noqa: BLE001
-            return _error(f"engine error: {e}", 500)
-        return _full(rid, chat, "".join(token_text(t) for t in toks), len(r.prompt), len(toks))
+        return await _completion_response(rid, chat, req, len(r.prompt), eng.token_batches(r))
 
     _add_completion_routes(app, _complete)
     return app
