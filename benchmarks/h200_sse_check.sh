@@ -10,7 +10,8 @@
 # 2. for each NAME (default: warp_occupancy-r1), one timed `dvc exp run -S experiment=<NAME without
 #    -rN>` (NAME "default": no -S, params.yaml as it is) in a temporary copy (--temp: the workspace
 #    stays as it is between runs), collected into reports/campaigns/decisions/h200_sse/<NAME>/, its
-#    log and wall time beside it (<NAME>.log, <NAME>.wall.json).
+#    log (each line stamped with the seconds since the run started) and wall time beside it
+#    (<NAME>.log, <NAME>.wall.json).
 # SKIP_PROBE=1: no noise probe; GPU_SUITE=1: then `pytest -m gpu` (log in h200_sse/gpu_suite.log).
 # Everything lands in OUT/sse_check.tgz at exit, also when a step is cut by its timeout.
 #   mkdir -p .probe/before && git archive f6218c3 | tar -x -C .probe/before
@@ -30,8 +31,13 @@ for n in "${names[@]}"; do
   set_args=()
   [ "$n" = default ] || set_args=(-S "experiment=${n%-r[0-9]}")
   start=$(date +%s.%N)
-  timeout -s TERM "${EXP_TIMEOUT_S:-420}" dvc exp run --temp -n "$n" "${set_args[@]}" > "$d.log" 2>&1
-  rc=$?
+  # every line stamped with the seconds since the run started (where a run's wall time goes)
+  timeout -s TERM "${EXP_TIMEOUT_S:-420}" dvc exp run --temp -n "$n" "${set_args[@]}" 2>&1 \
+    | python3 -u -c 'import sys, time
+t0 = time.time()
+for line in sys.stdin:
+    sys.stdout.write(f"{time.time() - t0:7.1f} {line}")' > "$d.log"
+  rc=${PIPESTATUS[0]}
   end=$(date +%s.%N)
   python3 -c "import json,sys; print(json.dumps({'name': sys.argv[1], 'rc': int(sys.argv[2]), 'wall_s': round(float(sys.argv[4]) - float(sys.argv[3]), 1)}))" \
     "$n" "$rc" "$start" "$end" | tee "$d.wall.json"

@@ -401,9 +401,9 @@ async def run_window(
     ``latency_from``). Counts, ``valid`` and the DESIGN.md ``output_tok_s`` (ok tokens / wall, ramp and
     drain included) cover every request of the window, warm-up and drain included: any failed or
     incomplete request makes the window invalid. ``spread_phases``: each worker's first request is
-    shortened so that the workers' phases are evenly spread (see the worker); the warm-up should last
-    at least one full request so that the window sees the spread state. Seconds throughout. Returns
-    (row, records).
+    shortened so that the workers' phases are evenly spread (see the worker); the warm-up should
+    cover the first prompts' prefill and about one spread request so that the window sees that state.
+    Seconds throughout. Returns (row, records).
     """
     path = "/v1/chat/completions" if chat else "/v1/completions"
     conn = aiohttp.TCPConnector(limit=0, force_close=False)

@@ -381,11 +381,17 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
 
         stage_main(tracked_stage("benchmark")(main))     # or:  with tracked_stage("build"): ...
 
-    On entry it checks the tracking store (an unreachable server is one clear line before any work,
-    and a fresh SQLite store is created once, under the lock). A ``KernelcampError`` or any other
-    exception, a non-zero return or ``SystemExit``, SIGTERM or SIGINT records the failure, then the
-    error propagates unchanged (``kernelcamp.io.stage_main`` prints it).
+    On entry it checks the tracking store: an unreachable server is one clear line before any work.
+    Stage ``spec`` (the gate, first in every ``dvc repro``) also opens it (:func:`ensure_store`: a
+    fresh SQLite store is created once, under the lock; stale runs are closed); the other stages do
+    not, since importing MLflow and opening the store cost 2-6 s per stage (issue 12's wall time), and
+    a failure opens it when it records. A ``KernelcampError`` or any other exception, a non-zero return
+    or ``SystemExit``, SIGTERM or SIGINT records the failure, then the error propagates unchanged
+    (``kernelcamp.io.stage_main`` prints it). ``check_store=False``: no check on entry.
     """
+
+    #: The stage that opens the store on entry (see the class docstring).
+    OPENS_STORE = "spec"
 
     def __init__(self, name: str, params_path: str | os.PathLike = "params.yaml", check_store: bool = True):
         self.name, self.params_path, self.check_store = name, params_path, check_store
@@ -410,7 +416,10 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
                 params = load_params(self.params_path)
             except KernelcampError:
                 params = {}
-            ensure_store(params)
+            if self.name == self.OPENS_STORE:
+                ensure_store(params)
+            else:
+                check_reachable(tracking_uri(params))
         self._sig = contextlib.ExitStack()
         self._sig.enter_context(signals_raise())
         return self

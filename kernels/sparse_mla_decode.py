@@ -643,6 +643,11 @@ class SparseMLADecode:
             self._tuner._bench = counted_bench
 
     @property
+    def autotunes(self) -> bool:
+        """Whether a call can autotune (a list variant): its first call per key times every config."""
+        return self._tuner is not None
+
+    @property
     def compile_count(self) -> int:
         return _jit_cache_size(_sparse_mla_split_kernel) + _jit_cache_size(_sparse_mla_combine_kernel)
 

@@ -16,6 +16,7 @@ from kernelcamp.stats import (
     fit_step_model,
     paired_ratio_ci,
     simulate_sequential,
+    stratified_ratio_ci,
 )
 
 
@@ -194,3 +195,88 @@ def test_simulation_agrees_with_the_code_the_stages_run(true):
     for word, c in counts.items():
         assert fast[word] == pytest.approx(c / n_sims, abs=1.5 / n_sims), word
     assert fast["mean_rounds"] == pytest.approx(rounds / n_sims, rel=0.01)
+
+
+# ---- strata (serving levels): each level weighted equally, each with its own spread ----------------------
+def test_one_stratum_is_the_paired_interval():
+    rng = np.random.default_rng(11)
+    b = 100 * (1 + 0.02 * rng.standard_normal(6))
+    c = 95 * (1 + 0.02 * rng.standard_normal(6))
+    one = stratified_ratio_ci([(b, c)], 0.95)
+    ref = paired_ratio_ci(b, c, 0.95)
+    for k in ("ratio", "ci_lo", "ci_hi", "half_width", "n_rounds"):
+        assert one[k] == pytest.approx(ref[k], rel=1e-9), k
+    assert one["df"] == pytest.approx(5) and one["n_strata"] == 1
+
+
+def test_differences_between_levels_are_not_noise():
+    """Three levels whose true ratios differ (0.86, 0.94, 1.02) with 1% noise: the level-weighted interval
+    is narrow and decides; pooling every pair into one t interval (the rule before) called the spread
+    between levels noise and could not decide."""
+    rng = np.random.default_rng(3)
+    strata = []
+    for true in (0.86, 0.94, 1.02):
+        b = 1000 * (1 + 0.01 * rng.standard_normal(3))
+        strata.append((b, true * b * (1 + 0.01 * rng.standard_normal(3))))
+    plan = SequentialPlan(3, 5, 1, higher_is_better=True)
+    s = plan.analyse_strata(strata)
+    pooled = plan.analyse(np.concatenate([b for b, _ in strata]), np.concatenate([c for _, c in strata]))
+    assert s["ratio"] == pytest.approx(pooled["ratio"])  # equal strata: the same point estimate
+    assert s["decision"] == "slower" and s["half_width"] < 0.03
+    assert pooled["decision"] == "inconclusive" and pooled["half_width"] > 2 * s["half_width"]
+
+
+def test_stratified_interval_refuses_what_it_cannot_use():
+    with pytest.raises(KernelcampError, match="at least one stratum"):
+        stratified_ratio_ci([])
+    with pytest.raises(KernelcampError, match="stratum 1: an interval needs at least 2 pairs"):
+        stratified_ratio_ci([([1.0, 1.0], [1.0, 1.1]), ([1.0], [1.0])])
+    with pytest.raises(KernelcampError, match="stratum 0: figures must be finite and > 0"):
+        stratified_ratio_ci([([1.0, 0.0], [1.0, 1.1])])
+
+
+def _simulate_levels(true_per_level, noise_per_level, plan, n_sims, seed):
+    """Seeded Monte Carlo of the serving repeats' sequential plan over levels (strata): per repeat and
+    level, baseline and candidate figures with independent lognormal noise of that level."""
+    rng = np.random.default_rng(seed)
+    out = {d: 0 for d in DECISIONS}
+    sd = np.asarray(noise_per_level)[:, None]
+    true = np.asarray(true_per_level)[:, None]
+    for _ in range(n_sims):
+        b = np.exp(sd * rng.standard_normal((sd.shape[0], plan.max_rounds)))
+        c = true * np.exp(sd * rng.standard_normal(b.shape))
+        for k in plan.looks:
+            d = plan.analyse_strata([(b[i, :k], c[i, :k]) for i in range(b.shape[0])])["decision"]
+            if plan.stop_reason(k, d, 0.0):
+                out[d if d != "inconclusive" or k == plan.max_rounds else "inconclusive"] += 1
+                break
+    return {d: v / n_sims for d, v in out.items()}
+
+
+# The serving plan's shape (conf/benchmark/default.yaml: 3..5 repeats, a look after each) over six levels
+# whose noise differs as on the H200 (1% at concurrency 1 to 8% at 96; latency words).
+SERVING_PLAN = SequentialPlan(3, 5, 1)
+LEVEL_NOISE = [0.01, 0.02, 0.03, 0.04, 0.06, 0.08]
+
+
+def test_simulated_levels_aa_is_never_faster_or_slower():
+    r = _simulate_levels([1.0] * 6, LEVEL_NOISE, SERVING_PLAN, 1500, seed=21)
+    assert r["faster"] + r["slower"] <= 0.05
+
+
+def test_simulated_levels_that_differ_around_one_are_not_faster_or_slower():
+    # real differences between levels (a kernel faster at some concurrencies, slower at others) whose
+    # equally weighted geometric mean is 1.0: neither word
+    true = [0.97, 1.03, 0.98, 1.02, 0.99, 1.01]
+    r = _simulate_levels(true, LEVEL_NOISE, SERVING_PLAN, 1500, seed=22)
+    assert r["faster"] + r["slower"] <= 0.05
+
+
+def test_simulated_levels_under_the_threshold_are_not_faster_or_slower():
+    r = _simulate_levels([1.015] * 6, LEVEL_NOISE, SERVING_PLAN, 1500, seed=23)
+    assert r["faster"] + r["slower"] <= 0.05
+
+
+def test_simulated_levels_planted_slowdown_is_found():
+    r = _simulate_levels([1.10] * 6, [0.03] * 6, SERVING_PLAN, 1000, seed=24)
+    assert r["slower"] >= 0.95

@@ -232,3 +232,26 @@ def test_tracked_stage_records_failure_and_unreachable_is_one_line(store):
     assert p.returncode == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "unreachable" in lines[0] and env_uri in lines[0], err
+
+
+def test_only_the_spec_stage_opens_the_store_on_entry(store):
+    """Stages after spec neither import MLflow nor open the store when they succeed (2-6 s each before,
+    issue 12's wall time); spec, the gate, creates it; a later stage's failure still records its run."""
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    code = """
+        import sys
+        from kernelcamp.io import stage_main
+        from kernelcamp.tracking import tracked_stage
+        def main():
+            print("mlflow" in sys.modules)
+            return 0
+        stage_main(tracked_stage(%r)(main))
+        """
+    p = _py(code % "build", store)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and out.strip() == "False", err
+    assert not (store / "mlflow.db").exists()
+    p = _py(code % "spec", store)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and out.strip() == "True", err
+    assert (store / "mlflow.db").exists() and _runs(store) == []

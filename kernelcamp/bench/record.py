@@ -224,7 +224,7 @@ def serving_level(params: dict, deploy: dict) -> dict:
     if res.get("baseline_measured") and o.get("ratio") is not None:
         log(
             f"serving output tok/s candidate/baseline {o['ratio']:.3f} [{o['ci_lo']:.3f}, {o['ci_hi']:.3f}] "
-            f"over {o['n_pairs']} paired runs: {o.get('decision')}"
+            f"over {o['n_pairs']} paired windows at {o.get('n_levels')} levels: {o.get('decision')}"
         )
     elif not res.get("baseline_measured"):
         log(f"serving: candidate only ({res.get('baseline_not_measured_reason')})")

@@ -25,8 +25,9 @@ other is measured (they share the GPU). One row per (impl, level, repeat): ``imp
 ``variant_hash``, ``repeat``, ``round``, ``position`` and every loadgen metric with ``valid``. A/B
 (``ab``, :func:`ab_summary`): pairs are (level, repeat); per level, the ratio candidate/baseline of
 ``steady_output_tok_s`` over its repeats; overall, over every (level, repeat) pair of the valid
-levels; each with its interval, decision (faster / slower / equivalent / inconclusive; throughput:
-higher is faster) and ``half_width``. A level with any failed or incomplete window of either impl
+levels, each level weighted equally with its own spread (:func:`kernelcamp.stats.stratified_ratio_ci`);
+each with its interval, decision (faster / slower / equivalent / inconclusive; throughput: higher is
+faster) and ``half_width``. A level with any failed or incomplete window of either impl
 is excluded and marked.
 
 Stopping (:class:`kernelcamp.stats.SequentialPlan`, Bonferroni over the planned looks): after every
@@ -464,12 +465,16 @@ def ab_summary(
     intervals are at ``plan.confidence_per_look`` (the sequential plan's Bonferroni level; without a
     plan, a single look at ``confidence``). Per level and overall: ``ratio``, ``ci_lo``, ``ci_hi``,
     ``half_width`` (ratio units), ``decision`` (faster / slower / equivalent / inconclusive, higher is
-    faster; None without an interval), ``n_pairs`` and ``note``.
+    faster; None without an interval), ``n_pairs`` and ``note``. The overall interval weighs each valid
+    level (with 2 or more pairs) equally and takes its noise from each level's own pairs
+    (:func:`kernelcamp.stats.stratified_ratio_ci`; ``n_levels``, ``df``): pooling every pair into one
+    t interval counted the real differences between levels (a kernel slowdown that shows at
+    concurrency 96 and not at 1) as noise.
     """
     if plan is None:
         n = max([int(r.get("repeat", 0)) + 1 for r in rows] + [2])
         plan = SequentialPlan(n, n, 1, None, confidence, threshold, higher_is_better=True)
-    per_level, pooled_b, pooled_c = [], [], []
+    per_level, strata = [], []
     for c in levels:
         lr = [r for r in rows if r["concurrency"] == c]
         by = {impl: [r for r in lr if r.get("impl") == impl] for impl in IMPLS}
@@ -504,9 +509,8 @@ def ab_summary(
             e["note"] = "1 paired repeat: no confidence interval"
         else:
             e["note"] = "no paired windows with throughput"
-        if baseline_measured and valid:
-            pooled_b += [p[0] for p in pairs]
-            pooled_c += [p[1] for p in pairs]
+        if baseline_measured and valid and len(pairs) >= 2:
+            strata.append(([p[0] for p in pairs], [p[1] for p in pairs]))
         per_level.append(e)
     overall: dict[str, Any] = {
         "ratio": None,
@@ -514,21 +518,25 @@ def ab_summary(
         "ci_hi": None,
         "half_width": None,
         "decision": None,
-        "n_pairs": len(pooled_b),
+        "n_pairs": sum(len(b) for b, _ in strata),
+        "n_levels": len(strata),
         "threshold": threshold,
         "confidence": confidence,
     }
     if not baseline_measured:
         overall.update(note=f"baseline not measured: {why_not}")
-    elif len(pooled_b) >= 2:
-        a = plan.analyse(pooled_b, pooled_c)
+    elif strata:
+        a = plan.analyse_strata(strata)
         overall.update(
-            {k: a[k] for k in ("ratio", "ci_lo", "ci_hi", "half_width", "decision", "confidence_per_look")},
+            {k: a[k] for k in ("ratio", "ci_lo", "ci_hi", "half_width", "decision", "confidence_per_look", "df")},
             looks_planned=a["looks_planned"],
-            note="pooled over (level, repeat) pairs of the valid levels",
+            note=(
+                f"{len(strata)} valid level(s) weighted equally, each level's own spread "
+                "(kernelcamp.stats.stratified_ratio_ci)"
+            ),
         )
     else:
-        overall.update(note=f"{len(pooled_b)} valid paired windows: an interval needs 2")
+        overall.update(note="no valid level with 2 paired windows: an interval needs 2")
     return {
         "metric": AB_METRIC,
         "ratio_is": f"candidate / baseline {AB_METRIC} (steady-state window; higher is faster)",

@@ -65,7 +65,7 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.serve.attention import CacheWriter, check_writer, load_backend
 
 _CONS, _VOW = "bdfgklmnprstvz", "aeiou"
-PREFILL_MIN_ROWS = 16  # prefill_many pads its rows to a power of two, at least this many
+PREFILL_MIN_ROWS = 16  # a prefill forward's rows: a power of two, at least this many (DecoderModel.prefill_many)
 CPU_MODEL_DEFAULTS = {"num_layers": 2, "hidden_size": 256, "mlp_size": 512, "vocab_size": 4096}
 
 
@@ -207,6 +207,8 @@ class DecoderModel:
         ]
         self.free_pages = collections.deque(range(1, self.num_pages))  # page 0: trash page for pad rows
         self.max_pages = math.ceil(cfg.max_context_tokens / p)
+        # rows of one prefill forward at most: the power of two that holds one longest prompt
+        self.prefill_max_rows = max(PREFILL_MIN_ROWS, 1 << (cfg.max_context_tokens - 1).bit_length())
         if self.num_pages - 1 < self.max_pages:  # a request the context allows could never be admitted
             raise KernelcampError(
                 f"the page pool of {cfg.num_cache_tokens} tokens (server.num_cache_tokens; on a CPU at least "
@@ -248,6 +250,7 @@ class DecoderModel:
             (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.on_gpu else None
         )
         self.calibration: dict[int, dict[str, float]] = {}
+        self.prefill_keys_tuned: list[int] = []  # prefill row counts the autotuner saw at warm-up
 
     # ---- weights -------------------------------------------------------------------------------
     def _init_weights(self) -> None:
@@ -356,28 +359,40 @@ class DecoderModel:
     # ---- public steps --------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, prompt: list[int], pages: list[int]) -> int:
-        """Write the prompt's latents (causal attention over its own top-k) and return the first token."""
-        t = len(prompt)
-        tok = torch.tensor(prompt, dtype=torch.long, device=self.device)
-        pos = torch.arange(t, device=self.device)
-        ptab = torch.tensor(self._ptab_row(pages), dtype=torch.long, device=self.device)[None].expand(t, -1)
-        return int(self._forward(tok, pos, ptab.contiguous())[-1].item())
+        """Write the prompt's latents (causal attention over its own top-k) and return the first token
+        (:meth:`prefill_many` of one prompt: padded rows, as every prefill)."""
+        return self.prefill_many([prompt], [pages])[0]
 
     @torch.inference_mode()
     def prefill_many(self, prompts: list[list[int]], pages: list[list[int]]) -> list[int]:
-        """:meth:`prefill` for K prompts in one forward: their tokens are concatenated as rows, each row
-        with its own position and page-table row, so each prompt attends over its own pages only, as
-        alone. Returns the K first tokens (in order). Raises ``ValueError`` for mismatched lengths.
+        """:meth:`prefill` for K prompts: their tokens are concatenated as rows, each row with its own
+        position and page-table row, so each prompt attends over its own pages only, as alone. Returns
+        the K first tokens (in order). Raises ``ValueError`` for mismatched lengths.
 
-        The rows are padded to a power of two (at least :data:`PREFILL_MIN_ROWS`) with the decode
-        step's pad rows (token 0, position 0, every page the trash page 0): the attention kernel's
-        autotune key is its row count, and a variant that is an autotune list re-tunes at every new
-        key (Triton's autotuner times every config of the list, on the model thread); unpadded, nearly
-        every group of prompts would be a new key."""
+        Rows per forward: the prompts are taken in order into forwards of at most
+        :attr:`prefill_max_rows` rows (a prompt is never split; one is at most
+        ``max_context_tokens`` long, which fits), each padded to a power of two of at least
+        :data:`PREFILL_MIN_ROWS` with the decode step's pad rows (token 0, position 0, every page the
+        trash page 0). The attention kernel's autotune key is its row count, and a variant that is an
+        autotune list re-tunes at every new key (Triton's autotuner times every config of the list, on
+        the model thread, while every stream waits); padded and capped, the keys are the few of
+        :attr:`prefill_row_buckets`, all tuned by :meth:`warmup` before the server takes a request."""
         if len(prompts) != len(pages):
             raise ValueError(f"prefill_many: {len(prompts)} prompts but {len(pages)} page lists")
-        if len(prompts) == 1:
-            return [self.prefill(prompts[0], pages[0])]
+        out: list[int] = []
+        i = 0
+        while i < len(prompts):
+            j, rows = i, 0
+            while j < len(prompts) and (j == i or rows + len(prompts[j]) <= self.prefill_max_rows):
+                rows += len(prompts[j])
+                j += 1
+            out += self._prefill_group(prompts[i:j], pages[i:j])
+            i = j
+        return out
+
+    def _prefill_group(self, prompts: list[list[int]], pages: list[list[int]], pad: bool = True) -> list[int]:
+        """One forward over the prompts' rows (padded as :meth:`prefill_many` says unless ``pad`` is
+        False); their first tokens."""
         toks: list[int] = []
         pos: list[int] = []
         rows: list[list[int]] = []
@@ -387,10 +402,10 @@ class DecoderModel:
             pos += range(len(prompt))
             rows += [self._ptab_row(pg)] * len(prompt)
             last.append(len(toks) - 1)
-        pad = max(PREFILL_MIN_ROWS, 1 << (len(toks) - 1).bit_length()) - len(toks)
-        toks += [0] * pad
-        pos += [0] * pad
-        rows += [[0] * self.max_pages] * pad
+        n_pad = (max(PREFILL_MIN_ROWS, 1 << (len(toks) - 1).bit_length()) - len(toks)) if pad else 0
+        toks += [0] * n_pad
+        pos += [0] * n_pad
+        rows += [[0] * self.max_pages] * n_pad
         dev = self.device
         out = self._forward(
             torch.tensor(toks, dtype=torch.long, device=dev),
@@ -398,6 +413,12 @@ class DecoderModel:
             torch.tensor(rows, dtype=torch.long, device=dev),
         )
         return out[torch.tensor(last, device=dev)].tolist()
+
+    @property
+    def prefill_row_buckets(self) -> list[int]:
+        """The row counts a prefill forward can have: powers of two from :data:`PREFILL_MIN_ROWS` to
+        :attr:`prefill_max_rows`."""
+        return [1 << k for k in range(PREFILL_MIN_ROWS.bit_length() - 1, self.prefill_max_rows.bit_length())]
 
     def bucket_for(self, b: int) -> int:
         for s in self.buckets:
@@ -573,7 +594,14 @@ class DecoderModel:
 
     @torch.inference_mode()
     def warmup(self) -> None:
-        """Capture every bucket's graph (graphs on) or run one eager step (graphs off)."""
+        """Tune the prefill keys (an autotune-list variant: one eager forward of pad rows at each of
+        :attr:`prefill_row_buckets`), then capture every bucket's graph (graphs on) or run one eager
+        step (graphs off)."""
+        if getattr(self.launcher, "autotunes", False):
+            for n in self.prefill_row_buckets:
+                z = torch.zeros(n, dtype=torch.long, device=self.device)
+                self._forward(z, z, torch.zeros(n, self.max_pages, dtype=torch.long, device=self.device))
+            self.prefill_keys_tuned = list(self.prefill_row_buckets)
         if self.cuda_graphs:
             try:
                 for nb in self.buckets:
@@ -641,6 +669,8 @@ class DecoderModel:
             "cuda_graphs_active": self.cuda_graphs,
             "graphs_disabled_reason": self.graphs_disabled_reason,
             "graph_buckets": self.buckets if self.cuda_graphs else [],
+            "prefill_row_buckets": self.prefill_row_buckets,
+            "prefill_keys_tuned": self.prefill_keys_tuned,
             "num_pages": self.num_pages,
             "d_qk": self.d_qk,
             "d_v": self.d_v,
