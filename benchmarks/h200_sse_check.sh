@@ -12,7 +12,8 @@
 #    stays as it is between runs), collected into reports/campaigns/decisions/h200_sse/<NAME>/, its
 #    log (each line stamped with the seconds since the run started) and wall time beside it
 #    (<NAME>.log, <NAME>.wall.json).
-# SKIP_PROBE=1: no noise probe; GPU_SUITE=1: then `pytest -m gpu` (log in h200_sse/gpu_suite.log).
+# SKIP_PROBE=1: no noise probe; CUPTI_PROBE=1: then benchmarks/cupti_probe.py (h200_sse/cupti_probe.*);
+# GPU_SUITE=1: then `pytest -m gpu` (log in h200_sse/gpu_suite.log).
 # Everything lands in OUT/sse_check.tgz at exit, also when a step is cut by its timeout.
 #   mkdir -p .probe/before && git archive f6218c3 | tar -x -C .probe/before
 set -uo pipefail
@@ -36,7 +37,8 @@ for n in "${names[@]}"; do
     | python3 -u -c 'import sys, time
 t0 = time.time()
 for line in sys.stdin:
-    sys.stdout.write(f"{time.time() - t0:7.1f} {line}")' > "$d.log"
+    sys.stdout.write(f"{time.time() - t0:7.1f} {line}")
+    sys.stdout.flush()' > "$d.log"
   rc=${PIPESTATUS[0]}
   end=$(date +%s.%N)
   python3 -c "import json,sys; print(json.dumps({'name': sys.argv[1], 'rc': int(sys.argv[2]), 'wall_s': round(float(sys.argv[4]) - float(sys.argv[3]), 1)}))" \
@@ -50,6 +52,10 @@ if [ -d .probe/before ] && [ -z "${SKIP_PROBE:-}" ]; then
   grep -v "^  engine_process:" params.yaml > /tmp/before_params.yaml  # a key the older tree refuses
   BEFORE_PARAMS=/tmp/before_params.yaml BEFORE_PYTHONPATH=/tmp/noht timeout "${PROBE_TIMEOUT_S:-240}" bash benchmarks/serving_noise_probe.sh \
     "$dest/serving_noise/sse_path" .probe/before 2>&1 | tail -12
+fi
+if [ -n "${CUPTI_PROBE:-}" ]; then  # does a profile leave the server slower? (benchmarks/cupti_probe.py)
+  timeout "${CUPTI_TIMEOUT_S:-240}" python benchmarks/cupti_probe.py "$dest/h200_sse/cupti_probe.json" 2>&1 \
+    | tee "$dest/h200_sse/cupti_probe.log" | tail -8
 fi
 if [ -n "${GPU_SUITE:-}" ]; then  # the GPU test suite last, in what time is left
   timeout "${GPU_SUITE_TIMEOUT_S:-120}" python -m pytest -m gpu -q -p no:cacheprovider 2>&1 \

@@ -65,7 +65,7 @@ def main() -> int:
     if serving:
         from kernelcamp.bench.serving import require_deployed_server
 
-        require_deployed_server(deploy)  # before the kernel rounds: a stopped server is found now
+        require_deployed_server(deploy, timed=True)  # before the kernel rounds: a stopped or profiled server
 
     import torch
 

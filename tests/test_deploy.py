@@ -90,6 +90,28 @@ def test_embedded_stage_restart_and_reuse(params, tmp_path):
     assert info["pid"] == new["pid"] and info["variant_hash"] == new["variant_hash"]
 
 
+def test_a_server_an_earlier_profile_left_slower_is_restarted_not_reused(params, tmp_path, monkeypatch, capsys):
+    """Same hash, flags and setup, but its info says cuda_profiled: CUPTI stays attached after a torch
+    profile and every later step is slower (kernelcamp.serve.client.CUDA_PROFILED_WHY), so a deploy starts
+    a fresh server instead of handing the next benchmark a slower one."""
+    from kernelcamp.deploy import embedded as dep
+
+    rec = deploy(params, tmp_path)
+    real = dep.probe_ready
+
+    def profiled(*a, **kw):
+        ok, why, facts = real(*a, **kw)
+        facts["info"] = {**(facts.get("info") or {}), "cuda_profiled": True}
+        return ok, why, facts
+
+    monkeypatch.setattr(dep, "probe_ready", profiled)
+    capsys.readouterr()
+    new = deploy(params, tmp_path)
+    err = capsys.readouterr().err
+    assert not new["reused"] and new["pid"] != rec["pid"] and not _alive(rec["pid"])
+    assert f"deploy: not reusing the server (pid {rec['pid']})" in err and "CUPTI" in err, err
+
+
 def _listen(port):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

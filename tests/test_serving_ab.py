@@ -251,3 +251,20 @@ def test_gpu_plan_is_sequential_and_cpu_plan_fixed(params):
     assert gpu["window_s"] == sv["window_s"] and gpu["warmup_s"] == sv["warmup_s"]
     cpu = bench.repeat_plan(bench.serving_plan(params, on_cpu=True), params)
     assert cpu.looks == [2]
+
+
+def test_a_server_left_slower_by_a_cuda_profile_is_not_timed(params, env):
+    """A server whose info says cuda_profiled (CUPTI attached by an earlier profile: every later step is
+    slower) is refused before any window, and by the benchmark stage's first check, with how to redeploy;
+    the verify stage's check (outputs, not times) still accepts it."""
+    from kernelcamp.bench.serving import require_deployed_server
+
+    fake = make_fake_app(FakeSpec(itl_ms=1, variant_hash=params_variant_hash(params), cuda_profiled=True))
+    with ServerThread(fake) as url:
+        rec = _record(params, url)
+        with pytest.raises(KernelcampError, match=r"will not be timed: .*CUPTI.*pytorch/pytorch#144455.*redeploy"):
+            serving_benchmark(params, rec, progress=False, root=env)
+        with pytest.raises(KernelcampError, match="CUPTI"):
+            require_deployed_server(rec, timed=True)
+        require_deployed_server(rec)
+    assert not (env / ".kernelcamp" / "baseline-server.json").exists()

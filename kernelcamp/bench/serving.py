@@ -3,7 +3,10 @@
 
 ``serving_benchmark(params, deploy_record)`` refuses (``KernelcampError``) to measure a server whose
 reported variant hash differs from the deploy record (or whose answering pid changed since the
-deploy, for the embedded server), checked before and after every run.
+deploy, for the embedded server), checked before and after every run, and one that ran a CUDA profile
+(its info's ``cuda_profiled``: an earlier benchmark's decode-step profile leaves CUPTI attached and
+every later step slower, :data:`kernelcamp.serve.client.CUDA_PROFILED_WHY`; the profile runs after
+the serving windows, and a deploy restarts such a server instead of reusing it).
 
 Baseline beside the candidate (DESIGN.md: "every benchmark measures baseline and candidate in the
 same run, interleaved"): for ``deploy.kind: embedded`` a second, temporary embedded server runs the
@@ -66,7 +69,7 @@ from kernelcamp.io import repo_relative
 from kernelcamp.loadgen import default_prompts, progress_line, run_window_sync
 from kernelcamp.ports import baseline_port
 from kernelcamp.provenance import device_info, git_info, now_utc
-from kernelcamp.serve.client import INFO_PATH, auth_headers, client_url
+from kernelcamp.serve.client import CUDA_PROFILED_WHY, INFO_PATH, auth_headers, client_url
 from kernelcamp.signals import signals_deferred, signals_raise
 from kernelcamp.stats import SequentialPlan, decision, fit_step_model
 
@@ -118,15 +121,29 @@ def check_server(deploy_record: dict[str, Any], info: dict[str, Any] | None) -> 
     return True
 
 
-def require_deployed_server(deploy_record: dict[str, Any]) -> None:
-    """Fail fast, before any measuring, when the server of the deploy record is gone or replaced.
+def refuse_profiled(url: str, info: dict[str, Any] | None) -> None:
+    """Raise ``KernelcampError`` (how to redeploy) when the server's info says ``cuda_profiled``: its steps
+    are no longer the variant's (:data:`kernelcamp.serve.client.CUDA_PROFILED_WHY`)."""
+    if info is not None and info.get("cuda_profiled"):
+        raise KernelcampError(
+            f"server at {url} (pid {info.get('pid')}) will not be timed: {CUDA_PROFILED_WHY} (an earlier "
+            f"benchmark profiled it): {REDEPLOY}"
+        )
+
+
+def require_deployed_server(deploy_record: dict[str, Any], timed: bool = False) -> None:
+    """Fail fast, before any measuring, when the server of the deploy record is gone or replaced, or,
+    with ``timed`` (the serving benchmark will time it), when it ran a CUDA profile (:func:`refuse_profiled`).
 
     Raises ``KernelcampError`` saying how to redeploy (``REDEPLOY``).
     """
     url = deploy_record.get("url")
     if not url:
         raise KernelcampError(f"deploy record has no url: {REDEPLOY}")
-    check_server(deploy_record, fetch_info(url))
+    info = fetch_info(url)
+    check_server(deploy_record, info)
+    if timed:
+        refuse_profiled(url, info)
 
 
 def check_serving_params(params: dict[str, Any]) -> None:
@@ -562,6 +579,7 @@ def serving_benchmark(
         raise KernelcampError(f"deploy record has no url: {REDEPLOY}")
     info = fetch_info(url)
     hash_checked = check_server(deploy_record, info)
+    refuse_profiled(url, info)
     plan = serving_plan(params, server_on_cpu(info))
     sv = (params.get("benchmark") or {}).get("serving") or {}
     seq = repeat_plan(plan, params)

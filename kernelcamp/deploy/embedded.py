@@ -33,7 +33,7 @@ from kernelcamp.hashes import server_flags
 from kernelcamp.io import repo_relative, write_json_atomic, write_text_atomic
 from kernelcamp.ports import PORT_STRIDE, baseline_port, worker_port
 from kernelcamp.provenance import now_utc, sha256_file
-from kernelcamp.serve.client import client_url, exposure_warning
+from kernelcamp.serve.client import CUDA_PROFILED_WHY, client_url, exposure_warning
 from kernelcamp.signals import pdeathsig_preexec
 
 
@@ -94,7 +94,9 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
     waited for it), the server starts on the first port of :func:`fallback_ports` that is free (with
     its baseline port, when a baseline server is planned), and one ``deploy: ...`` line on stderr says
     which port it took and why. A live server of ours with the same variant hash and flags, on the
-    configured port or on one of its fallbacks, is reused.
+    configured port or on one of its fallbacks, is reused, unless its info says ``cuda_profiled`` (an
+    earlier benchmark's profile left CUPTI attached and its steps slower,
+    :data:`kernelcamp.serve.client.CUDA_PROFILED_WHY`): that one is restarted, with one ``deploy:`` line.
 
     Raises ``KernelcampError`` (before any side effect) when the configured port and every fallback
     are held by other processes. ``server.overlap_scheduling: true`` turns on the embedded server's
@@ -124,6 +126,9 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
     ):
         used = int(st["port"])
         ok, _, facts = probe_ready(client_url(host, used), vhash, st["pid"])
+        if ok and (facts.get("info") or {}).get("cuda_profiled"):
+            ok = False
+            print(f"deploy: not reusing the server (pid {st['pid']}): {CUDA_PROFILED_WHY}; restarting it", file=sys.stderr)
         if ok:
             files = [kernel_file(kpath, local, (facts.get("info") or {}).get("kernel_source_hash"))]
             note = (

@@ -58,6 +58,7 @@ class FakeSpec:
     usage_only: bool = False
     never_ready: bool = False
     variant_hash: str = "fake"
+    cuda_profiled: bool = False  # what the info endpoint says (a server an earlier profile left slower)
 
     @classmethod
     def parse(cls, spec: str) -> FakeSpec:
@@ -132,6 +133,7 @@ def make_fake_app(spec: FakeSpec, api_key: str | None = None) -> FastAPI:
             "pid": os.getpid(),
             "attention_impl": "none",
             "device": "cpu",
+            "cuda_profiled": spec.cuda_profiled,
             "steps": [],
             "counts": {"requests_total": state["n"]},
         }

@@ -586,6 +586,9 @@ class _Profile:
         if getattr(model, "on_gpu", False):
             acts.append(ProfilerActivity.CUDA)
             torch.cuda.synchronize()
+            # From here on this process's steps are slower (CUPTI stays attached after the profile):
+            # the info endpoint says so, and a benchmark refuses to measure the server (CUDA_PROFILED_WHY).
+            model.cuda_profiled = True
         self.prof = torch.profiler.profile(activities=acts, record_shapes=False)
         self.prof.start()
 
@@ -855,6 +858,7 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
             "pid": os.getpid(),
             "started_at": state.started_at,
             "device": state.device,
+            "cuda_profiled": bool(getattr(m, "cuda_profiled", False)),
             **m.describe(),
             "attention_share": {
                 "calibration": {str(k): v for k, v in m.calibration.items()},
