@@ -108,11 +108,11 @@ def main() -> int:
         print(json.dumps(s))
         for c in args.levels:
             w = [r for r in result["windows"] if r["teardown_cupti"] == s["teardown_cupti"] and r["concurrency"] == c]
-            b = [r["steady_output_tok_s"] for r in w if r["phase"] == "before"]
-            a = [r["steady_output_tok_s"] for r in w if r["phase"] == "after"]
+            b = statistics.mean(r["steady_output_tok_s"] for r in w if r["phase"] == "before")
+            a = statistics.mean(r["steady_output_tok_s"] for r in w if r["phase"] == "after")
             print(
-                f"TEARDOWN_CUPTI={s['teardown_cupti']} concurrency {c}: tok/s before {statistics.mean(b):.0f}, "
-                f"after the profile {statistics.mean(a):.0f} (after/before {statistics.mean(a) / statistics.mean(b):.3f})"
+                f"TEARDOWN_CUPTI={s['teardown_cupti']} concurrency {c}: tok/s before {b:.0f}, "
+                f"after the profile {a:.0f} (after/before {a / b:.3f})"
             )
     return 0
 

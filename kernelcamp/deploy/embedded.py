@@ -128,7 +128,9 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
         ok, _, facts = probe_ready(client_url(host, used), vhash, st["pid"])
         if ok and (facts.get("info") or {}).get("cuda_profiled"):
             ok = False
-            print(f"deploy: not reusing the server (pid {st['pid']}): {CUDA_PROFILED_WHY}; restarting it", file=sys.stderr)
+            print(
+                f"deploy: not reusing the server (pid {st['pid']}): {CUDA_PROFILED_WHY}; restarting it", file=sys.stderr
+            )
         if ok:
             files = [kernel_file(kpath, local, (facts.get("info") or {}).get("kernel_source_hash"))]
             note = (
