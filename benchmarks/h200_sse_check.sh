@@ -54,7 +54,7 @@ if [ -d .probe/before ] && [ -z "${SKIP_PROBE:-}" ]; then
     "$dest/serving_noise/sse_path" .probe/before 2>&1 | tail -12
 fi
 if [ -n "${CUPTI_PROBE:-}" ]; then  # does a profile leave the server slower? (benchmarks/cupti_probe.py)
-  timeout "${CUPTI_TIMEOUT_S:-240}" python benchmarks/cupti_probe.py "$dest/h200_sse/cupti_probe.json" 2>&1 \
+  timeout "${CUPTI_TIMEOUT_S:-240}" python benchmarks/cupti_probe.py "$dest/h200_sse/cupti_probe.json" --levels ${CUPTI_LEVELS:-1 64} 2>&1 \
     | tee "$dest/h200_sse/cupti_probe.log" | tail -8
 fi
 if [ -n "${GPU_SUITE:-}" ]; then  # the GPU test suite last, in what time is left

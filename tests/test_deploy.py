@@ -94,17 +94,20 @@ def test_a_server_an_earlier_profile_left_slower_is_restarted_not_reused(params,
     """Same hash, flags and setup, but its info says cuda_profiled: CUPTI stays attached after a torch
     profile and every later step is slower (kernelcamp.serve.client.CUDA_PROFILED_WHY), so a deploy starts
     a fresh server instead of handing the next benchmark a slower one."""
-    from kernelcamp.deploy import embedded as dep
+    from kernelcamp.serve.client import INFO_PATH
 
     rec = deploy(params, tmp_path)
-    real = dep.probe_ready
+    # A CPU server cannot run a CUDA profile: its info answers say it did (the deploy's own readiness
+    # check reads them; patching that check instead hid that it dropped the key, found on the H200).
+    real = httpx.Response.json
 
-    def profiled(*a, **kw):
-        ok, why, facts = real(*a, **kw)
-        facts["info"] = {**(facts.get("info") or {}), "cuda_profiled": True}
-        return ok, why, facts
+    def profiled(self, **kw):
+        body = real(self, **kw)
+        if self.request.url.path == INFO_PATH:
+            body["cuda_profiled"] = True
+        return body
 
-    monkeypatch.setattr(dep, "probe_ready", profiled)
+    monkeypatch.setattr(httpx.Response, "json", profiled)
     capsys.readouterr()
     new = deploy(params, tmp_path)
     err = capsys.readouterr().err

@@ -175,6 +175,7 @@ def probe_ready(
                     "config_running",
                     "server_flags",
                     "started_at",
+                    "cuda_profiled",
                 )
             }
             if expect_hash is not None and info.get("variant_hash") != expect_hash:
