@@ -416,7 +416,7 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
                 + decision_line(od, f"{metric} candidate/baseline", "repeats")
                 + (
                     f" ({o.get('n_pairs')} (level, repeat) pairs over {o['n_levels']} valid levels, each level "
-                    "weighted equally with its own spread; higher is faster)."
+                    "weighted equally, the noise taken within levels; higher is faster)."
                     if o.get("n_levels") is not None
                     else f" ({o.get('n_pairs')} (level, repeat) pairs of the valid levels pooled; higher is faster)."
                 ),

@@ -197,7 +197,7 @@ def test_simulation_agrees_with_the_code_the_stages_run(true):
     assert fast["mean_rounds"] == pytest.approx(rounds / n_sims, rel=0.01)
 
 
-# ---- strata (serving levels): each level weighted equally, each with its own spread ----------------------
+# ---- strata (serving levels): each level weighted equally, the noise taken within levels ----------------
 def test_one_stratum_is_the_paired_interval():
     rng = np.random.default_rng(11)
     b = 100 * (1 + 0.02 * rng.standard_normal(6))
@@ -254,9 +254,10 @@ def _simulate_levels(true_per_level, noise_per_level, plan, n_sims, seed):
 
 
 # The serving plan's shape (conf/benchmark/default.yaml: 3..5 repeats, a look after each) over six levels
-# whose noise differs as on the H200 (1% at concurrency 1 to 8% at 96; latency words).
+# whose noise differs as on the H200 (window-to-window CV per level and impl 1.3% to 18.8% in the
+# 2026-12-01 warp_occupancy runs, reports/campaigns/decisions/README.md; latency words).
 SERVING_PLAN = SequentialPlan(3, 5, 1)
-LEVEL_NOISE = [0.01, 0.02, 0.03, 0.04, 0.06, 0.08]
+LEVEL_NOISE = [0.02, 0.04, 0.06, 0.08, 0.12, 0.18]
 
 
 def test_simulated_levels_aa_is_never_faster_or_slower():
@@ -280,3 +281,20 @@ def test_simulated_levels_under_the_threshold_are_not_faster_or_slower():
 def test_simulated_levels_planted_slowdown_is_found():
     r = _simulate_levels([1.10] * 6, [0.03] * 6, SERVING_PLAN, 1000, seed=24)
     assert r["slower"] >= 0.95
+
+
+def test_with_h200_like_noise_the_level_weighted_interval_is_the_narrower_one():
+    """Levels whose ratios differ as in the H200 warp_occupancy runs (0.80 at concurrency 48 to 0.96 at 1),
+    each with its own noise, three repeats (the first look): the level-weighted interval is narrower
+    than pooling every pair, on the median of seeded draws."""
+    rng = np.random.default_rng(31)
+    true = np.array([0.80, 0.80, 0.82, 0.85, 0.94, 0.96])
+    noise = np.array([0.06, 0.08, 0.10, 0.07, 0.045, 0.05])[:, None]
+    plan = SequentialPlan(3, 5, 1, higher_is_better=True)
+    strat, pooled = [], []
+    for _ in range(400):
+        b = np.exp(noise * rng.standard_normal((6, 3)))
+        c = true[:, None] * np.exp(noise * rng.standard_normal((6, 3)))
+        strat.append(plan.analyse_strata([(b[i], c[i]) for i in range(6)])["half_width"])
+        pooled.append(plan.analyse(b.ravel(), c.ravel())["half_width"])
+    assert np.median(strat) < 0.9 * np.median(pooled)

@@ -28,7 +28,7 @@ other is measured (they share the GPU). One row per (impl, level, repeat): ``imp
 ``variant_hash``, ``repeat``, ``round``, ``position`` and every loadgen metric with ``valid``. A/B
 (``ab``, :func:`ab_summary`): pairs are (level, repeat); per level, the ratio candidate/baseline of
 ``steady_output_tok_s`` over its repeats; overall, over every (level, repeat) pair of the valid
-levels, each level weighted equally with its own spread (:func:`kernelcamp.stats.stratified_ratio_ci`);
+levels, each level weighted equally, the noise taken within levels (:func:`kernelcamp.stats.stratified_ratio_ci`);
 each with its interval, decision (faster / slower / equivalent / inconclusive; throughput: higher is
 faster) and ``half_width``. A level with any failed or incomplete window of either impl
 is excluded and marked.
@@ -483,7 +483,7 @@ def ab_summary(
     plan, a single look at ``confidence``). Per level and overall: ``ratio``, ``ci_lo``, ``ci_hi``,
     ``half_width`` (ratio units), ``decision`` (faster / slower / equivalent / inconclusive, higher is
     faster; None without an interval), ``n_pairs`` and ``note``. The overall interval weighs each valid
-    level (with 2 or more pairs) equally and takes its noise from each level's own pairs
+    level (with 2 or more pairs) equally and takes its noise from the pairs' spread within their level
     (:func:`kernelcamp.stats.stratified_ratio_ci`; ``n_levels``, ``df``): pooling every pair into one
     t interval counted the real differences between levels (a kernel slowdown that shows at
     concurrency 96 and not at 1) as noise.
@@ -548,7 +548,7 @@ def ab_summary(
             {k: a[k] for k in ("ratio", "ci_lo", "ci_hi", "half_width", "decision", "confidence_per_look", "df")},
             looks_planned=a["looks_planned"],
             note=(
-                f"{len(strata)} valid level(s) weighted equally, each level's own spread "
+                f"{len(strata)} valid level(s) weighted equally, the noise taken within levels "
                 "(kernelcamp.stats.stratified_ratio_ci)"
             ),
         )
