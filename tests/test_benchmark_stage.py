@@ -94,3 +94,68 @@ def test_benchmark_refuses_a_deploy_of_other_params(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(KernelcampError, match="deploy.json has variant_hash feedfacefeedface but params.yaml gives"):
         stage.main()
+
+
+def test_one_baseline_server_serves_the_windows_and_the_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving A/B and the decode-step profile after it use one baseline server, started once and
+    stopped once (it was started twice: about 15 s of every H200 run), and the record says it stopped."""
+    import contextlib
+
+    stage = _stage()
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["benchmark"]["serving"]["enabled"] = True
+    params["benchmark"]["profile"]["enabled"] = True
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    from kernelcamp.spec import parse_spec
+
+    hashes = parse_spec(params).hashes()
+    (tmp_path / "build.json").write_text(json.dumps(hashes))
+    (tmp_path / "deploy.json").write_text(json.dumps({**hashes, "kind": "embedded", "url": "http://127.0.0.1:1"}))
+    import kernelcamp.bench.record as record
+    import kernelcamp.bench.serving as serving
+    import kernelcamp.provenance
+
+    events: list = []
+    fake_base = {"url": "http://127.0.0.1:2", "variant_name": "b", "variant_hash": "h"}
+
+    @contextlib.contextmanager
+    def fake_baseline_server(params, url, root=None):
+        events.append("start")
+        try:
+            yield fake_base
+        finally:
+            events.append("stop")
+
+    sv_record = {"levels": [{"concurrency": 1}], "baseline": {"url": fake_base["url"], "stopped": False}}
+
+    def fake_serving_level(params, deploy, baseline=None):
+        events.append(("serving", baseline))
+        return sv_record
+
+    def fake_server_profile(params, deploy, serving_res, traces, baseline=None):
+        events.append(("profile", baseline))
+        return [], {}, "no rows (test)"
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(serving, "require_deployed_server", lambda d, timed=False: None)
+    monkeypatch.setattr(serving, "check_baseline_port", lambda p, d: None)
+    monkeypatch.setattr(serving, "baseline_server", fake_baseline_server)
+    monkeypatch.setattr(record, "kernel_level", lambda p, v, d: ([], {"batch": {}, "overall": {}}))
+    monkeypatch.setattr(record, "serving_level", fake_serving_level)
+    monkeypatch.setattr(record, "server_profile", fake_server_profile)
+    monkeypatch.setattr(record, "kernel_launch_profile", lambda *a, **k: ([], {}))
+    monkeypatch.setattr(kernelcamp.provenance, "device_info", interrupted)  # stop before the outputs
+    rep = tmp_path / "reports"
+    rep.mkdir()
+    argv = ["benchmark.py", "--params", str(tmp_path / "params.yaml"), "--build", str(tmp_path / "build.json")]
+    argv += ["--deploy", str(tmp_path / "deploy.json")]
+    for k in ("out", "metrics", "latency-csv", "summary-csv", "serving-csv", "serving-summary-csv", "trace"):
+        argv += [f"--{k}", str(rep / f"{k}.out")]
+    argv += ["--kernel-table", str(rep / "kt.csv")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(KeyboardInterrupt):
+        stage.main()
+    assert events == ["start", ("serving", fake_base), ("profile", fake_base), "stop"], events
+    assert sv_record["baseline"]["stopped"] is True

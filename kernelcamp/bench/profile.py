@@ -19,6 +19,7 @@ from kernelcamp.bench.kernel import dot_dtype, impl_kernels, launch_args, run_ba
 from kernelcamp.bench.serving import (
     _check_baseline,
     baseline_server,
+    baseline_why_not,
     check_server,
     fetch_info,
     server_on_cpu,
@@ -131,14 +132,17 @@ def kernel_launch_profile(
     return rows, meta
 
 
-def server_profile(params: dict, deploy: dict, serving: dict, traces: dict[str, Path]) -> tuple[list[dict], dict, str]:
+def server_profile(
+    params: dict, deploy: dict, serving: dict, traces: dict[str, Path], baseline: dict | None = None
+) -> tuple[list[dict], dict, str]:
     """The decode-step profiles of the serving benchmark's servers -> (table rows, per impl meta,
-    why not); rows empty (with why) when the servers cannot be profiled."""
+    why not); rows empty (with why) when the servers cannot be profiled. ``baseline``: the serving
+    benchmark's baseline server, still running (:func:`profile_decode_steps`)."""
     if not serving.get("levels"):
         return [], {}, f"serving not measured ({serving.get('skipped') or 'no levels'})"
     steps = int(params["benchmark"]["profile"].get("decode_steps") or 5)
     try:
-        got = profile_decode_steps(params, deploy, {k_: str(v) for k_, v in traces.items()}, steps)
+        got = profile_decode_steps(params, deploy, {k_: str(v) for k_, v in traces.items()}, steps, baseline=baseline)
     except Exception as e:  # noqa: BLE001 - the kernel-launch profile stands in, with the reason
         return [], {}, f"profiling the servers failed: {type(e).__name__}: {e}"
     if got.get("skipped"):
@@ -254,13 +258,15 @@ def profile_decode_steps(
     steps: int = 5,
     root: str | Path | None = None,
     progress: bool = True,
+    baseline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Per-kernel tables of a few decode steps of the deployed candidate and (embedded deploys) the
     baseline, each under load at the highest serving level, via the server's profile endpoint.
 
     ``traces``: ``{impl: path}`` for the gzipped Kineto traces (written by the server; absolute
-    paths). The baseline runs on a temporary server again (:func:`baseline_server`), started after
-    the serving benchmark so the benchmark's own windows never include a profiled step. Returns
+    paths). The baseline runs on ``baseline`` (the serving benchmark's baseline server, kept running
+    by the caller) or else on a temporary server started here (:func:`baseline_server`); either way
+    the profile comes after the serving windows, so they never include a profiled step. Returns
     ``{"impls": {impl: profile result | {"skipped": why}}, concurrency, max_tokens, steps}``, or
     ``{"skipped": why}`` when the candidate has no info endpoint (a foreign server)."""
     url = str(deploy_record.get("url") or "").rstrip("/")
@@ -271,7 +277,6 @@ def profile_decode_steps(
     plan = serving_plan(params, server_on_cpu(info))
     c = int(max(plan["concurrency"]))
     max_tokens = max(int(plan["max_tokens"]), 4 * steps + 16)
-    sv = (params.get("benchmark") or {}).get("serving") or {}
     out: dict[str, Any] = {"concurrency": c, "max_tokens": max_tokens, "steps": steps, "impls": {}}
 
     def one(impl: str, u: str, check: Any) -> None:
@@ -282,15 +287,11 @@ def profile_decode_steps(
         )
 
     one("candidate", url, lambda i: check_server(deploy_record, i))
-    why_not = None
-    if deploy_record.get("kind") != "embedded":
-        why_not = f"deploy.kind={deploy_record.get('kind')}: no baseline server beside a foreign server"
-    elif not sv.get("measure_baseline", True):
-        why_not = "benchmark.serving.measure_baseline is false"
-    elif not params.get("baseline"):
-        why_not = "params.yaml has no baseline section"
+    why_not = baseline_why_not(params, deploy_record)
     if why_not:
         out["impls"]["baseline"] = {"skipped": why_not}
+    elif baseline is not None:
+        one("baseline", baseline["url"], lambda i: _check_baseline(baseline, i))
     else:
         with baseline_server(params, url, root) as b:
             one("baseline", b["url"], lambda i: _check_baseline(b, i))

@@ -8,6 +8,7 @@ of benchmark_metrics.json in the one naming scheme (:mod:`kernelcamp.metrics`), 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -208,8 +209,9 @@ def check_kernels_ran(kernel: dict, notes: dict) -> None:
             )
 
 
-def serving_level(params: dict, deploy: dict) -> dict:
-    """The serving A/B (:func:`kernelcamp.bench.serving.serving_benchmark`), or why it was skipped."""
+def serving_level(params: dict, deploy: dict, baseline: dict | None = None) -> dict:
+    """The serving A/B (:func:`kernelcamp.bench.serving.serving_benchmark`, on ``baseline`` when given),
+    or why it was skipped."""
     sv = params["benchmark"]["serving"]
     if not sv.get("enabled"):
         return {"skipped": "benchmark.serving.enabled is false", "levels": []}
@@ -219,7 +221,7 @@ def serving_level(params: dict, deploy: dict) -> dict:
         "serving benchmark: baseline and candidate interleaved per level (the baseline on a temporary server "
         "beside the deployed candidate; embedded deploys only)"
     )
-    res = serving_benchmark(params, deploy, progress=True)
+    res = serving_benchmark(params, deploy, progress=True, baseline=baseline)
     o = (res.get("ab") or {}).get("overall") or {}
     if res.get("baseline_measured") and o.get("ratio") is not None:
         log(
@@ -246,12 +248,25 @@ def measure_and_write(args, spec, deploy, device, run_as, notes, variants, final
             log(f"{impl} runs {spec.kernel.module}'s file at commit {k['kernel_rev']} (baseline.kernel_rev)")
     rows, kernel = kernel_level(params, variants, device)
     check_kernels_ran(kernel, notes)
-    serving = serving_level(params, deploy)
+    profile_on = bool(params["benchmark"]["profile"]["enabled"])
     table: list[dict] = []
     prof_meta: dict = {}
     prof_source, prof_why = None, "benchmark.profile.enabled is false"
-    if params["benchmark"]["profile"]["enabled"]:
-        table, prof_meta, prof_why = server_profile(params, deploy, serving, traces)
+    shared = None
+    with contextlib.ExitStack() as stack:
+        # One baseline server for the serving windows and, after them, its decode-step profile (one
+        # start instead of two); stopped when this block ends, also on an error or a signal.
+        if profile_on and params["benchmark"]["serving"].get("enabled"):
+            from kernelcamp.bench.serving import baseline_server, baseline_why_not
+
+            if baseline_why_not(params, deploy) is None:
+                shared = stack.enter_context(baseline_server(params, str(deploy["url"]).rstrip("/")))
+        serving = serving_level(params, deploy, shared)
+        if profile_on:
+            table, prof_meta, prof_why = server_profile(params, deploy, serving, traces, shared)
+    if shared is not None and serving.get("baseline"):
+        serving["baseline"]["stopped"] = True  # as the block above ended
+    if profile_on:
         prof_source = "server_decode_steps"
         if not table:
             log(f"decode-step profile not taken ({prof_why}): profiling kernel launches instead")

@@ -564,15 +564,39 @@ def ab_summary(
 
 
 # ---- the benchmark -------------------------------------------------------------------------------------
+def baseline_why_not(params: dict[str, Any], deploy_record: dict[str, Any]) -> str | None:
+    """Why no baseline server runs beside the deployed candidate (a foreign server, ``measure_baseline``
+    false, no baseline section), or None when one does."""
+    sv = (params.get("benchmark") or {}).get("serving") or {}
+    if deploy_record.get("kind") != "embedded":
+        return (
+            f"deploy.kind={deploy_record.get('kind')} serves a foreign server: kernelcamp cannot start the "
+            "baseline beside it, so only the candidate was measured"
+        )
+    if not sv.get("measure_baseline", True):
+        return "benchmark.serving.measure_baseline is false"
+    if not params.get("baseline"):
+        return "params.yaml has no baseline section"
+    return None
+
+
 def serving_benchmark(
-    params: dict[str, Any], deploy_record: dict[str, Any], progress: bool = True, root: str | Path | None = None
+    params: dict[str, Any],
+    deploy_record: dict[str, Any],
+    progress: bool = True,
+    root: str | Path | None = None,
+    baseline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Baseline and candidate served and loaded in the same run, interleaved; see the module docstring.
 
+    ``baseline``: a baseline server the caller started (:func:`baseline_server`'s dict) and stops
+    after its own later use of it (the benchmark stage's decode-step profile: one start instead of
+    two, about 15 s on the H200); None: one is started here and stopped at the end.
     Returns ``{levels (one row per impl x level x repeat), ab, step_model (candidate), step_models,
-    baseline_measured, baseline, ...}``. Raises ``KernelcampError`` when the candidate's variant hash
-    differs from ``deploy_record`` (before, during or after), the baseline server does not come up
-    or reports another hash, or a server stops answering. The baseline server is stopped in every case.
+    baseline_measured, baseline, ...}`` (``baseline.stopped``: stopped here). Raises
+    ``KernelcampError`` when the candidate's variant hash differs from ``deploy_record`` (before,
+    during or after), the baseline server does not come up or reports another hash, or a server stops
+    answering. A baseline server started here is stopped in every case.
     """
     url = str(deploy_record.get("url") or "").rstrip("/")
     if not url:
@@ -581,25 +605,20 @@ def serving_benchmark(
     hash_checked = check_server(deploy_record, info)
     refuse_profiled(url, info)
     plan = serving_plan(params, server_on_cpu(info))
-    sv = (params.get("benchmark") or {}).get("serving") or {}
     seq = repeat_plan(plan, params)
     rep = params.get("report") or {}
-    why_not = None
-    if deploy_record.get("kind") != "embedded":
-        why_not = (
-            f"deploy.kind={deploy_record.get('kind')} serves a foreign server: kernelcamp cannot start the "
-            "baseline beside it, so only the candidate was measured"
-        )
-    elif not sv.get("measure_baseline", True):
-        why_not = "benchmark.serving.measure_baseline is false"
-    elif not params.get("baseline"):
-        why_not = "params.yaml has no baseline section"
+    why_not = baseline_why_not(params, deploy_record)
     measured_at = now_utc()
     levels = [int(c) for c in plan["concurrency"]]
     stop: dict[str, Any] = {}
     looks: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
-        base = None if why_not else stack.enter_context(baseline_server(params, url, root))
+        if why_not:
+            base = None
+        elif baseline is not None:
+            base = baseline
+        else:
+            base = stack.enter_context(baseline_server(params, url, root))
         targets: dict[str, dict[str, Any]] = {
             "candidate": {
                 "url": url,
@@ -697,7 +716,7 @@ def serving_benchmark(
             step_models["baseline"] = {"skipped": why_not}
         baseline_rec = None if base is None else {k: v for k, v in base.items() if k != "server_info"}
     if baseline_rec is not None:
-        baseline_rec["stopped"] = True
+        baseline_rec["stopped"] = baseline is None  # else its caller stops it (and says so)
     ab = ab_summary(
         rows,
         levels,
