@@ -82,16 +82,20 @@ def paired_ratio_ci(
     if not 0 < confidence < 1:
         raise KernelcampError(f"confidence must be in (0, 1), got {confidence}")
     d = np.log(c) - np.log(b)
-    mean = float(d.mean())
-    sem = float(d.std(ddof=1) / math.sqrt(n))
-    half = float(_st.t.ppf(0.5 + confidence / 2, n - 1)) * sem
+    return _log_t_interval(float(d.mean()), float(d.std(ddof=1) / math.sqrt(n)), n - 1, confidence, n_rounds=n)
+
+
+def _log_t_interval(mean: float, sem: float, dof: float, confidence: float, **extra: float | int) -> dict:
+    """Student's t interval of a mean log ratio, mapped back with ``exp``: ``ratio``, ``ci_lo``,
+    ``ci_hi``, ``half_width`` (ratio units), ``confidence`` and ``extra``."""
+    half = float(_st.t.ppf(0.5 + confidence / 2, dof)) * sem
     lo, hi = math.exp(mean - half), math.exp(mean + half)
     return {
         "ratio": math.exp(mean),
         "ci_lo": lo,
         "ci_hi": hi,
         "half_width": (hi - lo) / 2,
-        "n_rounds": n,
+        **extra,
         "confidence": confidence,
     }
 
@@ -114,7 +118,7 @@ def stratified_ratio_ci(
     slowdown that shows at concurrency 96 and not at 1) are not counted as noise, which they are when
     every pair is pooled into one t interval. The degrees of freedom are exact when the strata are
     equally noisy; on the H200 they are not (window-to-window CV 1-18% per level), and the seeded
-    simulations in tests/test_stats.py check the error rates with levels whose noise differs eightfold.
+    simulations in tests/test_stats.py check the error rates with levels whose noise differs ninefold.
     Per-stratum variances with Welch-Satterthwaite degrees of freedom were tried first: one noisy level
     pulled the degrees of freedom to about 3, and at three repeats that interval was wider than pooling
     (median +-6.6% against +-5.5% in the simulation of H200-like noise). With a single stratum it is
@@ -144,20 +148,8 @@ def stratified_ratio_ci(
         ns.append(int(d.size))
     big_l = len(strata)
     df = sum(n - 1 for n in ns)
-    mean = sum(means) / big_l
     sem = math.sqrt(ss / df * sum(1.0 / n for n in ns)) / big_l
-    half = float(_st.t.ppf(0.5 + confidence / 2, df)) * sem
-    lo, hi = math.exp(mean - half), math.exp(mean + half)
-    return {
-        "ratio": math.exp(mean),
-        "ci_lo": lo,
-        "ci_hi": hi,
-        "half_width": (hi - lo) / 2,
-        "n_rounds": sum(ns),
-        "n_strata": big_l,
-        "df": df,
-        "confidence": confidence,
-    }
+    return _log_t_interval(sum(means) / big_l, sem, df, confidence, n_rounds=sum(ns), n_strata=big_l, df=df)
 
 
 def decision(ratio: float, lo: float, hi: float, threshold: float, higher_is_better: bool = False) -> str:

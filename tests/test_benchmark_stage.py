@@ -96,7 +96,7 @@ def test_benchmark_refuses_a_deploy_of_other_params(tmp_path: Path, monkeypatch:
         stage.main()
 
 
-def test_one_baseline_server_serves_the_windows_and_the_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_baseline_server_serves_the_windows_and_the_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The serving A/B and the decode-step profile after it use one baseline server, started once and
     stopped once (it was started twice: about 15 s of every H200 run), and the record says it stopped."""
     import contextlib
