@@ -492,3 +492,36 @@ def test_routing_errors_are_openai_shaped(method: str, path: str, status: int) -
         r = c.request(method, path, json={} if method == "POST" else None)
     assert r.status_code == status
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}  # was FastAPI's {"detail": ...}
+
+
+# ---- body size: a huge body is refused before it is read whole -----------------------------------------
+def test_a_body_over_the_limit_is_413_and_the_server_goes_on(real, fake):
+    """Before: a 150 MB prompt was read and parsed on the event loop that streams every other request's
+    tokens (about 15 s on this CPU), then refused. Now 413 from the declared length, before any read."""
+    from kernelcamp.serve.openai import MAX_BODY_BYTES
+
+    big = json.dumps({"prompt": "x" * MAX_BODY_BYTES, "max_tokens": 2}).encode()
+    for c in (real, fake):
+        err = _assert_openai_error(c.post(COMP, content=big, headers=JSON), 413, None, "request_too_large")
+        assert str(MAX_BODY_BYTES) in err["message"]
+        assert c.post(COMP, json={"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_a_chunked_body_over_the_limit_is_413_on_a_live_server():
+    """No Content-Length (a chunked upload): refused once the bytes read pass the limit; a body within it
+    still reaches the handler whole, and the server answers the next request."""
+    from kernelcamp.serve.openai import MAX_BODY_BYTES
+
+    def chunks(total):
+        yield b'{"prompt": "'
+        sent = 0
+        while sent < total:
+            yield b"x" * 65536
+            sent += 65536
+        yield b'", "max_tokens": 2}'
+
+    with ServerThread(make_fake_app(FakeSpec())) as url:
+        r = httpx.post(url + COMP, content=chunks(MAX_BODY_BYTES + 65536), headers=JSON, timeout=60)
+        _assert_openai_error(r, 413, None, "request_too_large")
+        r = httpx.post(url + COMP, content=chunks(1 << 20), headers=JSON, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"], r.text

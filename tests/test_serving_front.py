@@ -77,6 +77,9 @@ def served(tmp_path_factory):
     s.stop()
 
 
+JSON_CT = {"content-type": "application/json"}
+
+
 def _client(s: _Served) -> httpx.Client:
     return httpx.Client(base_url=s.url, timeout=60, headers={"Authorization": f"Bearer {KEY}"})
 
@@ -128,6 +131,25 @@ def test_front_passes_the_engines_refusals_through(served):
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
         r = c.post("/v1/kernelcamp/profile", json={"steps": 2, "timeout_s": 0.5})
         assert r.status_code == 504 and "no decode step" in r.json()["error"]["message"]
+
+
+def test_the_body_limit_holds_at_the_front_and_a_prompt_it_took_reaches_the_engine(served):
+    """413 at the front over the limit; a body of exactly the limit still reaches the engine, although the
+    front's request to it is larger (the request id; and httpx before 0.28 wrote 4-byte characters as
+    12-byte escapes): the engine's limit is ENGINE_BODY_FACTOR times the front's."""
+    from kernelcamp.serve.openai import MAX_BODY_BYTES
+
+    with _client(served) as c:
+        r = c.post("/v1/completions", content=b'{"prompt": "' + b"x" * MAX_BODY_BYTES + b'"}', headers=JSON_CT)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        # a body of exactly the limit: one word (one prompt token) of 4-byte characters
+        frame = json.dumps({"prompt": "", "max_tokens": 2}).encode()
+        word = "\U0001f600" * ((MAX_BODY_BYTES - len(frame)) // 4)
+        body = json.dumps({"prompt": word, "max_tokens": 2}, ensure_ascii=False).encode()
+        assert MAX_BODY_BYTES - 4 < len(body) <= MAX_BODY_BYTES
+        r = c.post("/v1/completions", content=body, headers=JSON_CT)
+        assert r.status_code == 200, r.text[:300]
+        assert r.json()["usage"]["prompt_tokens"] == 1
 
 
 def test_a_stream_its_client_left_is_cancelled_in_the_engine(served):

@@ -225,13 +225,29 @@ def _is_json(content_type: str) -> bool:
     return main == "application/json" or (main.startswith("application/") and main.endswith("+json"))
 
 
+#: Largest request body the servers read (bytes). The body is parsed on the event loop that streams
+#: every other request's tokens: a 150 MB prompt held every stream for about 15 s (CPU, 2026-12-01).
+#: 4 MiB holds a prompt of about 500,000 words, more than any context the embedded server allows.
+MAX_BODY_BYTES = 4 << 20
+#: The engine process's limit, in MAX_BODY_BYTES: the front's request to it holds a prompt the front
+#: accepted plus the request id, and httpx before 0.28 wrote JSON with ASCII escapes (a 4-byte UTF-8
+#: character becomes a 12-byte surrogate pair).
+ENGINE_BODY_FACTOR = 4
+
+
 class _Guard:
     """ASGI middleware: the API key (``Authorization: Bearer``) on every path but ``/health`` when a
     key is set, then 415 for a POST whose ``Content-Type`` is not JSON (a cross-site form or
-    ``text/plain`` request never reaches a handler)."""
+    ``text/plain`` request never reaches a handler), then 413 for a body over ``max_body_bytes``
+    (:data:`MAX_BODY_BYTES`), from its ``Content-Length`` or, for a chunked body, as soon as the bytes
+    read pass the limit; a body within it is read here and handed on whole."""
 
-    def __init__(self, app: Any, api_key: str | None = None):
+    def __init__(self, app: Any, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES):
         self.app, self.key = app, (api_key or "").encode() or None
+        self.max_body = int(max_body_bytes)
+
+    def _too_large(self) -> JSONResponse:
+        return _error(f"request body over {self.max_body} bytes: send a shorter prompt", 413, code="request_too_large")
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -253,13 +269,39 @@ class _Guard:
                     f"Content-Type {ct!r}: send the body as application/json", 415, code="unsupported_media_type"
                 )
                 return await resp(scope, receive, send)
+            if scope.get("method") == "POST":
+                declared = headers.get("content-length", b"").strip()
+                if declared.isdigit() and int(declared) > self.max_body:
+                    return await self._too_large()(scope, receive, send)
+                chunks, size, more = [], 0, True
+                while more:
+                    msg = await receive()
+                    if msg["type"] != "http.request":  # the client left: let the app see it
+                        return await self.app(scope, _replay([], msg, receive), send)
+                    chunks.append(msg.get("body", b""))
+                    size += len(chunks[-1])
+                    if size > self.max_body:
+                        return await self._too_large()(scope, receive, send)
+                    more = msg.get("more_body", False)
+                return await self.app(scope, _replay(chunks, None, receive), send)
         await self.app(scope, receive, send)
 
 
-def _openai_app(title: str, api_key: str | None, lifespan: Any = None) -> FastAPI:
-    """A FastAPI app with the guard (API key, JSON-only POSTs) and 400 validation errors."""
+def _replay(chunks: list[bytes], last: dict | None, receive: Any) -> Any:
+    """An ASGI ``receive`` that gives the body already read (one message; or ``last``, a message that
+    ended the read), then the real ``receive`` (so a streaming response still sees the disconnect)."""
+    pending = [last if last is not None else {"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+    async def replay() -> dict:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+def _openai_app(title: str, api_key: str | None, lifespan: Any = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """A FastAPI app with the guard (API key, JSON-only POSTs, body size) and 400 validation errors."""
     app = FastAPI(title=title, lifespan=lifespan)
-    app.add_middleware(_Guard, api_key=api_key)
+    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     return app

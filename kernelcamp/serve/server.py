@@ -109,6 +109,8 @@ from kernelcamp.serve.front import (
     watch_parent,
 )
 from kernelcamp.serve.openai import (
+    ENGINE_BODY_FACTOR,
+    MAX_BODY_BYTES,
     MODEL_NAME,
     ChatRequest,
     CompletionRequest,
@@ -810,11 +812,17 @@ class ServeState:
     http_stack: dict[str, str] = field(default_factory=http_stack)
 
 
-def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Path | None = None) -> FastAPI:
+def make_app(
+    state: ServeState,
+    api_key: str | None = None,
+    trace_dir: str | Path | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
     """The real server's FastAPI app around a constructed, warmed-up model (see :func:`build_state`).
 
     ``api_key``: require ``Authorization: Bearer <key>`` on everything but ``/health``. ``trace_dir``:
-    where profile traces are kept (None: a private temporary folder removed at shutdown)."""
+    where profile traces are kept (None: a private temporary folder removed at shutdown).
+    ``max_body_bytes``: larger request bodies get 413 (:data:`kernelcamp.serve.openai.MAX_BODY_BYTES`)."""
     traces = TraceStore(trace_dir)
 
     async def lifespan(app: FastAPI):
@@ -825,7 +833,7 @@ def make_app(state: ServeState, api_key: str | None = None, trace_dir: str | Pat
             await state.engine.stop()
             traces.close()
 
-    app = _openai_app("kernelcamp decode server", api_key, lifespan)
+    app = _openai_app("kernelcamp decode server", api_key, lifespan, max_body_bytes)
     eng = state.engine
     vocab = eng.model.cfg.vocab_size
 
@@ -1101,7 +1109,8 @@ def main(args: argparse.Namespace) -> int:
                 device = "cuda:0" if torch.cuda.is_available() else "cpu"
             if engine_uds is not None:
                 state = build_state(params, device, never_ready=args.never_ready)
-                app = make_app(state, None, args.trace_dir)
+                # the front's request holds the prompt it accepted and more (openai.ENGINE_BODY_FACTOR)
+                app = make_app(state, None, args.trace_dir, ENGINE_BODY_FACTOR * MAX_BODY_BYTES)
                 add_engine_routes(app, state.engine, state.engine.model.cfg.vocab_size)
                 watch_parent(Path(engine_uds).parent)
             elif server_flags(server)["engine_process"]:
