@@ -189,11 +189,15 @@ def test_neither_process_outlives_the_other(tmp_path):
     left = set(Path(tempfile.gettempdir()).glob("kernelcamp-engine-*"))
     assert len(before - left) == 1, "the killed front's socket folder was left behind"
     # the engine gone: requests in flight fail with the reason, and the front stops too, status 1
-    s = _Served(params)
+    long_dir = tmp_path / "long"
+    long_dir.mkdir()
+    s = _Served(_params(long_dir, max_context_tokens=2048))
     try:
         engine = httpx.get(s.url + INFO, params={"steps": 0}).json()["engine_pid"]
         chunks: list[str] = []
-        req = {"prompt": "x", "max_tokens": 240, "stream": True}
+        # long enough that the engine cannot finish it before the kill: with 240 tokens, on a busy 2-core
+        # machine the whole answer had sometimes been sent (and [DONE]) by the time the 4th line was read
+        req = {"prompt": "x", "max_tokens": 2000, "stream": True}
         with pytest.raises(httpx.RemoteProtocolError):  # the stream breaks off (loadgen: broken_stream)
             with httpx.stream("POST", s.url + "/v1/completions", json=req, timeout=60) as r:
                 for line in r.iter_lines():
