@@ -508,8 +508,9 @@ def test_a_body_over_the_limit_is_413_and_the_server_goes_on(real, fake):
 
 
 def test_a_chunked_body_over_the_limit_is_413_on_a_live_server():
-    """No Content-Length (a chunked upload): refused once the bytes read pass the limit; a body within it
-    still reaches the handler whole, and the server answers the next request."""
+    """No Content-Length (a chunked upload): refused once the bytes read pass the limit; with one, before
+    the body is read; a body within it still reaches the handler whole, and the server answers the next
+    request."""
     from kernelcamp.serve.openai import MAX_BODY_BYTES
 
     def chunks(total):
@@ -523,5 +524,7 @@ def test_a_chunked_body_over_the_limit_is_413_on_a_live_server():
     with ServerThread(make_fake_app(FakeSpec())) as url:
         r = httpx.post(url + COMP, content=chunks(MAX_BODY_BYTES + 65536), headers=JSON, timeout=60)
         _assert_openai_error(r, 413, None, "request_too_large")
+        declared = b"".join(chunks(MAX_BODY_BYTES + 65536))  # with its Content-Length, through uvicorn
+        _assert_openai_error(httpx.post(url + COMP, content=declared, headers=JSON, timeout=60), 413, None, None)
         r = httpx.post(url + COMP, content=chunks(1 << 20), headers=JSON, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["text"], r.text
