@@ -32,9 +32,10 @@ TRACE_PATH = "/v1/kernelcamp/profile/traces/{trace_id}"
 #: Why a server whose info says ``cuda_profiled`` is never measured again nor reused by a deploy: a torch
 #: profile with CUDA activity leaves CUPTI attached to the process (Kineto does not call cuptiFinalize
 #: unless TEARDOWN_CUPTI=1: pytorch/pytorch#144455, 10-20% slower training in that report). On the H200
-#: (2026-12-01) the candidate server a killed run had profiled, reused by the next run, took 0.14-0.18 ms
-#: more per decode step at every batch size (0.97 against 0.83 ms at batch 1), and that run's serving A/B
-#: said 0.85 at concurrency 1, where the kernels differ by 0.6%.
+#: (2026-12-01) the candidate server a killed run had profiled, reused by the next run, took 0.09-0.24 ms
+#: more per decode step at every batch size than a fresh one (0.965 against 0.839 ms at batch 1), and
+#: that run's serving A/B said 0.85 at concurrency 1, where the kernels differ by 0.6%; a fresh server
+#: lost 16% of its concurrency-1 throughput to one 5-step profile (benchmarks/cupti_probe.py).
 CUDA_PROFILED_WHY = (
     "it ran a decode-step profile with CUDA activity, and CUPTI stays attached to a process after a torch "
     "profile (pytorch/pytorch#144455), so every later step is slower than the variant's"
