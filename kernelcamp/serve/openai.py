@@ -227,7 +227,8 @@ def _is_json(content_type: str) -> bool:
 
 #: Largest request body the servers read (bytes). The body is parsed on the event loop that streams
 #: every other request's tokens: a 150 MB prompt held every stream for about 15 s (CPU, 2026-12-01).
-#: 4 MiB holds a prompt of about 500,000 words, more than any context the embedded server allows.
+#: 4 MiB holds about 500,000 eight-letter words; the embedded server's prompt tokens are words, and its
+#: default context (server.max_context_tokens) is 2048 of them.
 MAX_BODY_BYTES = 4 << 20
 #: The engine process's limit, in MAX_BODY_BYTES: the front's request to it holds a prompt the front
 #: accepted plus the request id, and httpx before 0.28 wrote JSON with ASCII escapes (a 4-byte UTF-8
