@@ -41,8 +41,9 @@ class FakeSpec:
     (ceil(N/chunk) - 1) * chunk * itl_ms, TPOT = (e2e - ttft) / (N - 1). Failure modes act on every
     n-th request (1-based count of requests received; 0 = never): ``fail_every`` answers 500,
     ``hang_every`` never answers (a client timeout), ``empty_every`` streams zero tokens,
-    ``broken_every`` drops the connection after half the tokens. ``swap``: while another request is
-    in flight, stream that request's tokens instead (a corrupted scheduler). ``usage_only``: chunks
+    ``broken_every`` drops the connection after half the tokens. ``swap``: when another request is in
+    flight as the first token goes out, stream that request's tokens instead, all of them (a corrupted
+    scheduler that mixed up two requests). ``usage_only``: chunks
     carry no ``kernelcamp_tokens`` (a foreign server; usage only in the final chunk if asked).
     Output tokens are a function of the prompt only (as greedy decoding would give).
     """
@@ -164,13 +165,13 @@ def make_fake_app(spec: FakeSpec, api_key: str | None = None) -> FastAPI:
             try:
                 await asyncio.sleep(spec.ttft_ms / 1e3)
                 t_next = time.perf_counter()
+                src = toks
+                if spec.swap:  # one other request's whole answer (picked per token, it came out mixed)
+                    others = [v for k, v in state["inflight"].items() if k != rid and len(v) == len(toks)]
+                    src = others[0] if others else toks
                 for i in range(0, len(toks), spec.chunk):
                     if broken and i >= len(toks) // 2:
                         raise RuntimeError("fake broken stream")
-                    src = toks
-                    if spec.swap:
-                        others = [v for k, v in state["inflight"].items() if k != rid and len(v) == len(toks)]
-                        src = others[0] if others else toks
                     part = src[i : i + spec.chunk]
                     yield "".join(token_text(t) for t in part), len(part)
                     t_next += spec.itl_ms * spec.chunk / 1e3
