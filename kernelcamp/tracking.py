@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import pid_alive
+from kernelcamp.io import pid_alive, repo_relative
 from kernelcamp.provenance import dvc_root
 from kernelcamp.signals import Terminated, signals_raise
 
@@ -83,6 +83,17 @@ def _sqlite_path(uri: str) -> Path | None:
     if not uri.startswith("sqlite:///"):
         return None
     return Path(uri[len("sqlite:///") :])
+
+
+def store_label(uri: str) -> str:
+    """How a printed line names the store: a SQLite file in the workspace by its path relative to it
+    (``sqlite store mlflow.db in the workspace``), so that no path of this machine reaches a log that is
+    committed with a campaign's records; anything else by its URI."""
+    db = _sqlite_path(uri)
+    if db is None:
+        return uri
+    rel = repo_relative(db, dvc_root())
+    return f"sqlite store {rel} in the workspace" if not Path(rel).is_absolute() else uri
 
 
 @contextlib.contextmanager

@@ -93,10 +93,8 @@ def main() -> int:
         rel = os.path.relpath(plots_dst, out.parent)
         (tmp / out.name).write_text(kr.render_markdown(data, plots, threshold, rel), encoding="utf-8")
         write_json_atomic(tmp / metrics_dst.name, nest(head_metrics))
-        print(
-            f"[report] rendered {out.name} and {len(plots)} plot(s); logging to {tracking.tracking_uri(params)}",
-            flush=True,
-        )
+        store = tracking.store_label(tracking.tracking_uri(params))
+        print(f"[report] rendered {out.name} and {len(plots)} plot(s); logging to {store}", flush=True)
         # the MLflow run spans the pipeline run (from its first stage's claim), not only this stage
         with tracking.tracked_run(spec.raw, tags=tags, start_time_ms=run_started_ms(project_root())) as run:
             run.log_params(params)

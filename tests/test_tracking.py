@@ -255,3 +255,12 @@ def test_only_the_spec_stage_opens_the_store_on_entry(store):
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0 and out.strip() == "True", err
     assert (store / "mlflow.db").exists() and _runs(store) == []
+
+
+def test_printed_store_names_no_path_of_this_machine(store, tmp_path_factory):
+    """The report's line about the store goes into committed campaign logs: the workspace's SQLite file by
+    its relative path (it printed the absolute one, a path of the machine that ran it)."""
+    assert tracking.store_label(tracking.tracking_uri(PARAMS)) == "sqlite store mlflow.db in the workspace"
+    elsewhere = f"sqlite:///{tmp_path_factory.mktemp('other') / 'mlflow.db'}"
+    assert tracking.store_label(elsewhere) == elsewhere
+    assert tracking.store_label("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
