@@ -26,22 +26,10 @@ from pathlib import Path
 
 import httpx
 
+from kernelcamp.deploy.common import wait_ready
+from kernelcamp.errors import KernelcampError
 from kernelcamp.loadgen import run_window_sync
 from kernelcamp.serve.client import INFO_PATH, request_profile
-
-
-def _ready(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout_s:
-        if proc.poll() is not None:
-            raise SystemExit(f"error: the server exited with status {proc.returncode} before it was ready")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"error: the server at {url} was not ready within {timeout_s:g} s")
 
 
 def _windows(url: str, levels: list[int], phase: str, teardown: str) -> list[dict]:
@@ -78,7 +66,7 @@ def main() -> int:
         cmd = [sys.executable, "-m", "kernelcamp.cli", "serve", "--params", args.params, "--port", str(args.port)]
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         try:
-            _ready(url, proc)
+            wait_ready(url, None, 300.0, 0.5, proc=proc)
             before = httpx.get(url + INFO_PATH, params={"steps": 0}, timeout=30).json().get("cuda_profiled")
             result["windows"] += _windows(url, args.levels, "before", teardown)
             load = threading.Thread(target=run_window_sync, args=(url, 8), kwargs={"warmup_s": 0.5, "window_s": 3.0})
@@ -118,4 +106,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KernelcampError as e:  # the server did not come up: one line (the server was stopped)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
