@@ -256,7 +256,7 @@ def measure_and_write(args, spec, deploy, device, run_as, notes, variants, final
     with contextlib.ExitStack() as stack:
         # One baseline server for the serving windows and, after them, its decode-step profile (one
         # start instead of two); stopped when this block ends, also on an error or a signal.
-        if profile_on and params["benchmark"]["serving"].get("enabled"):
+        if params["benchmark"]["serving"].get("enabled"):
             from kernelcamp.bench.serving import baseline_server, baseline_why_not
 
             if baseline_why_not(params, deploy) is None:

@@ -518,7 +518,8 @@ def ab_summary(
         elif not valid:
             e["note"] = "excluded from ratios: invalid level (failed or incomplete requests)"
         elif len(pairs) >= 2:
-            a = plan.analyse([p[0] for p in pairs], [p[1] for p in pairs])
+            strata.append(([p[0] for p in pairs], [p[1] for p in pairs]))  # this level's share of the overall
+            a = plan.analyse(*strata[-1])
             e.update({k: a[k] for k in ("ratio", "ci_lo", "ci_hi", "half_width", "decision", "confidence_per_look")})
             e["n_pairs"] = len(pairs)
         elif pairs:
@@ -526,8 +527,6 @@ def ab_summary(
             e["note"] = "1 paired repeat: no confidence interval"
         else:
             e["note"] = "no paired windows with throughput"
-        if baseline_measured and valid and len(pairs) >= 2:
-            strata.append(([p[0] for p in pairs], [p[1] for p in pairs]))
         per_level.append(e)
     overall: dict[str, Any] = {
         "ratio": None,
