@@ -1,7 +1,10 @@
 """Compile-time figures of the split-K kernel for sm90 (cross-compiled, no GPU): registers, spills,
 shared bytes and SASS instruction counts (whole kernel and the main loop body).
 
-    env -u TRITON_INTERPRET python benchmarks/compile_figures.py [--arch 90] [--dump DIR]
+    env -u TRITON_INTERPRET python benchmarks/compile_figures.py [--arch 90] [--dump DIR] [--module MOD]
+
+``--module``: a kernel module with the API of kernels.sparse_mla_decode (default that one), e.g. a
+candidate copied next to it.
 
 "local B" is the per-thread local memory of the cubin (cuobjdump STACK + LOCAL, what the driver
 reports as the local size; kernelcamp.inspect's ``local_bytes``), not ptxas's "spill stores".
@@ -13,6 +16,7 @@ largest backward branch (the top-k tile loop); a proxy only, not a timing.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import subprocess
@@ -29,7 +33,6 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from kernelcamp.inspect.compile import read_cubin, tool_path  # noqa: E402
 from kernelcamp.variant import LaunchConfig  # noqa: E402
-from kernels.sparse_mla_decode import compile_specs  # noqa: E402
 
 CONFIGS = ["T32_H64_w8_s1", "T16_H64_w8_s1", "T32_H16_w8_s2", "T16_H16_w4_s2"]
 SHAPES = [("v32", "deepseek_v32", 128, 2048), ("v4", "deepseek_v4", 64, 512), ("v32_tp8", "deepseek_v32", 16, 2048)]
@@ -73,7 +76,9 @@ def main() -> None:
     ap.add_argument("--dump", default=None)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--shapes", default="v32,v4,v32_tp8")
+    ap.add_argument("--module", default="kernels.sparse_mla_decode")
     a = ap.parse_args()
+    compile_specs = importlib.import_module(a.module).compile_specs
     print("| shape | config | regs | local B | shared B | SASS total | SASS loop |")
     print("|---|---|---|---|---|---|---|")
     for fam, layout, H, topk in SHAPES:

@@ -9,7 +9,8 @@
 # on the first module (the one the tree ships). A family whose config list is set empty (e.g. TP8=)
 # is skipped. With NCU_RUNS="FAMILY:CONFIG:B ..." each module is first profiled by Nsight Compute
 # (when ncu is on the machine) at those points, one launch each (benchmarks/ncu_one_launch.py): the
-# report, its details page and its per-SASS-instruction source page (CSV) under OUT/w/ncu/.
+# report, its details page and its per-SASS-instruction source page (CSV) under OUT/w/ncu/; NCU_MODS
+# (space-separated) narrows the modules profiled.
 # Everything is tee'd under OUT and packed into OUT/probe.tar.gz at exit, so a cut run still returns
 # what it measured.
 set -u
@@ -33,7 +34,7 @@ if [ -n "${NCU_RUNS:-}" ]; then
     "$NCU" --version | tee "$W/ncu/version.txt"
     for run in $NCU_RUNS; do
       IFS=: read -r fam cfg b <<<"$run"
-      for mod in "$@"; do
+      for mod in ${NCU_MODS:-$@}; do
         name=${mod##*.}_${fam}_${cfg}_B$b
         timeout ${NCU_TIMEOUT:-120} "$NCU" -f -o "$W/ncu/$name" -k regex:_sparse_mla_split_kernel --launch-skip 1 \
           --launch-count 1 --import-source yes --section SpeedOfLight --section WarpStateStats \

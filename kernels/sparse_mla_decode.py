@@ -36,7 +36,12 @@ fp32 multiply, one rounding), the four group dots and the 64-wide rope dot chain
 accumulator, and one bf16 P feeds four ``[BLOCK_H, 128]`` output accumulators. An earlier version
 applied the scales to the scores and to P instead (five score accumulators, four scaled copies of P);
 it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one takes 403 us on the H200
-(reports/campaigns/kernel_speed/README.md, step "kscale").
+(reports/campaigns/kernel_speed/README.md, step "kscale"). At ``BLOCK_H < 64`` (mma v2: TP8's H=16)
+the P.V dots take a second load of the same fp8 bytes: one register tile feeding both dots wants two
+dot-operand layouts, and Triton's pipeliner then leaves its load synchronous (Triton 3.6,
+lib/Dialect/TritonGPU/Transforms/Pipeliner/AssignLatencies.cpp, ``canHaveSharedEncoding``); with one
+dot per load both become cp.async prefetches. TP8 B=128 went from 186.6 to 154.8 us on the H200
+(step "fp8prefetch"). Wgmma configs (``BLOCK_H >= 64``) already prefetched them and keep one load.
 
 Wide head tiles (V4, ``BLOCK_H >= 64``, Hopper wgmma): Triton lays out every warp along M for a dot
 whose result reaches another dot (Triton 3.6, lib/Dialect/TritonGPU/Transforms/AccelerateMatmul.cpp,
@@ -54,7 +59,9 @@ without the prefetch its gather stalls (long scoreboard) doubled in Nsight Compu
 
 With one split the
 kernel writes the final bf16 output and LSE itself; with more it writes fp32 partial outputs and
-base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale.
+base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale, one program per
+(b, h) row and column slice (rows split by column only when there are fewer than the SMs:
+``_combine_block_d``).
 
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
@@ -156,6 +163,14 @@ LN2 = 0.6931471805599453
 AUTO_MIN_TILES = 1
 AUTO_MAX_SPLITS = 32
 DEFAULT_NUM_SMS = 132  # H200; used only when no GPU is present (interpreter runs)
+
+# Split-K combine: one program per (b, h) row and column slice of d_v. With fewer rows than SMs (B=1 at
+# H=16 or 64) the rows are also split by column, halving the slice while twice the programs still fit
+# one per SM and the slice stays >= COMBINE_MIN_BLOCK_D wide (_combine_block_d). H200, 2026-12-01
+# (reports/campaigns/kernel_speed/candidates_4/ and candidates_5/): the combine was 2.6-4.1 us of a B=1 call, and
+# the split cut TP8 B=1 from 12.9 to 11.1 us.
+COMBINE_SPLIT_D = True
+COMBINE_MIN_BLOCK_D = 64
 
 
 def get_layout(layout: str) -> CacheLayout:
@@ -310,6 +325,25 @@ def _sparse_mla_v32_loop(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         pb = p.to(DOT_DTYPE)
+        if BLOCK_H < 64:
+            # mma v2: P.V takes its own copy of the fp8 groups, a second load of the same bytes (L1/L2
+            # hits). One register tile feeding both dots needs two dot-operand layouts, and Triton's
+            # pipeliner (AssignLatencies.cpp, canHaveSharedEncoding) then leaves the load out: the fp8
+            # gathers were synchronous LDGs, the top stall of TP8 at B=128 in Nsight Compute. With one
+            # dot per load both copies become cp.async (LDGSTS) prefetched num_stages - 1 tiles ahead.
+            # The eviction hint differs from the first load's only so that CSE cannot merge the two.
+            k0 = _dequant_group(
+                tl.load(rows, mask=valid[:, None], other=0, eviction_policy="evict_last"), sc0, DOT_DTYPE
+            )
+            k1 = _dequant_group(
+                tl.load(rows + G, mask=valid[:, None], other=0, eviction_policy="evict_last"), sc1, DOT_DTYPE
+            )
+            k2 = _dequant_group(
+                tl.load(rows + 2 * G, mask=valid[:, None], other=0, eviction_policy="evict_last"), sc2, DOT_DTYPE
+            )
+            k3 = _dequant_group(
+                tl.load(rows + 3 * G, mask=valid[:, None], other=0, eviction_policy="evict_last"), sc3, DOT_DTYPE
+            )
         acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
         acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
         acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
@@ -501,11 +535,14 @@ def _sparse_mla_combine_kernel(
     # meta-parameters
     D_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    # one program per (b, h) row: merge the partial outputs by their base-2 LSEs
+    # one program per (b, h) row and BLOCK_D-wide column slice: merge the partial outputs by their
+    # base-2 LSEs (each slice recomputes the row's weights; slice 0 stores the LSE)
     bh = tl.program_id(0).to(tl.int64)
+    pid_d = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, D_V)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_s = offs_s < n_splits
     lse_s = tl.load(part_lse_ptr + bh * max_splits + offs_s, mask=mask_s, other=float("-inf"))
     lse_max = tl.max(lse_s, 0)
@@ -519,9 +556,9 @@ def _sparse_mla_combine_kernel(
     has = w_sum > 0.0
     o = acc / tl.where(has, w_sum, 1.0)
     tl.store(out_ptr + bh * D_V + offs_d, o.to(out_ptr.dtype.element_ty))
-    tl.store(
-        lse_ptr + bh, tl.where(has, (lse_safe + tl.log2(tl.where(has, w_sum, 1.0))) * 0.6931471805599453, float("-inf"))
-    )
+    if pid_d == 0:
+        lse = tl.where(has, (lse_safe + tl.log2(tl.where(has, w_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + bh, lse)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -733,8 +770,18 @@ class SparseMLADecode:
         self.launches += 1
         n_splits = resolve_num_splits(cfg.num_splits, B, H, topk, cfg.BLOCK_H, cfg.BLOCK_T, num_sms)
         if n_splits > 1:
-            _sparse_mla_combine_kernel[(B * H,)](
-                part_out, part_lse, out, lse, n_splits, max_splits, D_V=lay.d_v, BLOCK_S=_block_s(n_splits), num_warps=4
+            block_d = _combine_block_d(B * H, lay.d_v, num_sms)
+            _sparse_mla_combine_kernel[(B * H, lay.d_v // block_d)](
+                part_out,
+                part_lse,
+                out,
+                lse,
+                n_splits,
+                max_splits,
+                D_V=lay.d_v,
+                BLOCK_S=_block_s(n_splits),
+                BLOCK_D=block_d,
+                num_warps=4,
             )
         return out, lse
 
@@ -752,6 +799,16 @@ def _scratch_elems(layout_code: int, B: int, H: int, topk: int, configs: Any, nu
         if layout_code == 1 and c.BLOCK_H >= 64
     ]
     return max(need, default=1)
+
+
+def _combine_block_d(rows: int, d_v: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
+    """Column slice of one combine program for ``rows`` (b, h) rows (COMBINE_SPLIT_D above): ``d_v`` halved
+    while ``2 * rows * (d_v / slice)`` programs still fit ``num_sms`` and the half is >= COMBINE_MIN_BLOCK_D.
+    E.g. 132 SMs, d_v 512: 16 rows -> 64 (128 programs), 64 rows -> 256, 128 rows -> 512."""
+    block = d_v
+    while COMBINE_SPLIT_D and 2 * rows * (d_v // block) <= num_sms and block // 2 >= COMBINE_MIN_BLOCK_D:
+        block //= 2
+    return block
 
 
 def _block_s(n_splits: int) -> int:
@@ -1062,7 +1119,7 @@ def compile_specs(
         "n_splits": "i32",
         "max_splits": "i32",
     }
-    comb_const = {"D_V": lay.d_v, "BLOCK_S": _block_s(n)}
+    comb_const = {"D_V": lay.d_v, "BLOCK_S": _block_s(n), "BLOCK_D": _combine_block_d(batch * num_heads, lay.d_v)}
     # the launch values of the specialized ints, for contiguous q [B, H, d_qk] and indices [B, topk]
     # (B, H, topk and max_splits are do_not_specialize in the split kernel)
     strides = {"stride_qb": num_heads * lay.d_qk, "stride_qh": lay.d_qk, "stride_ib": topk}

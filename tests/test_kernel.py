@@ -54,6 +54,9 @@ CASES = [
     ("deepseek_v4", 2, 16, 40, 64, LaunchConfig(16, 16, 4, 2, 3), 0.2),
     ("deepseek_v4", 1, 16, 50, 256, LaunchConfig(16, 32, 4, 2, 1), 0.0),  # BLOCK_H > H: masked heads
     ("deepseek_v4", 1, 64, 32, 64, LaunchConfig(16, 32, 4, 2, "auto"), 0.0),  # H 64
+    # few rows: the combine splits each row's d_v over programs (_combine_block_d: 16 rows -> 64 wide, 32 -> 128)
+    ("deepseek_v32", 1, 16, 48, 64, LaunchConfig(16, 16, 4, 2, 3), 0.0),
+    ("deepseek_v4", 1, 32, 48, 64, LaunchConfig(16, 16, 4, 2, "auto"), 0.0),
 ]
 
 
@@ -144,6 +147,20 @@ def test_flops_and_bytes():
     assert smd.bytes_moved("deepseek_v4", 2, 64, 512) == 584 * 512 * 2 + 2 * 2 * 64 * 512 + 4 * 2 * 512 + (
         2 * 2 * 64 * 512 + 4 * 2 * 64
     )
+
+
+def test_combine_splits_columns_only_when_rows_leave_sms_idle():
+    # 132 SMs, d_v 512: the halving stops when twice the programs would not fit one per SM, or at 64 wide
+    assert [smd._combine_block_d(r, 512, 132) for r in (1, 16, 33, 64, 66, 67, 128, 4096)] == [
+        64,
+        64,
+        128,
+        256,
+        256,
+        512,
+        512,
+        512,
+    ]
 
 
 def test_auto_splits_rule():
@@ -297,6 +314,29 @@ def test_v4_wide_head_tile_qk_dot_is_not_computed_by_both_warpgroups():
     assert r.returncode == 0, r.stderr[-2000:]
     warps = r.stdout.strip().splitlines()[-1]
     assert warps == "[('4', '2')]", warps
+
+
+_SYNC_LOADS = """
+import re, triton
+from triton.compiler import ASTSource
+from triton.backends.compiler import GPUTarget
+from kernelcamp.variant import LaunchConfig
+from kernels.sparse_mla_decode import compile_specs
+spec = compile_specs("deepseek_v32", 16, 2048, LaunchConfig(32, 16, 4, 3, 4), batch=128)[0]
+k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+print(len(re.findall(r"ld\\.global[^ \\t]*\\.v4\\.b32", k.asm["ptx"])))
+"""
+
+
+def test_v32_mma_v2_fp8_gathers_are_prefetched_not_synchronous():
+    # TP8's B=128 row (T32_H16_w4_s3, mma v2): the fp8 group tiles fed both dots from one register tile,
+    # so Triton's pipeliner left their loads synchronous (8 16-byte ld.global per thread per tile, the top
+    # stall in Nsight Compute); each dot now has its own load and both are cp.async. The only 16-byte
+    # synchronous global loads left are the q tile's, before the loop: 16 x 576 bf16 / 128 threads / 16 B = 9.
+    r = _without_interpreter(_SYNC_LOADS)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout.strip().splitlines()[-1]) == 16 * 576 * 2 // 128 // 16
 
 
 def test_batch_table_runs_the_row_for_each_batch_size_without_autotuning():

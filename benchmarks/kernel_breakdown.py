@@ -1,0 +1,96 @@
+"""Where one decode call's time goes: per-kernel device time and the launch gaps (issue 14, B=1 latency).
+
+    python benchmarks/kernel_breakdown.py OUT.json MODULE FAMILY:CONFIG:B [FAMILY:CONFIG:B ...]
+
+MODULE: a kernel module with the API of kernels.sparse_mla_decode (e.g. kernels.sparse_mla_decode);
+FAMILY: a bench_kernel family (v32, v32_tp8, v4_flash); CONFIG: a config label, e.g.
+T64_H64_w8_s2_kauto. For each point the same inputs as benchmarks/bench_kernel.py are built, the call
+is captured in a CUDA graph after an L2 flush (as kernelcamp.bench.timing does), and ``replays``
+replays are profiled with the torch profiler (CUDA activity). Reported per point, in microseconds
+(median over replays): each kernel's device duration, ``gap_us`` (from the end of the split kernel to
+the start of the combine: negative when the two overlap, as with programmatic dependent launch) and
+``span_us`` (from the start of the split kernel to the end of the last kernel). The profiler's clock
+is CUPTI's; the span is a device interval, not the benchmark's event-timed per-call figure. Needs a
+CUDA GPU; writes OUT.json and prints one line per point.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks.bench_kernel import FAMILIES  # noqa: E402
+from kernelcamp.bench.timing import flush_bytes  # noqa: E402
+from kernelcamp.variant import LaunchConfig, Variant  # noqa: E402
+
+NUM_CACHE_TOKENS, PAGE_SIZE = 262144, 64  # bench_kernel.py's defaults
+
+
+def point(mod, fam: str, label: str, B: int, replays: int = 20) -> dict:
+    layout, H, topk = FAMILIES[fam]
+    x = mod.make_inputs(layout, B, H, topk, PAGE_SIZE, NUM_CACHE_TOKENS, "cuda")
+    launcher = mod.SparseMLADecode(Variant(label, (LaunchConfig.from_label(label),)), check_indices=False)
+    flush = torch.empty(flush_bytes(), dtype=torch.int8, device="cuda")
+
+    def call():
+        flush.zero_()
+        launcher(x["q"], x["kv_cache"], x["indices"], layout, PAGE_SIZE, x["sm_scale"])
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            g.replay()
+        torch.cuda.synchronize()
+    kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "_sparse_mla" in e.name]
+    kern.sort(key=lambda e: e.time_range.start)
+    split = [e for e in kern if "split" in e.name]
+    comb = [e for e in kern if "combine" in e.name]
+    out = {"family": fam, "config": label, "B": B, "replays": len(split)}
+    out["split_us"] = statistics.median(e.time_range.elapsed_us() for e in split)
+    if comb and len(comb) == len(split):
+        out["combine_us"] = statistics.median(e.time_range.elapsed_us() for e in comb)
+        out["gap_us"] = statistics.median(
+            c.time_range.start - s.time_range.end for s, c in zip(split, comb, strict=True)
+        )
+        out["span_us"] = statistics.median(
+            c.time_range.end - s.time_range.start for s, c in zip(split, comb, strict=True)
+        )
+    else:
+        out["span_us"] = out["split_us"]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    dest, module, points = argv[0], argv[1], argv[2:]
+    mod = importlib.import_module(module)
+    rows = []
+    for p in points:
+        fam, label, b = p.split(":")
+        r = point(mod, fam, label, int(b))
+        r["module"] = module
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    Path(dest).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
