@@ -598,6 +598,24 @@ def profile_markdown(prof: Mapping[str, Any], top: int = 12) -> list[str]:
     return out
 
 
+def _detail_note(bench: Mapping[str, Any]) -> str:
+    """The sentence on the per-batch-size and per-level decisions, with this run's counts of them."""
+    n_batch = len(bench.get("kernel", {}).get("batch") or {})
+    n_level = sum(1 for e in serving_levels(bench.get("serving") or {}) if e.get("decision"))
+    parts = [f"{n_batch} batch size{'s' if n_batch != 1 else ''}"] if n_batch else []
+    if n_level:
+        parts.append(f"{n_level} serving level{'s' if n_level != 1 else ''}")
+    n = n_batch + n_level
+    if n < 2:
+        return "The decision per batch size (and per serving level) uses the same per-look level."
+    return (
+        "The decisions per batch size and per serving level use the same per-look level each and are not "
+        f"corrected for how many there are: with {' and '.join(parts)} here, one of them may be called faster "
+        f"or slower by chance up to about {n} times as often as the headline; read them as detail, the "
+        "headline decides."
+    )
+
+
 def render_markdown(
     data: Mapping[str, Any], plots: Mapping[str, str], threshold: float, plots_rel: str = "plots"
 ) -> str:
@@ -623,10 +641,7 @@ def render_markdown(
         f"[{1 - threshold:.3f}, {1 + threshold:.3f}] (two one-sided tests); inconclusive otherwise. The rounds "
         "stop at the first planned look that decides; each look's interval is at the overall confidence "
         f"({int(round(100 * (h['confidence'] or 0.95)))}%) split over the planned looks (Bonferroni), so the "
-        "error rates hold whichever look the run stops at (kernelcamp.stats). The decisions per batch size "
-        "(and per serving level) use the same per-look level each and are not corrected for how many there "
-        "are: with 8 batch sizes, one of them may be called faster or slower by chance up to about 8 times "
-        "as often as the headline; read them as detail, the headline decides.",
+        "error rates hold whichever look the run stops at (kernelcamp.stats). " + _detail_note(bench),
         "",
     ]
     out += ["## Kernel latency per batch size", ""]

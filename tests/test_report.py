@@ -82,6 +82,10 @@ def test_serving_per_level_decisions_in_report_and_plot(tmp_path):
     assert "| concurrency | ratio cand./base. (steady tok/s) | CI | decision | resolution | pairs |" in md
     assert "| 4 | 1.1000 | [1.0500, 1.1500]" in md and "| faster | +-5.0% | 3 |" in md
     assert "| equivalent | +-1.0% | 3 |" in md and "![serving ratio per level]" in md
+    # the multiplicity note counts this run's detail decisions (it said "8 batch sizes" whatever ran)
+    n_batch = len(d["benchmark"]["kernel"]["batch"])
+    assert f"with {n_batch} batch sizes and 2 serving levels here" in md
+    assert f"up to about {n_batch + 2} times as often" in md
     detail = flatten(benchmark_metrics(d["benchmark"]["kernel"], sv, "cuda"))
     codes = {c: detail[f"serving.c{c}.ab.decision"] for c in (4, 1)}
     assert codes == {4: -1, 1: 2}  # faster, equivalent
