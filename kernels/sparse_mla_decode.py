@@ -36,12 +36,19 @@ fp32 multiply, one rounding), the four group dots and the 64-wide rope dot chain
 accumulator, and one bf16 P feeds four ``[BLOCK_H, 128]`` output accumulators. An earlier version
 applied the scales to the scores and to P instead (five score accumulators, four scaled copies of P);
 it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one takes 403 us on the H200
-(reports/campaigns/kernel_speed/README.md, step "kscale"). At ``BLOCK_H < 64`` (mma v2: TP8's H=16)
-the P.V dots take a second load of the same fp8 bytes: one register tile feeding both dots wants two
-dot-operand layouts, and Triton's pipeliner then leaves its load synchronous (Triton 3.6,
-lib/Dialect/TritonGPU/Transforms/Pipeliner/AssignLatencies.cpp, ``canHaveSharedEncoding``); with one
-dot per load both become cp.async prefetches. TP8 B=128 went from 186.6 to 154.8 us on the H200
-(step "fp8prefetch"). Wgmma configs (``BLOCK_H >= 64``) already prefetched them and keep one load.
+(reports/campaigns/kernel_speed/README.md, step "kscale"). Wgmma configs (``BLOCK_H >= 64``: V3.2's
+whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two things differ:
+
+- the P.V dots take a second load of the same fp8 bytes: one register tile feeding both dots wants two
+  dot-operand layouts, and Triton's pipeliner then leaves its load synchronous (Triton 3.6,
+  lib/Dialect/TritonGPU/Transforms/Pipeliner/AssignLatencies.cpp, ``canHaveSharedEncoding``); with one
+  dot per load both become cp.async prefetches (step "fp8prefetch": TP8 B=128 186.6 -> 154.8 us);
+- the fp8 groups enter the dots as fp16, exact and one conversion per two values, and the group
+  scales go to the results instead: ``s += sc_g * (q_g . k8_g)`` with q's groups in fp16, and
+  ``out_g += (p * sc_g) . k8_g`` with the scaled P in fp16 (the dequantization was the largest part of
+  the instructions once the gathers were prefetched; step "fp16k": 154.2 -> 133.0 us). Both operands
+  are rounded less than the bf16 path's (fp16 keeps 10 mantissa bits, bf16 7), but q's values must
+  lie within fp16's range (|q| < 65504; below 6.1e-5 they lose precision as subnormals).
 
 Wide head tiles (V4, ``BLOCK_H >= 64``, Hopper wgmma): Triton lays out every warp along M for a dot
 whose result reaches another dot (Triton 3.6, lib/Dialect/TritonGPU/Transforms/AccelerateMatmul.cpp,
@@ -239,6 +246,12 @@ def _dequant_group(bits, scale, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _fp8_to_f16(bits):
+    # [BLOCK_T, G] uint8 bits of fp8 e4m3 -> fp16, exact (cvt.rn.f16x2.e4m3x2: two values per instruction)
+    return bits.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
 def _sparse_mla_v32_loop(
     q_row_ptrs,
     mask_h,
@@ -276,10 +289,14 @@ def _sparse_mla_v32_loop(
     PAGE_BYTES: tl.constexpr = PAGE_SIZE * 656
     offs_e = tl.arange(0, G)
     offs_r = tl.arange(0, ROPE)
-    q0 = tl.load(q_row_ptrs + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
-    q1 = tl.load(q_row_ptrs + G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
-    q2 = tl.load(q_row_ptrs + 2 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
-    q3 = tl.load(q_row_ptrs + 3 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    if BLOCK_H < 64:
+        QG_DTYPE: tl.constexpr = tl.float16  # mma v2: fp8 groups as exact fp16, scales on scores and P
+    else:
+        QG_DTYPE: tl.constexpr = DOT_DTYPE
+    q0 = tl.load(q_row_ptrs + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
+    q1 = tl.load(q_row_ptrs + G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
+    q2 = tl.load(q_row_ptrs + 2 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
+    q3 = tl.load(q_row_ptrs + 3 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
     q_rope = tl.load(q_row_ptrs + D + offs_r[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
 
     tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_T), n_splits)
@@ -304,50 +321,59 @@ def _sparse_mla_v32_loop(
         sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
         sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
         sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
-        k0 = _dequant_group(tl.load(rows, mask=valid[:, None], other=0), sc0, DOT_DTYPE)
-        k1 = _dequant_group(tl.load(rows + G, mask=valid[:, None], other=0), sc1, DOT_DTYPE)
-        k2 = _dequant_group(tl.load(rows + 2 * G, mask=valid[:, None], other=0), sc2, DOT_DTYPE)
-        k3 = _dequant_group(tl.load(rows + 3 * G, mask=valid[:, None], other=0), sc3, DOT_DTYPE)
         k_rope = tl.load(
             kv_bf16_ptr + (row_base[:, None] + 528) // 2 + offs_r[None, :], mask=valid[:, None], other=0.0
         ).to(DOT_DTYPE)
-
-        # one accumulator chain: the group scales are already in k0..k3
-        qk = tl.dot(q_rope, tl.trans(k_rope))
-        qk = tl.dot(q0, tl.trans(k0), qk)
-        qk = tl.dot(q1, tl.trans(k1), qk)
-        qk = tl.dot(q2, tl.trans(k2), qk)
-        qk = tl.dot(q3, tl.trans(k3), qk)
+        if BLOCK_H < 64:
+            # mma v2: each group's fp8 values as fp16 (exact, one conversion per two values), its dot
+            # with the fp16 q group scaled per token afterwards: s = q_rope.k_rope + sum_g sc_g * (q_g.k8_g)
+            k0 = _fp8_to_f16(tl.load(rows, mask=valid[:, None], other=0))
+            k1 = _fp8_to_f16(tl.load(rows + G, mask=valid[:, None], other=0))
+            k2 = _fp8_to_f16(tl.load(rows + 2 * G, mask=valid[:, None], other=0))
+            k3 = _fp8_to_f16(tl.load(rows + 3 * G, mask=valid[:, None], other=0))
+            qk = tl.dot(q_rope, tl.trans(k_rope))
+            qk += tl.dot(q0, tl.trans(k0)) * sc0[None, :]
+            qk += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
+            qk += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
+            qk += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
+        else:
+            k0 = _dequant_group(tl.load(rows, mask=valid[:, None], other=0), sc0, DOT_DTYPE)
+            k1 = _dequant_group(tl.load(rows + G, mask=valid[:, None], other=0), sc1, DOT_DTYPE)
+            k2 = _dequant_group(tl.load(rows + 2 * G, mask=valid[:, None], other=0), sc2, DOT_DTYPE)
+            k3 = _dequant_group(tl.load(rows + 3 * G, mask=valid[:, None], other=0), sc3, DOT_DTYPE)
+            # one accumulator chain: the group scales are already in k0..k3
+            qk = tl.dot(q_rope, tl.trans(k_rope))
+            qk = tl.dot(q0, tl.trans(k0), qk)
+            qk = tl.dot(q1, tl.trans(k1), qk)
+            qk = tl.dot(q2, tl.trans(k2), qk)
+            qk = tl.dot(q3, tl.trans(k3), qk)
         s = tl.where(valid[None, :], qk * sm_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        pb = p.to(DOT_DTYPE)
         if BLOCK_H < 64:
-            # mma v2: P.V takes its own copy of the fp8 groups, a second load of the same bytes (L1/L2
-            # hits). One register tile feeding both dots needs two dot-operand layouts, and Triton's
-            # pipeliner (AssignLatencies.cpp, canHaveSharedEncoding) then leaves the load out: the fp8
-            # gathers were synchronous LDGs, the top stall of TP8 at B=128 in Nsight Compute. With one
-            # dot per load both copies become cp.async (LDGSTS) prefetched num_stages - 1 tiles ahead.
-            # The eviction hint differs from the first load's only so that CSE cannot merge the two.
-            k0 = _dequant_group(
-                tl.load(rows, mask=valid[:, None], other=0, eviction_policy="evict_last"), sc0, DOT_DTYPE
-            )
-            k1 = _dequant_group(
-                tl.load(rows + G, mask=valid[:, None], other=0, eviction_policy="evict_last"), sc1, DOT_DTYPE
-            )
-            k2 = _dequant_group(
-                tl.load(rows + 2 * G, mask=valid[:, None], other=0, eviction_policy="evict_last"), sc2, DOT_DTYPE
-            )
-            k3 = _dequant_group(
-                tl.load(rows + 3 * G, mask=valid[:, None], other=0, eviction_policy="evict_last"), sc3, DOT_DTYPE
-            )
-        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
-        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
-        acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
-        acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
+            # P.V on its own load of the fp8 bytes (a second load of the same bytes, L1/L2 hits). One register
+            # tile feeding both dots needs two dot-operand layouts, and Triton's pipeliner (AssignLatencies.cpp,
+            # canHaveSharedEncoding) then leaves the load out: the fp8 gathers were synchronous LDGs, the top
+            # stall of TP8 at B=128 in Nsight Compute. With one dot per load both copies become cp.async
+            # (LDGSTS) prefetched num_stages - 1 tiles ahead. The eviction hint differs from the first load's
+            # only so that CSE cannot merge the two. The group scale is folded into P: out_g += (p * sc_g).k8_g
+            v0 = _fp8_to_f16(tl.load(rows, mask=valid[:, None], other=0, eviction_policy="evict_last"))
+            v1 = _fp8_to_f16(tl.load(rows + G, mask=valid[:, None], other=0, eviction_policy="evict_last"))
+            v2 = _fp8_to_f16(tl.load(rows + 2 * G, mask=valid[:, None], other=0, eviction_policy="evict_last"))
+            v3 = _fp8_to_f16(tl.load(rows + 3 * G, mask=valid[:, None], other=0, eviction_policy="evict_last"))
+            acc0 = tl.dot((p * sc0[None, :]).to(tl.float16), v0, acc0 * alpha[:, None])
+            acc1 = tl.dot((p * sc1[None, :]).to(tl.float16), v1, acc1 * alpha[:, None])
+            acc2 = tl.dot((p * sc2[None, :]).to(tl.float16), v2, acc2 * alpha[:, None])
+            acc3 = tl.dot((p * sc3[None, :]).to(tl.float16), v3, acc3 * alpha[:, None])
+        else:
+            pb = p.to(DOT_DTYPE)
+            acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
+            acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
+            acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
+            acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
         m_i = m_new
 
     has = l_i > 0.0
@@ -640,6 +666,10 @@ class SparseMLADecode:
     launching. It costs a device sync (a min/max reduction and a copy to host, ~10-20 us) and is
     skipped automatically while a CUDA graph is being captured (a sync is illegal there); pass
     ``check_indices=False`` on hot paths whose indices are trusted.
+
+    ``dot_dtype`` is the dot operand dtype of the wgmma configs and of V4; a V3.2 config with
+    ``BLOCK_H < 64`` multiplies its fp8 groups in fp16 whatever it is, so q must lie within fp16's range
+    there (|q| < 65504; module docstring).
     """
 
     variant: Variant

@@ -339,6 +339,32 @@ def test_v32_mma_v2_fp8_gathers_are_prefetched_not_synchronous():
     assert int(r.stdout.strip().splitlines()[-1]) == 16 * 576 * 2 // 128 // 16
 
 
+_MMA_DTYPES = """
+import re, triton
+from triton.compiler import ASTSource
+from triton.backends.compiler import GPUTarget
+from kernelcamp.variant import LaunchConfig
+from kernels.sparse_mla_decode import compile_specs
+spec = compile_specs("deepseek_v32", 16, 2048, LaunchConfig(32, 16, 4, 3, 4), batch=128)[0]
+k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+ptx = k.asm["ptx"]
+print(sorted(set(re.findall(r"mma\\.sync\\.aligned\\.m16n8k16\\.row\\.col\\.f32\\.(\\w+)\\.", ptx))))
+print(len(re.findall(r"cvt\\.rn\\.f16x2\\.e4m3x2", ptx)))
+"""
+
+
+def test_v32_mma_v2_fp8_groups_enter_the_dots_as_fp16():
+    # TP8's rows (mma v2): the fp8 groups are converted to fp16 (exact, two per instruction) and the scales
+    # applied to the dot results, instead of fp8 -> fp32 -> x scale -> bf16 per value; the rope dot stays bf16.
+    # Per thread and tile: 32 tokens x 512 values x 2 loads / 128 threads / 2 per conversion = 128.
+    r = _without_interpreter(_MMA_DTYPES)
+    assert r.returncode == 0, r.stderr[-2000:]
+    dtypes, cvt = r.stdout.strip().splitlines()[-2:]
+    assert dtypes == "['bf16', 'f16']", dtypes
+    assert int(cvt) >= 32 * 512 * 2 // 128 // 2, cvt
+
+
 def test_batch_table_runs_the_row_for_each_batch_size_without_autotuning():
     # a batch table picks its row on the host from B (CUDA-graph safe: no autotuner, no benchmarking)
     small = LaunchConfig(16, 16, 4, 2, 2, max_batch=1)
