@@ -158,6 +158,7 @@ LAYOUTS: dict[str, CacheLayout] = {
 
 D_MAIN = 512  # width of the kernel's main tile: the first 512 latent values (= d_v) in both layouts
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+F16_MAX = 65504.0  # largest finite float16 (IEEE 754 binary16)
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -663,13 +664,14 @@ class SparseMLADecode:
     launcher's autotuner), ``launches``.
 
     ``check_indices`` (default True): check every index is in ``[-1, num_pages*page_size)`` before
-    launching. It costs a device sync (a min/max reduction and a copy to host, ~10-20 us) and is
-    skipped automatically while a CUDA graph is being captured (a sync is illegal there); pass
-    ``check_indices=False`` on hot paths whose indices are trusted.
+    launching, and, when a V3.2 config with ``BLOCK_H < 64`` may run, that ``|q| < F16_MAX``. It costs
+    a device sync (a min/max reduction and a copy to host, ~10-20 us) and is skipped automatically
+    while a CUDA graph is being captured (a sync is illegal there); pass ``check_indices=False`` on hot
+    paths whose inputs are trusted.
 
     ``dot_dtype`` is the dot operand dtype of the wgmma configs and of V4; a V3.2 config with
     ``BLOCK_H < 64`` multiplies its fp8 groups in fp16 whatever it is, so q must lie within fp16's range
-    there (|q| < 65504; module docstring).
+    there (|q| < 65504; module docstring): ``ValueError`` naming q otherwise, when checks are on.
     """
 
     variant: Variant
@@ -745,6 +747,13 @@ class SparseMLADecode:
         # safe under CUDA-graph capture); an autotune list lets Triton's autotuner choose below
         chosen = self.variant.config_for_batch(B) if self._table else self.variant.configs[0]
         candidates = self.variant.configs if self._tuner is not None else (chosen,)
+        if check and lay.code == 0 and any(c.BLOCK_H < 64 for c in candidates):
+            q_max = float(q.abs().max())  # device sync, as the index check
+            if q_max >= F16_MAX:
+                raise ValueError(
+                    f"q: |q| reaches {q_max:g}, but a V3.2 config with BLOCK_H < 64 multiplies q in fp16 "
+                    f"(|q| < {F16_MAX:g}); use BLOCK_H >= 64 configs for this input, or scale q and sm_scale"
+                )
         max_splits = max(
             resolve_num_splits(c.num_splits, B, H, topk, c.BLOCK_H, c.BLOCK_T, num_sms) for c in candidates
         )

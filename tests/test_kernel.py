@@ -203,6 +203,19 @@ def test_bad_input_raises_value_error_naming_it(name, mutate):
             smd.sparse_mla_decode_ref(d["q"], d["kv_cache"], d["indices"], d["layout"], d["page_size"])
 
 
+def test_q_beyond_fp16_is_refused_where_a_config_multiplies_q_in_fp16():
+    # V3.2 configs with BLOCK_H < 64 take q's groups in fp16 (module docstring): a q of 70144 would become inf
+    inp = smd.make_inputs("deepseek_v32", 1, 16, 16, 64, 128, DEVICE, seed=3)
+    inp["q"][0, 3, 7] = 70144.0  # exact in bf16
+    args = (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+    fp16_cfg = LaunchConfig(16, 16, 4, 2, 1)
+    with pytest.raises(ValueError, match=r"q: \|q\| reaches 70144, .*BLOCK_H < 64 multiplies q in fp16"):
+        smd.SparseMLADecode(Variant("t", (fp16_cfg,)))(*args)
+    smd.SparseMLADecode(Variant("t", (fp16_cfg,)), check_indices=False)(*args)  # unchecked: the caller's choice
+    inp["q"][0, 3, 7] = 6.0e4
+    smd.SparseMLADecode(Variant("t", (fp16_cfg,)))(*args)  # within fp16: runs
+
+
 @pytest.mark.parametrize(
     "field,config",
     [
