@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import csv
+import dataclasses
 import functools
 import importlib
 import itertools
@@ -36,9 +38,10 @@ import torch  # noqa: E402
 import yaml  # noqa: E402 - pyyaml is on the lent GPU machine (../shared/tools/device-packages.txt)
 
 from kernelcamp.bench.timing import bench_graph, summarize  # noqa: E402
+from kernelcamp.errors import KernelcampError  # noqa: E402
 from kernelcamp.io import write_csv_atomic, write_text_atomic  # noqa: E402
 from kernelcamp.provenance import device_info, git_info, now_utc  # noqa: E402
-from kernelcamp.variant import LaunchConfig, Variant  # noqa: E402
+from kernelcamp.variant import LaunchConfig, Variant, parse_variant  # noqa: E402
 from kernels import sparse_mla_decode as smd  # noqa: E402
 
 # name -> (layout, H, topk); issue 2's shapes.
@@ -92,20 +95,56 @@ def derived(layout: str, B: int, H: int, topk: int, us: float, target: dict[str,
     }
 
 
-def summary_md(rows: list[dict[str, Any]], prov: dict[str, Any], args: argparse.Namespace) -> str:
-    ok = [r for r in rows if r.get("latency_us_p50") is not None]
-    lines = [
+def load_tables(spec: str) -> dict[str, Variant]:
+    """``"v32=conf/variant/tuned_deepseek_v32.yaml,..."`` -> {family: batch-table Variant}.
+
+    Paths are relative to the repository root unless absolute. Raises ``ValueError`` naming the entry for
+    an unknown family, a missing file or a variant that is not a batch table (``KernelcampError`` for a bad
+    variant file)."""
+    out: dict[str, Variant] = {}
+    for item in (x for x in spec.split(",") if x):
+        fam, sep, path = item.partition("=")
+        if not sep or fam not in FAMILIES:
+            raise ValueError(f"--tables entry {item!r}: expected FAMILY=PATH with FAMILY one of {list(FAMILIES)}")
+        f = Path(path) if Path(path).is_absolute() else ROOT / path
+        if not f.is_file():
+            raise ValueError(f"--tables entry {item!r}: no file {f}")
+        v = parse_variant(yaml.safe_load(f.read_text()))
+        if not v.is_table:
+            raise ValueError(f"--tables entry {item!r}: {v.name} is not a batch table (no max_batch rows)")
+        out[fam] = v
+    return out
+
+
+def row_label(table: Variant, B: int) -> str:
+    """The config label (without its batch bound) of the row of ``table`` that runs batch size ``B``."""
+    return dataclasses.replace(table.config_for_batch(B), max_batch=None).label()
+
+
+def summary_header(prov: dict[str, Any], args: argparse.Namespace, src_hash: str) -> list[str]:
+    return [
         "# Sparse MLA decode kernel benchmark",
         "",
         f"GPU {prov.get('gpu_name')} (sm{prov.get('gpu_arch')}, {prov.get('num_sms')} SMs), driver "
         f"{prov.get('driver')}, SM clock {prov.get('sm_clock_mhz')} MHz (max {prov.get('max_sm_clock_mhz')}), "
         f"torch {prov.get('torch')}, Triton {prov.get('triton')}, CUDA {prov.get('cuda')}; "
         f"measured {prov.get('measured_at')}; git {prov.get('git_commit')}; kernel source sha256 "
-        f"{smd.kernel_source_hash()[:16]}.",
+        f"{src_hash}.",
         "",
         "Timing: CUDA-graph replays with L2 flushed before every call (kernelcamp/timing.py), "
         f"{args.replays} replays x {args.calls_per_graph} calls; roofline against {args.target}.",
         "",
+    ]
+
+
+def summary_body(rows: list[dict[str, Any]], tables: dict[str, Variant] | None = None) -> list[str]:
+    """The summary's tables and target verdicts from the CSV rows (floats for the figures).
+
+    Without ``tables`` a target is judged on the fastest measured config of its shape; with a batch table
+    for the family, on the table's own row at that batch size (what a server running the table gets)."""
+    tables = tables or {}
+    ok = [r for r in rows if r.get("latency_us_p50") is not None]
+    lines = [
         "## Best config per shape (by median latency)",
         "",
         "| family | layout | H | topk | B | best config | splits | p50 us | p20-p80 us | TFLOPS | GB/s | roofline % "
@@ -115,11 +154,14 @@ def summary_md(rows: list[dict[str, Any]], prov: dict[str, Any], args: argparse.
     keys = sorted(
         {(r["family"], r["B"]) for r in ok if r["impl"] == "triton"}, key=lambda k: (list(FAMILIES).index(k[0]), k[1])
     )
-    best = {}
+    best, own = {}, {}
     for fam, B in keys:
         cand = [r for r in ok if r["impl"] == "triton" and r["family"] == fam and r["B"] == B]
         r = min(cand, key=lambda x: x["latency_us_p50"])
         best[(fam, B)] = r
+        if fam in tables:
+            want = row_label(tables[fam], B)
+            own[(fam, B)] = next((x for x in cand if x["config"] == want), {"config": want})
         ref = next((x for x in ok if x["impl"] == "torch_ref" and x["family"] == fam and x["B"] == B), None)
         ref_txt = f"{ref['latency_us_p50']:.1f} | {r['speedup_vs_ref']:.1f}x" if ref else "- | -"
         lines.append(
@@ -127,23 +169,81 @@ def summary_md(rows: list[dict[str, Any]], prov: dict[str, Any], args: argparse.
             f"{r['latency_us_p50']:.2f} | {r['latency_us_p20']:.2f}-{r['latency_us_p80']:.2f} | {r['tflops']:.1f} | "
             f"{r['gbps']:.0f} | {r['roofline_pct']:.1f} | {ref_txt} |"
         )
-    lines += ["", "## Issue 14 targets", ""]
+    if own:
+        lines += [
+            "",
+            "## Each table's own row (what a server running the table gets)",
+            "",
+            "| family | table | B | row config | p50 us | TFLOPS | GB/s | roofline % | best config's p50 us |",
+            "|" + "---|" * 9,
+        ]
+        for (fam, B), r in own.items():
+            figs = (
+                f"{r['latency_us_p50']:.2f} | {r['tflops']:.1f} | {r['gbps']:.0f} | {r['roofline_pct']:.1f}"
+                if "latency_us_p50" in r
+                else "not measured | - | - | -"
+            )
+            best_us = best[(fam, B)]["latency_us_p50"]
+            lines.append(f"| {fam} | {tables[fam].name} | {B} | {r['config']} | {figs} | {best_us:.2f} |")
+    judged = {k: own[k] if k in own else best[k] for k in best}
+    how = "each table's own row" if tables else "the fastest measured config"
+    lines += ["", "## Issue 14 targets", "", f"Judged on {how} at that batch size.", ""]
     for fam, B, col, want in TARGETS:
-        r = best.get((fam, B))
-        got = f"{r[col]:.1f}" if r else "not measured"
-        verdict = "met" if r and r[col] >= want else "NOT met"
+        r = judged.get((fam, B))
+        have = bool(r) and col in r
+        got = f"{r[col]:.1f} ({r['config']})" if have else "not measured"
+        verdict = "met" if have and r[col] >= want else "NOT met"
         lines.append(f"- {fam} B={B}: {col} {got} (target >= {want:g}): {verdict}")
     for fam in FAMILIES:
-        r = best.get((fam, 1))
-        if r:
+        r = judged.get((fam, 1))
+        if r and "latency_us_p50" in r:
             verdict = "met" if r["latency_us_p50"] <= B1_TARGET_US else "NOT met"
-            lines.append(f"- {fam} B=1: {r['latency_us_p50']:.2f} us (target <= {B1_TARGET_US:g} us): {verdict}")
+            lines.append(
+                f"- {fam} B=1: {r['latency_us_p50']:.2f} us ({r['config']}) (target <= {B1_TARGET_US:g} us): {verdict}"
+            )
     failed = [r for r in rows if r.get("error")]
     if failed:
         lines += ["", "## Configs that did not run", ""]
         lines += [f"- {r['family']} B={r['B']} {r['config']}: {r['error']}" for r in failed]
     lines += ["", f"Full table: kernel_bench.csv ({len(rows)} rows).", ""]
-    return "\n".join(lines)
+    return lines
+
+
+def summary_md(rows: list[dict[str, Any]], prov: dict[str, Any], args: argparse.Namespace) -> str:
+    header = summary_header(prov, args, smd.kernel_source_hash()[:16])
+    return "\n".join(header + summary_body(rows, getattr(args, "tables", None)))
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """kernel_bench.csv back as rows: numbers as int or float, empty cells as None."""
+
+    def num(v: str) -> Any:
+        if v == "":
+            return None
+        for cast in (int, float):
+            try:
+                return cast(v)
+            except ValueError:
+                pass
+        return v
+
+    with path.open(newline="") as f:
+        return [{k: num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def resummarize(out: Path, tables: dict[str, Variant]) -> None:
+    """Rewrite ``out/summary.md`` from ``out/kernel_bench.csv`` (no GPU): the old header is kept (it holds
+    the run's provenance), the tables and target verdicts are made again (e.g. with ``--tables``).
+    Raises ``ValueError`` when either file is missing or the summary has no header."""
+    csv_path, md_path = out / "kernel_bench.csv", out / "summary.md"
+    for f in (csv_path, md_path):
+        if not f.is_file():
+            raise ValueError(f"--resummarize: no {f} (run the benchmark into --out first)")
+    old = md_path.read_text().split("\n")
+    cut = next((i for i, line in enumerate(old) if line.startswith("## Best config per shape")), None)
+    if cut is None:
+        raise ValueError(f"--resummarize: {md_path} has no '## Best config per shape' section to replace")
+    write_text_atomic(md_path, "\n".join(old[:cut] + summary_body(read_rows(csv_path), tables)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,7 +278,31 @@ def main(argv: list[str] | None = None) -> int:
         help="compile every (family, config) in this many processes first (Triton's file cache), so the timing "
         "pass does not compile one config at a time (0: compile lazily)",
     )
+    p.add_argument(
+        "--tables",
+        default="",
+        help="comma list FAMILY=PATH of batch-table variant files (e.g. v32=conf/variant/tuned_deepseek_v32.yaml): "
+        "the summary also gives each table's own row per batch size, and the targets are judged on it",
+    )
+    p.add_argument(
+        "--resummarize",
+        action="store_true",
+        help="no GPU: rewrite --out/summary.md from --out/kernel_bench.csv (header kept), e.g. with --tables",
+    )
     args = p.parse_args(argv)
+    try:
+        args.tables = load_tables(args.tables)
+    except (ValueError, KernelcampError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.resummarize:
+        try:
+            resummarize(Path(args.out), args.tables)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"rewrote {Path(args.out) / 'summary.md'}")
+        return 0
     global smd
     smd = importlib.import_module(args.module)
     if not torch.cuda.is_available():

@@ -3,7 +3,8 @@
 #   bash benchmarks/kernel_bench_final.sh OUT
 # 1. the whole GPU suite (`pytest -m gpu`) -> reports/kernel_bench/h200_gpu_suite.log;
 # 2. reports/kernel_bench/ re-measured (benchmarks/bench_kernel.py, torch reference timed, every config
-#    checked) with the configs of the committed tuned_* batch tables, at B 1, 8, 32, 64, 128.
+#    checked) with the configs of the committed tuned_* batch tables, at B 1, 8, 32, 64, 128; the summary
+#    gives each table's own row and judges issue 14's targets on it (--tables).
 # Packed into OUT/final.tgz at exit, so a cut run still returns what it measured.
 set -uo pipefail
 out=${1:?usage: kernel_bench_final.sh OUT}
@@ -27,6 +28,8 @@ print(",".join(labels))
 PY
 )
 echo "configs: $CFGS"
+TABLES=v32=conf/variant/tuned_deepseek_v32.yaml,v32_tp8=conf/variant/tuned_deepseek_v32_tp8.yaml
+TABLES=$TABLES,v4_flash=conf/variant/tuned_deepseek_v4_flash.yaml
 timeout "${BENCH_TIMEOUT_S:-200}" python benchmarks/bench_kernel.py --out reports/kernel_bench --batches 1,8,32,64,128 \
-  --configs "$CFGS" --check --precompile-jobs 12 > "$out/bench_final.log" 2>&1
+  --configs "$CFGS" --tables "$TABLES" --check --precompile-jobs 12 > "$out/bench_final.log" 2>&1
 sed -n '/Best config per shape/,$p' reports/kernel_bench/summary.md | head -30

@@ -1,0 +1,79 @@
+"""benchmarks/bench_kernel.py's summary: targets judged on what a batch table runs, re-rendered without a GPU."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_kernel", ROOT / "benchmarks" / "bench_kernel.py")
+bk = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bk)
+
+TABLE = ROOT / "conf" / "variant" / "tuned_deepseek_v4_flash.yaml"  # B <= 1: T32_H16_w4_s2, ..., else T64_H64_w8_s3
+
+
+def _row(B: int, label: str, us: float) -> dict:
+    return {
+        "family": "v4_flash",
+        "layout": "deepseek_v4",
+        "H": 64,
+        "topk": 512,
+        "B": B,
+        "impl": "triton",
+        "config": label,
+        "num_splits": 1,
+        "latency_us_p50": us,
+        "latency_us_p20": us,
+        "latency_us_p80": us,
+        "tflops": 1000.0 / us,
+        "gbps": 10000.0 / us,
+        "roofline_pct": 1000.0 / us,
+    }
+
+
+ROWS = [
+    _row(1, "T32_H16_w4_s2_kauto", 10.0),
+    _row(128, "T64_H64_w8_s3_kauto", 50.0),  # the table's B=128 row
+    _row(128, "T64_H64_w8_s1_kauto", 10.0),  # faster, but no row of the table: 100% of roofline
+]
+
+
+def test_targets_are_judged_on_the_tables_own_row_not_the_fastest_config():
+    without = "\n".join(bk.summary_body(ROWS))
+    assert "v4_flash B=128: roofline_pct 100.0 (T64_H64_w8_s1_kauto) (target >= 50): met" in without
+    tables = bk.load_tables(f"v4_flash={TABLE.relative_to(ROOT)}")
+    md = "\n".join(bk.summary_body(ROWS, tables))
+    assert "Judged on each table's own row at that batch size." in md
+    assert "v4_flash B=128: roofline_pct 20.0 (T64_H64_w8_s3_kauto) (target >= 50): NOT met" in md
+    assert (
+        "| v4_flash | tuned_deepseek_v4_flash | 128 | T64_H64_w8_s3_kauto | 50.00 | 20.0 | 200 | 20.0 | 10.00 |" in md
+    )
+    assert "| v4_flash | tuned_deepseek_v4_flash | 1 | T32_H16_w4_s2_kauto | 10.00 |" in md
+
+
+def test_resummarize_keeps_the_header_and_remakes_the_rest(tmp_path):
+    with (tmp_path / "kernel_bench.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(ROWS[0]))
+        w.writeheader()
+        w.writerows(ROWS)
+    (tmp_path / "summary.md").write_text(
+        "# Sparse MLA decode kernel benchmark\n\nGPU X, measured then.\n\n## Best config per shape\nold\n"
+    )
+    rc = bk.main(["--out", str(tmp_path), "--resummarize", "--tables", f"v4_flash={TABLE}"])
+    assert rc == 0
+    md = (tmp_path / "summary.md").read_text()
+    assert md.startswith("# Sparse MLA decode kernel benchmark\n\nGPU X, measured then.\n\n## Best config per shape")
+    assert "old" not in md and "roofline_pct 20.0 (T64_H64_w8_s3_kauto)" in md
+
+
+def test_bad_tables_entry_is_one_line_and_exit_2(tmp_path, capsys):
+    assert bk.main(["--out", str(tmp_path), "--resummarize", "--tables", "v5=conf/variant/x.yaml"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected FAMILY=PATH with FAMILY one of" in err[0]
+    list_variant = ROOT / "conf" / "variant" / "story_autotune.yaml"  # an autotune list
+    assert bk.main(["--out", str(tmp_path), "--resummarize", "--tables", f"v32={list_variant}"]) == 2
+    assert "is not a batch table" in capsys.readouterr().err
+    assert bk.main(["--out", str(tmp_path), "--resummarize"]) == 2  # nothing to re-render
+    assert "no " in capsys.readouterr().err
