@@ -40,7 +40,7 @@ import yaml  # noqa: E402 - pyyaml is on the lent GPU machine (../shared/tools/d
 from kernelcamp.bench.timing import bench_graph, summarize  # noqa: E402
 from kernelcamp.errors import KernelcampError  # noqa: E402
 from kernelcamp.io import write_csv_atomic, write_text_atomic  # noqa: E402
-from kernelcamp.provenance import device_info, git_info, now_utc  # noqa: E402
+from kernelcamp.provenance import ClockSampler, device_info, git_info, now_utc, smi_index  # noqa: E402
 from kernelcamp.variant import LaunchConfig, Variant, parse_variant  # noqa: E402
 from kernels import sparse_mla_decode as smd  # noqa: E402
 
@@ -121,12 +121,23 @@ def row_label(table: Variant, B: int) -> str:
     return dataclasses.replace(table.config_for_batch(B), max_batch=None).label()
 
 
-def summary_header(prov: dict[str, Any], args: argparse.Namespace, src_hash: str) -> list[str]:
+def clock_text(rows: list[dict[str, Any]], prov: dict[str, Any]) -> str:
+    """The SM clock line of the summary: the rows' sampled clocks while timed (their p50s: min / median /
+    max) when any were read, and the idle reading before the run and the GPU's maximum."""
+    xs = sorted(r["sm_clock_mhz"] for r in rows if isinstance(r.get("sm_clock_mhz"), (int, float)))
+    during = f"{xs[0]} / {xs[len(xs) // 2]} / {xs[-1]} MHz while timed (min / median / max of the rows), " if xs else ""
+    return f"{during}{prov.get('sm_clock_mhz')} MHz idle before the run (max {prov.get('max_sm_clock_mhz')})"
+
+
+def summary_header(
+    prov: dict[str, Any], args: argparse.Namespace, src_hash: str, rows: list[dict[str, Any]] | None = None
+) -> list[str]:
+    rows = rows or []
     return [
         "# Sparse MLA decode kernel benchmark",
         "",
         f"GPU {prov.get('gpu_name')} (sm{prov.get('gpu_arch')}, {prov.get('num_sms')} SMs), driver "
-        f"{prov.get('driver')}, SM clock {prov.get('sm_clock_mhz')} MHz (max {prov.get('max_sm_clock_mhz')}), "
+        f"{prov.get('driver')}, SM clock {clock_text(rows, prov)}, "
         f"torch {prov.get('torch')}, Triton {prov.get('triton')}, CUDA {prov.get('cuda')}; "
         f"measured {prov.get('measured_at')}; git {prov.get('git_commit')}; kernel source sha256 "
         f"{src_hash}.",
@@ -210,7 +221,7 @@ def summary_body(rows: list[dict[str, Any]], tables: dict[str, Variant] | None =
 
 
 def summary_md(rows: list[dict[str, Any]], prov: dict[str, Any], args: argparse.Namespace) -> str:
-    header = summary_header(prov, args, smd.kernel_source_hash()[:16])
+    header = summary_header(prov, args, smd.kernel_source_hash()[:16], rows)
     return "\n".join(header + summary_body(rows, getattr(args, "tables", None)))
 
 
@@ -336,7 +347,10 @@ def main(argv: list[str] | None = None) -> int:
                 **row,
                 "gpu_name": prov.get("gpu_name"),
                 "driver": prov.get("driver"),
-                "sm_clock_mhz": prov.get("sm_clock_mhz"),
+                # the clock while this row was timed (ClockSampler, p50; None for a reference or error row)
+                # and the one reading before the run, which an idle GPU shows (a few hundred MHz)
+                "sm_clock_mhz": row.get("sm_clock_mhz"),
+                "sm_clock_mhz_idle": prov.get("sm_clock_mhz"),
                 "torch": prov["torch"],
                 "triton": prov["triton"],
                 "cuda": prov.get("cuda"),
@@ -456,7 +470,10 @@ def run_families(args, fams, batches, configs, target, prov, emit, log, base) ->
                             check_indices=False,
                         )
                         row["max_abs_err"] = float((o.float() - ro).abs().max())
-                    s = summarize(bench_graph(fn, replays=args.replays, warmup=2, calls_per_graph=args.calls_per_graph))
+                    with ClockSampler(smi_index(torch.cuda.current_device()), interval_s=0.1) as clk:
+                        samples = bench_graph(fn, replays=args.replays, warmup=2, calls_per_graph=args.calls_per_graph)
+                    s = summarize(samples)
+                    row["sm_clock_mhz"] = clk.summary().get("sm_clock_mhz_p50")
                 except Exception as e:  # noqa: BLE001 - a config that cannot run is a result, not a crash
                     msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
                     emit({**row, "error": msg})

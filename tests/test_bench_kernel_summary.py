@@ -6,6 +6,9 @@ import csv
 import importlib.util
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bench_kernel", ROOT / "benchmarks" / "bench_kernel.py")
 bk = importlib.util.module_from_spec(_spec)
@@ -77,3 +80,29 @@ def test_bad_tables_entry_is_one_line_and_exit_2(tmp_path, capsys):
     assert "is not a batch table" in capsys.readouterr().err
     assert bk.main(["--out", str(tmp_path), "--resummarize"]) == 2  # nothing to re-render
     assert "no " in capsys.readouterr().err
+
+
+def test_clock_line_gives_the_clock_while_timed_not_only_the_idle_reading():
+    prov = {"sm_clock_mhz": 345, "max_sm_clock_mhz": 1980}
+    rows = [{**r, "sm_clock_mhz": c} for r, c in zip(ROWS, (1980, 1965, 1755), strict=True)]
+    rows.append({"impl": "torch_ref", "sm_clock_mhz": None})  # the reference is not sampled
+    assert bk.clock_text(rows, prov) == (
+        "1755 / 1965 / 1980 MHz while timed (min / median / max of the rows), 345 MHz idle before the run (max 1980)"
+    )
+    assert bk.clock_text(ROWS, prov) == "345 MHz idle before the run (max 1980)"  # no sample read: says only that
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_run_records_the_clock_while_timed(tmp_path):
+    args = ["--out", str(tmp_path), "--families", "v4_flash", "--batches", "8", "--configs", "T32_H16_w4_s2_kauto"]
+    assert (
+        bk.main([*args, "--no-ref", "--replays", "3", "--num-cache-tokens", "4096", "--tables", f"v4_flash={TABLE}"])
+        == 0
+    )
+    (row,) = bk.read_rows(tmp_path / "kernel_bench.csv")
+    assert row["latency_us_p50"] > 0 and "sm_clock_mhz_idle" in row
+    if row["sm_clock_mhz"] is not None:  # None only where nvidia-smi gives no reading
+        assert 0 < row["sm_clock_mhz"] <= 5000
+    md = (tmp_path / "summary.md").read_text()
+    assert "idle before the run" in md and "## Each table's own row" in md
