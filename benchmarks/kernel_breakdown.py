@@ -33,7 +33,10 @@ from kernelcamp.variant import LaunchConfig, Variant  # noqa: E402
 NUM_CACHE_TOKENS, PAGE_SIZE = 262144, 64  # bench_kernel.py's defaults
 
 
-def point(mod, fam: str, label: str, B: int, replays: int = 20) -> dict:
+def point(mod, fam: str, label: str, B: int, replays: int = 20) -> dict:  # noqa: ANN001 - a kernel module
+    """One point: ``{family, config, B, replays, split_us, combine_us, gap_us, span_us}`` (microseconds,
+    medians over ``replays`` CUDA-graph replays; ``combine_us`` and ``gap_us`` only when the config runs
+    more than one split). Raises what the launcher raises on bad input, and RuntimeError without CUDA."""
     layout, H, topk = FAMILIES[fam]
     x = mod.make_inputs(layout, B, H, topk, PAGE_SIZE, NUM_CACHE_TOKENS, "cuda")
     launcher = mod.SparseMLADecode(Variant(label, (LaunchConfig.from_label(label),)), check_indices=False)
