@@ -588,8 +588,15 @@ def test_signal_stops_a_long_compile_and_its_child(tmp_path, kind, mode, sig, co
         DVC_ROOT=str(tmp_path),
         MLFLOW_TRACKING_URI="http://127.0.0.1:9",  # the KILLED record fails fast; the signal path is what counts
     )
+    # SIGINT and SIGQUIT at their default action in the parent: a suite started as a background job of a
+    # shell without job control inherits them ignored, and Python then installs no KeyboardInterrupt handler
     parent = subprocess.Popen(
-        [sys.executable, "parent.py", kind, mode], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "parent.py", kind, mode],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGQUIT)],
     )
     try:
         # stub: until the compile child hangs; real: until the compile is under way, in a child or
