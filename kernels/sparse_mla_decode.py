@@ -67,8 +67,8 @@ without the prefetch its gather stalls (long scoreboard) doubled in Nsight Compu
 With one split the
 kernel writes the final bf16 output and LSE itself; with more it writes fp32 partial outputs and
 base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale, one program per
-(b, h) row and column slice (rows split by column only when there are fewer than the SMs:
-``_combine_block_d``).
+(b, h) row and column slice (rows split by column only while twice as many programs as rows still fit
+one per SM: ``_combine_block_d``).
 
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
@@ -172,8 +172,8 @@ AUTO_MIN_TILES = 1
 AUTO_MAX_SPLITS = 32
 DEFAULT_NUM_SMS = 132  # H200; used only when no GPU is present (interpreter runs)
 
-# Split-K combine: one program per (b, h) row and column slice of d_v. With fewer rows than SMs (B=1 at
-# H=16 or 64) the rows are also split by column, halving the slice while twice the programs still fit
+# Split-K combine: one program per (b, h) row and column slice of d_v. With at most half as many rows as SMs
+# (B=1 at H=16 or 64) the rows are also split by column, halving the slice while twice the programs still fit
 # one per SM and the slice stays >= COMBINE_MIN_BLOCK_D wide (_combine_block_d). H200, 2026-12-01
 # (reports/campaigns/kernel_speed/candidates_4/ and candidates_5/): the combine was 2.6-4.1 us of a B=1 call, and
 # the split cut TP8 B=1 from 12.9 to 11.1 us.
