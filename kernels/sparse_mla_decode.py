@@ -36,8 +36,8 @@ fp32 multiply, one rounding), the four group dots and the 64-wide rope dot chain
 accumulator, and one bf16 P feeds four ``[BLOCK_H, 128]`` output accumulators. An earlier version
 applied the scales to the scores and to P instead (five score accumulators, four scaled copies of P);
 it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one takes 403 us on the H200
-(reports/campaigns/kernel_speed/README.md, step "kscale"). Wgmma configs (``BLOCK_H >= 64``: V3.2's
-whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two things differ:
+(reports/campaigns/kernel_speed/candidates_1/README.md, the "kscale" file). Wgmma configs
+(``BLOCK_H >= 64``: V3.2's whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two things differ:
 
 - the P.V dots take a second load of the same fp8 bytes: one register tile feeding both dots wants two
   dot-operand layouts, and Triton's pipeliner then leaves its load synchronous (Triton 3.6,
@@ -48,7 +48,9 @@ whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two things 
   ``out_g += (p * sc_g) . k8_g`` with the scaled P in fp16 (the dequantization was the largest part of
   the instructions once the gathers were prefetched; step "fp16k": 154.2 -> 133.0 us). Both operands
   are rounded less than the bf16 path's (fp16 keeps 10 mantissa bits, bf16 7), but q's values must
-  lie within fp16's range (|q| < 65504; below 6.1e-5 they lose precision as subnormals).
+  lie within fp16's range (|q| < 65504; below 6.1e-5 they lose precision as subnormals), and so must
+  ``p * sc_g``: with cache scales below about 1e-5 (group maxima below ~0.005) P.V loses precision
+  (8% relative error at 1e-5 of the usual magnitudes on the interpreter, 0.5% at 1e-3).
 
 Wide head tiles (V4, ``BLOCK_H >= 64``, Hopper wgmma): Triton lays out every warp along M for a dot
 whose result reaches another dot (Triton 3.6, lib/Dialect/TritonGPU/Transforms/AccelerateMatmul.cpp,
@@ -664,14 +666,16 @@ class SparseMLADecode:
     launcher's autotuner), ``launches``.
 
     ``check_indices`` (default True): check every index is in ``[-1, num_pages*page_size)`` before
-    launching, and, when a V3.2 config with ``BLOCK_H < 64`` may run, that ``|q| < F16_MAX``. It costs
+    launching, and that q's finite values fit fp16 where the path multiplies them in fp16
+    (``_check_q_fits_fp16``: ``dot_dtype="fp16"``, or a V3.2 config with ``BLOCK_H < 64``). It costs
     a device sync (a min/max reduction and a copy to host, ~10-20 us) and is skipped automatically
     while a CUDA graph is being captured (a sync is illegal there); pass ``check_indices=False`` on hot
     paths whose inputs are trusted.
 
     ``dot_dtype`` is the dot operand dtype of the wgmma configs and of V4; a V3.2 config with
-    ``BLOCK_H < 64`` multiplies its fp8 groups in fp16 whatever it is, so q must lie within fp16's range
-    there (|q| < 65504; module docstring): ``ValueError`` naming q otherwise, when checks are on.
+    ``BLOCK_H < 64`` multiplies its fp8 groups in fp16 whatever it is, so q's first 512 dims must lie
+    within fp16's range there (|q| < 65504; module docstring): ``ValueError`` naming q otherwise, when
+    checks are on.
     """
 
     variant: Variant
@@ -747,13 +751,8 @@ class SparseMLADecode:
         # safe under CUDA-graph capture); an autotune list lets Triton's autotuner choose below
         chosen = self.variant.config_for_batch(B) if self._table else self.variant.configs[0]
         candidates = self.variant.configs if self._tuner is not None else (chosen,)
-        if check and lay.code == 0 and any(c.BLOCK_H < 64 for c in candidates):
-            q_max = float(q.abs().max())  # device sync, as the index check
-            if q_max >= F16_MAX:
-                raise ValueError(
-                    f"q: |q| reaches {q_max:g}, but a V3.2 config with BLOCK_H < 64 multiplies q in fp16 "
-                    f"(|q| < {F16_MAX:g}); use BLOCK_H >= 64 configs for this input, or scale q and sm_scale"
-                )
+        if check:
+            _check_q_fits_fp16(q, lay, self.dot_dtype, candidates)
         max_splits = max(
             resolve_num_splits(c.num_splits, B, H, topk, c.BLOCK_H, c.BLOCK_T, num_sms) for c in candidates
         )
@@ -823,6 +822,26 @@ class SparseMLADecode:
                 num_warps=4,
             )
         return out, lse
+
+
+def _check_q_fits_fp16(q: torch.Tensor, lay: CacheLayout, dot_dtype: str, configs: Any) -> None:
+    """``ValueError`` naming q when a finite value of q that the chosen path multiplies in fp16 reaches
+    ``F16_MAX`` (it would become inf there): every dim with ``dot_dtype="fp16"``; V3.2's 512 fp8-group dims
+    with a ``BLOCK_H < 64`` config (module docstring). Non-finite values pass, as on the bf16 path (the
+    output is non-finite either way). Costs a device sync."""
+    if dot_dtype == "fp16":
+        dims, why = q, 'dot_dtype="fp16" multiplies q in fp16'
+    elif lay.code == 0 and any(c.BLOCK_H < 64 for c in configs):
+        dims, why = q[..., : lay.fp8_dims], "a V3.2 config with BLOCK_H < 64 multiplies q's fp8-group dims in fp16"
+    else:
+        return
+    a = dims.abs()
+    q_max = float(torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device)).max())
+    if q_max >= F16_MAX:
+        raise ValueError(
+            f"q: |q| reaches {q_max:g}, but {why} (|q| < {F16_MAX:g}); use bf16 and BLOCK_H >= 64 configs for this "
+            "input, or scale q down and sm_scale up by the same factor"
+        )
 
 
 def _scratch_elems(layout_code: int, B: int, H: int, topk: int, configs: Any, num_sms: int) -> int:

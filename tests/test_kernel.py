@@ -209,11 +209,20 @@ def test_q_beyond_fp16_is_refused_where_a_config_multiplies_q_in_fp16():
     inp["q"][0, 3, 7] = 70144.0  # exact in bf16
     args = (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
     fp16_cfg = LaunchConfig(16, 16, 4, 2, 1)
-    with pytest.raises(ValueError, match=r"q: \|q\| reaches 70144, .*BLOCK_H < 64 multiplies q in fp16"):
+    with pytest.raises(
+        ValueError, match=r"q: \|q\| reaches 70144, .*BLOCK_H < 64 multiplies q's fp8-group dims in fp16"
+    ):
         smd.SparseMLADecode(Variant("t", (fp16_cfg,)))(*args)
     smd.SparseMLADecode(Variant("t", (fp16_cfg,)), check_indices=False)(*args)  # unchecked: the caller's choice
     inp["q"][0, 3, 7] = 6.0e4
     smd.SparseMLADecode(Variant("t", (fp16_cfg,)))(*args)  # within fp16: runs
+    inp["q"][0, 3, 520] = 70144.0  # a rope dim: the rope dot stays in the dot dtype (bf16 here)
+    smd.SparseMLADecode(Variant("t", (fp16_cfg,)))(*args)
+    # dot_dtype fp16 multiplies every dim of q in fp16, whatever the config
+    with pytest.raises(ValueError, match=r'q: \|q\| reaches 70144, but dot_dtype="fp16" multiplies q in fp16'):
+        smd.SparseMLADecode(Variant("t", (LaunchConfig(16, 64, 4, 2, 1),)), dot_dtype="fp16")(*args)
+    inp["q"][0, 3, 520] = float("inf")  # non-finite passes, as on the bf16 path (the output is non-finite anyway)
+    smd.SparseMLADecode(Variant("t", (fp16_cfg,)))(*args)
 
 
 @pytest.mark.parametrize(
