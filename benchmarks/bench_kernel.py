@@ -109,7 +109,13 @@ def load_tables(spec: str) -> dict[str, Variant]:
         f = Path(path) if Path(path).is_absolute() else ROOT / path
         if not f.is_file():
             raise ValueError(f"--tables entry {item!r}: no file {f}")
-        v = parse_variant(yaml.safe_load(f.read_text()))
+        if fam in out:
+            raise ValueError(f"--tables entry {item!r}: a second table for {fam}")
+        try:
+            v = parse_variant(yaml.safe_load(f.read_text()))
+        except (yaml.YAMLError, KernelcampError, UnicodeDecodeError) as e:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"--tables entry {item!r}: {f} is not a variant file ({why})") from None
         if not v.is_table:
             raise ValueError(f"--tables entry {item!r}: {v.name} is not a batch table (no max_batch rows)")
         out[fam] = v
@@ -124,7 +130,7 @@ def row_label(table: Variant, B: int) -> str:
 def clock_text(rows: list[dict[str, Any]], prov: dict[str, Any]) -> str:
     """The SM clock line of the summary: the rows' sampled clocks while timed (their p50s: min / median /
     max) when any were read, and the idle reading before the run and the GPU's maximum."""
-    xs = sorted(r["sm_clock_mhz"] for r in rows if isinstance(r.get("sm_clock_mhz"), (int, float)))
+    xs = sorted(r["sm_clock_mhz_timed"] for r in rows if isinstance(r.get("sm_clock_mhz_timed"), (int, float)))
     during = f"{xs[0]} / {xs[len(xs) // 2]} / {xs[-1]} MHz while timed (min / median / max of the rows), " if xs else ""
     return f"{during}{prov.get('sm_clock_mhz')} MHz idle before the run (max {prov.get('max_sm_clock_mhz')})"
 
@@ -172,7 +178,8 @@ def summary_body(rows: list[dict[str, Any]], tables: dict[str, Variant] | None =
         best[(fam, B)] = r
         if fam in tables:
             want = row_label(tables[fam], B)
-            own[(fam, B)] = next((x for x in cand if x["config"] == want), {"config": want})
+            failed = any(x.get("error") and x["family"] == fam and x["B"] == B and x["config"] == want for x in rows)
+            own[(fam, B)] = next((x for x in cand if x["config"] == want), {"config": want, "failed": failed})
         ref = next((x for x in ok if x["impl"] == "torch_ref" and x["family"] == fam and x["B"] == B), None)
         ref_txt = f"{ref['latency_us_p50']:.1f} | {r['speedup_vs_ref']:.1f}x" if ref else "- | -"
         lines.append(
@@ -192,7 +199,7 @@ def summary_body(rows: list[dict[str, Any]], tables: dict[str, Variant] | None =
             figs = (
                 f"{r['latency_us_p50']:.2f} | {r['tflops']:.1f} | {r['gbps']:.0f} | {r['roofline_pct']:.1f}"
                 if "latency_us_p50" in r
-                else "not measured | - | - | -"
+                else f"{'failed (below)' if r.get('failed') else 'not measured'} | - | - | -"
             )
             best_us = best[(fam, B)]["latency_us_p50"]
             lines.append(f"| {fam} | {tables[fam].name} | {B} | {r['config']} | {figs} | {best_us:.2f} |")
@@ -207,12 +214,15 @@ def summary_body(rows: list[dict[str, Any]], tables: dict[str, Variant] | None =
     for fam, B, col, want in TARGETS:
         r = judged.get((fam, B))
         have = bool(r) and col in r
-        got = f"{r[col]:.1f} ({r['config']})" if have else "not measured"
+        got = f"{r[col]:.1f} ({r['config']})" if have else f"{'failed' if r and r.get('failed') else 'not measured'}"
         verdict = "met" if have and r[col] >= want else "NOT met"
         lines.append(f"- {fam} B={B}: {col} {got} (target >= {want:g}): {verdict}")
     for fam in FAMILIES:
         r = judged.get((fam, 1))
-        if r and "latency_us_p50" in r:
+        if r and "latency_us_p50" not in r:
+            what = "failed" if r.get("failed") else "not measured"
+            lines.append(f"- {fam} B=1: {what} ({r['config']}) (target <= {B1_TARGET_US:g} us): NOT met")
+        elif r:
             verdict = "met" if r["latency_us_p50"] <= B1_TARGET_US else "NOT met"
             lines.append(
                 f"- {fam} B=1: {r['latency_us_p50']:.2f} us ({r['config']}) (target <= {B1_TARGET_US:g} us): {verdict}"
@@ -231,10 +241,11 @@ def summary_md(rows: list[dict[str, Any]], prov: dict[str, Any], args: argparse.
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """kernel_bench.csv back as rows: numbers as int or float, empty cells as None."""
+    """kernel_bench.csv back as rows: numbers as int or float, empty cells as None. Raises ``ValueError``
+    naming the file for a CSV without the benchmark's columns, a row cut short, or no rows."""
 
-    def num(v: str) -> Any:
-        if v == "":
+    def num(v: str | None) -> Any:
+        if v is None or v == "":
             return None
         for cast in (int, float):
             try:
@@ -243,8 +254,20 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
                 pass
         return v
 
+    need = {"family", "impl", "config", "B", "latency_us_p50"}
     with path.open(newline="") as f:
-        return [{k: num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        missing = need - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: not a kernel_bench.csv (no column {sorted(missing)})")
+        rows = []
+        for i, r in enumerate(reader, start=2):
+            if any(r.get(k) in (None, "") for k in ("family", "impl", "config", "B")):
+                raise ValueError(f"{path}, line {i}: a row without family, impl, config or B (cut short?)")
+            rows.append({k: num(v) for k, v in r.items() if k is not None})
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
 
 
 def resummarize(out: Path, tables: dict[str, Variant]) -> None:
@@ -352,10 +375,11 @@ def main(argv: list[str] | None = None) -> int:
                 **row,
                 "gpu_name": prov.get("gpu_name"),
                 "driver": prov.get("driver"),
-                # the clock while this row was timed (ClockSampler, p50; None for a reference or error row)
-                # and the one reading before the run, which an idle GPU shows (a few hundred MHz)
-                "sm_clock_mhz": row.get("sm_clock_mhz"),
-                "sm_clock_mhz_idle": prov.get("sm_clock_mhz"),
+                # the one reading before the run, which an idle GPU shows (a few hundred MHz; the column's
+                # meaning in every committed CSV), and the clock while this row was timed (ClockSampler p50;
+                # None for a reference or error row, or without nvidia-smi)
+                "sm_clock_mhz": prov.get("sm_clock_mhz"),
+                "sm_clock_mhz_timed": row.get("sm_clock_mhz_timed"),
                 "torch": prov["torch"],
                 "triton": prov["triton"],
                 "cuda": prov.get("cuda"),
@@ -478,7 +502,7 @@ def run_families(args, fams, batches, configs, target, prov, emit, log, base) ->
                     with ClockSampler(smi_index(torch.cuda.current_device()), interval_s=0.1) as clk:
                         samples = bench_graph(fn, replays=args.replays, warmup=2, calls_per_graph=args.calls_per_graph)
                     s = summarize(samples)
-                    row["sm_clock_mhz"] = clk.summary().get("sm_clock_mhz_p50")
+                    row["sm_clock_mhz_timed"] = clk.summary().get("sm_clock_mhz_p50")
                 except Exception as e:  # noqa: BLE001 - a config that cannot run is a result, not a crash
                     msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
                     emit({**row, "error": msg})

@@ -36,7 +36,7 @@ NUM_CACHE_TOKENS, PAGE_SIZE = 262144, 64  # bench_kernel.py's defaults
 def point(mod, fam: str, label: str, B: int, replays: int = 20) -> dict:  # noqa: ANN001 - a kernel module
     """One point: ``{family, config, B, replays, split_us, combine_us, gap_us, span_us}`` (microseconds,
     medians over ``replays`` CUDA-graph replays; ``combine_us`` and ``gap_us`` only when the config runs
-    more than one split). Raises what the launcher raises on bad input, and RuntimeError without CUDA."""
+    more than one split). Raises what the launcher raises on bad input; needs CUDA (``main`` checks)."""
     layout, H, topk = FAMILIES[fam]
     x = mod.make_inputs(layout, B, H, topk, PAGE_SIZE, NUM_CACHE_TOKENS, "cuda")
     launcher = mod.SparseMLADecode(Variant(label, (LaunchConfig.from_label(label),)), check_indices=False)
@@ -83,15 +83,35 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     dest, module, points = argv[0], argv[1], argv[2:]
-    mod = importlib.import_module(module)
+    parsed = []
+    for p in points:  # every point checked before the first is measured
+        fam, _, rest = p.partition(":")
+        label, _, b = rest.partition(":")
+        try:
+            if fam not in FAMILIES:
+                raise ValueError(f"family {fam!r}: expected one of {list(FAMILIES)}")
+            LaunchConfig.from_label(label)
+            parsed.append((fam, label, int(b)))
+        except ValueError as e:
+            print(
+                f"error: point {p!r}: {e} (expected FAMILY:CONFIG:B, e.g. v32:T64_H64_w8_s2_kauto:1)", file=sys.stderr
+            )
+            return 2
+    if not torch.cuda.is_available():
+        print("error: kernel_breakdown.py needs a CUDA GPU (none visible)", file=sys.stderr)
+        return 2
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        print(f"error: module {module!r}: {e}", file=sys.stderr)
+        return 2
     rows = []
-    for p in points:
-        fam, label, b = p.split(":")
-        r = point(mod, fam, label, int(b))
+    for fam, label, b in parsed:
+        r = point(mod, fam, label, b)
         r["module"] = module
         rows.append(r)
         print(json.dumps(r), flush=True)
-    Path(dest).write_text(json.dumps(rows, indent=1) + "\n")
+        Path(dest).write_text(json.dumps(rows, indent=1) + "\n")  # after every point: a cut run keeps its rows
     return 0
 
 

@@ -84,8 +84,8 @@ def test_bad_tables_entry_is_one_line_and_exit_2(tmp_path, capsys):
 
 def test_clock_line_gives_the_clock_while_timed_not_only_the_idle_reading():
     prov = {"sm_clock_mhz": 345, "max_sm_clock_mhz": 1980}
-    rows = [{**r, "sm_clock_mhz": c} for r, c in zip(ROWS, (1980, 1965, 1755), strict=True)]
-    rows.append({"impl": "torch_ref", "sm_clock_mhz": None})  # the reference is not sampled
+    rows = [{**r, "sm_clock_mhz": 345, "sm_clock_mhz_timed": c} for r, c in zip(ROWS, (1980, 1965, 1755), strict=True)]
+    rows.append({"impl": "torch_ref", "sm_clock_mhz": 345, "sm_clock_mhz_timed": None})  # the reference is not sampled
     assert bk.clock_text(rows, prov) == (
         "1755 / 1965 / 1980 MHz while timed (min / median / max of the rows), 345 MHz idle before the run (max 1980)"
     )
@@ -101,8 +101,45 @@ def test_gpu_run_records_the_clock_while_timed(tmp_path):
         == 0
     )
     (row,) = bk.read_rows(tmp_path / "kernel_bench.csv")
-    assert row["latency_us_p50"] > 0 and "sm_clock_mhz_idle" in row
-    if row["sm_clock_mhz"] is not None:  # None only where nvidia-smi gives no reading
-        assert 0 < row["sm_clock_mhz"] <= 5000
+    assert row["latency_us_p50"] > 0 and "sm_clock_mhz" in row
+    if row["sm_clock_mhz_timed"] is not None:  # None only where nvidia-smi gives no reading
+        assert 0 < row["sm_clock_mhz_timed"] <= 5000
     md = (tmp_path / "summary.md").read_text()
     assert "idle before the run" in md and "## Each table's own row" in md
+
+
+def test_a_table_row_not_measured_or_failed_is_said_so_in_every_target_line():
+    tables = bk.load_tables(f"v4_flash={TABLE}")
+    rows = [ROWS[2], {**ROWS[0], "config": "T64_H64_w8_s1_kauto"}]  # neither table row measured
+    rows.append({**ROWS[1], "latency_us_p50": None, "error": "OutOfResources: shared memory"})  # B=128 row failed
+    md = "\n".join(bk.summary_body(rows, tables))
+    assert "- v4_flash B=1: not measured (T32_H16_w4_s2_kauto) (target <= 12 us): NOT met" in md
+    assert "- v4_flash B=128: roofline_pct failed (target >= 50): NOT met" in md
+    assert "| T64_H64_w8_s3_kauto | failed (below) | - | - | - |" in md
+
+
+@pytest.mark.parametrize(
+    ("csv_text", "needle"),
+    [
+        ("", "not a kernel_bench.csv"),
+        ("a,b\n1,2\n", "not a kernel_bench.csv"),
+        ("family,impl,config,B,latency_us_p50\n", "no rows"),
+        ("family,impl,config,B,latency_us_p50\nv4_flash,triton,T32_H16_w4_s2_kauto,1,10.0\nv4_flash,tri", "line 3"),
+    ],
+)
+def test_resummarize_refuses_a_bad_csv_and_leaves_the_summary(tmp_path, capsys, csv_text, needle):
+    (tmp_path / "kernel_bench.csv").write_text(csv_text)
+    (tmp_path / "summary.md").write_text("# h\n\n## Best config per shape\nkept\n")
+    assert bk.main(["--out", str(tmp_path), "--resummarize"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert (tmp_path / "summary.md").read_text().endswith("kept\n")
+
+
+def test_a_tables_entry_that_is_not_a_variant_file_is_one_line(tmp_path, capsys):
+    for bad in ("README.md", "conf/target/sm90.yaml"):
+        assert bk.main(["--out", str(tmp_path), "--resummarize", "--tables", f"v32={bad}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"'v32={bad}'" in err[0] and "is not a variant file" in err[0], err
+    assert bk.main(["--out", str(tmp_path), "--resummarize", "--tables", f"v32={TABLE},v32={TABLE}"]) == 2
+    assert "a second table for v32" in capsys.readouterr().err
