@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.bench_kernel import FAMILIES  # noqa: E402
-from kernelcamp.bench.timing import flush_bytes  # noqa: E402
+from kernelcamp.bench.timing import GraphTimer  # noqa: E402
 from kernelcamp.variant import LaunchConfig, Variant  # noqa: E402
 
 NUM_CACHE_TOKENS, PAGE_SIZE = 262144, 64  # bench_kernel.py's defaults
@@ -40,18 +40,14 @@ def point(mod, fam: str, label: str, B: int, replays: int = 20) -> dict:  # noqa
     layout, H, topk = FAMILIES[fam]
     x = mod.make_inputs(layout, B, H, topk, PAGE_SIZE, NUM_CACHE_TOKENS, "cuda")
     launcher = mod.SparseMLADecode(Variant(label, (LaunchConfig.from_label(label),)), check_indices=False)
-    flush = torch.empty(flush_bytes(), dtype=torch.int8, device="cuda")
-
-    def call():
-        flush.zero_()
-        launcher(x["q"], x["kv_cache"], x["indices"], layout, PAGE_SIZE, x["sm_scale"])
-
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        call()
+    # the benchmark's own graph: one L2 flush, then the call (kernelcamp.bench.timing.GraphTimer); the timer
+    # stays referenced while its graph replays (the graph writes into the timer's flush buffer)
+    timer = GraphTimer(
+        lambda: launcher(x["q"], x["kv_cache"], x["indices"], layout, PAGE_SIZE, x["sm_scale"]),
+        calls_per_graph=1,
+        warmup=3,
+    )
+    g = timer.graph
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
