@@ -8,6 +8,7 @@ cost is in B, H and topk.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -338,31 +339,8 @@ def test_v4_wide_head_tile_qk_dot_is_not_computed_by_both_warpgroups():
     assert warps == "[('4', '2')]", warps
 
 
-_SYNC_LOADS = """
-import re, triton
-from triton.compiler import ASTSource
-from triton.backends.compiler import GPUTarget
-from kernelcamp.variant import LaunchConfig
-from kernels.sparse_mla_decode import compile_specs
-spec = compile_specs("deepseek_v32", 16, 2048, LaunchConfig(32, 16, 4, 3, 4), batch=128)[0]
-k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
-                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-print(len(re.findall(r"ld\\.global[^ \\t]*\\.v4\\.b32", k.asm["ptx"])))
-"""
-
-
-def test_v32_mma_v2_fp8_gathers_are_prefetched_not_synchronous():
-    # TP8's B=128 row (T32_H16_w4_s3, mma v2): the fp8 group tiles fed both dots from one register tile,
-    # so Triton's pipeliner left their loads synchronous (8 16-byte ld.global per thread per tile, the top
-    # stall in Nsight Compute); each dot now has its own load and both are cp.async. The only 16-byte
-    # synchronous global loads left are the q tile's, before the loop: 16 x 576 bf16 / 128 threads / 16 B = 9.
-    r = _without_interpreter(_SYNC_LOADS)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert int(r.stdout.strip().splitlines()[-1]) == 16 * 576 * 2 // 128 // 16
-
-
-_MMA_DTYPES = """
-import re, triton
+_TP8_PTX = """
+import json, re, triton
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
 from kernelcamp.variant import LaunchConfig
@@ -371,20 +349,37 @@ spec = compile_specs("deepseek_v32", 16, 2048, LaunchConfig(32, 16, 4, 3, 4), ba
 k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
                    target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
 ptx = k.asm["ptx"]
-print(sorted(set(re.findall(r"mma\\.sync\\.aligned\\.m16n8k16\\.row\\.col\\.f32\\.(\\w+)\\.", ptx))))
-print(len(re.findall(r"cvt\\.rn\\.f16x2\\.e4m3x2", ptx)))
+print(json.dumps({
+    "sync_16b_loads": len(re.findall(r"ld\\.global[^ \\t]*\\.v4\\.b32", ptx)),
+    "mma_dtypes": sorted(set(re.findall(r"mma\\.sync\\.aligned\\.m16n8k16\\.row\\.col\\.f32\\.(\\w+)\\.", ptx))),
+    "fp8_to_f16x2": len(re.findall(r"cvt\\.rn\\.f16x2\\.e4m3x2", ptx)),
+}))
 """
+
+
+@functools.lru_cache(maxsize=1)
+def _tp8_ptx() -> dict:
+    """Figures of the sm90 PTX of TP8's B=128 row (T32_H16_w4_s3, mma v2), cross-compiled once per session."""
+    r = _without_interpreter(_TP8_PTX)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_v32_mma_v2_fp8_gathers_are_prefetched_not_synchronous():
+    # TP8's B=128 row (T32_H16_w4_s3, mma v2): the fp8 group tiles fed both dots from one register tile,
+    # so Triton's pipeliner left their loads synchronous (8 16-byte ld.global per thread per tile, the top
+    # stall in Nsight Compute); each dot now has its own load and both are cp.async. The only 16-byte
+    # synchronous global loads left are the q tile's, before the loop: 16 x 576 bf16 / 128 threads / 16 B = 9.
+    assert _tp8_ptx()["sync_16b_loads"] == 16 * 576 * 2 // 128 // 16
 
 
 def test_v32_mma_v2_fp8_groups_enter_the_dots_as_fp16():
     # TP8's rows (mma v2): the fp8 groups are converted to fp16 (exact, two per instruction) and the scales
     # applied to the dot results, instead of fp8 -> fp32 -> x scale -> bf16 per value; the rope dot stays bf16.
     # Per thread and tile: 32 tokens x 512 values x 2 loads / 128 threads / 2 per conversion = 128.
-    r = _without_interpreter(_MMA_DTYPES)
-    assert r.returncode == 0, r.stderr[-2000:]
-    dtypes, cvt = r.stdout.strip().splitlines()[-2:]
-    assert dtypes == "['bf16', 'f16']", dtypes
-    assert int(cvt) >= 32 * 512 * 2 // 128 // 2, cvt
+    ptx = _tp8_ptx()
+    assert ptx["mma_dtypes"] == ["bf16", "f16"], ptx["mma_dtypes"]
+    assert ptx["fp8_to_f16x2"] >= 32 * 512 * 2 // 128 // 2, ptx["fp8_to_f16x2"]
 
 
 def test_batch_table_runs_the_row_for_each_batch_size_without_autotuning():
