@@ -13,7 +13,8 @@
 #    log (each line stamped with the seconds since the run started) and wall time beside it
 #    (<NAME>.log, <NAME>.wall.json).
 # SKIP_PROBE=1: no noise probe; CUPTI_PROBE=1: then benchmarks/cupti_probe.py (h200_sse/cupti_probe.*);
-# GPU_SUITE=1: then `pytest -m gpu` (log in h200_sse/gpu_suite.log).
+# GPU_SUITE=1: then `pytest -m gpu` (log in h200_sse/gpu_suite.log). SUB=NAME: NAME instead of h200_sse
+# as the folder under reports/campaigns/decisions/.
 # Everything lands in OUT/sse_check.tgz at exit, also when a step is cut by its timeout.
 #   mkdir -p .probe/before && git archive f6218c3 | tar -x -C .probe/before
 set -uo pipefail
@@ -25,10 +26,11 @@ mkdir -p "$out"
 source benchmarks/device_env.sh || exit 1
 export TRITON_CACHE_DIR=/tmp/triton-cache
 dest=reports/campaigns/decisions
-mkdir -p "$dest/h200_sse"
-trap 'tar czf "$out/sse_check.tgz" "$dest/serving_noise/sse_path" "$dest/h200_sse" 2>/dev/null' EXIT
+sub=${SUB:-h200_sse}  # the folder under $dest for the experiments, logs and suite
+mkdir -p "$dest/$sub"
+trap 'tar czf "$out/sse_check.tgz" "$dest/serving_noise/sse_path" "$dest/$sub" 2>/dev/null' EXIT
 for n in "${names[@]}"; do
-  d="$dest/h200_sse/$n"
+  d="$dest/$sub/$n"
   set_args=()
   [ "$n" = default ] || set_args=(-S "experiment=${n%-r[0-9]}")
   start=$(date +%s.%N)
@@ -54,11 +56,11 @@ if [ -d .probe/before ] && [ -z "${SKIP_PROBE:-}" ]; then
     "$dest/serving_noise/sse_path" .probe/before 2>&1 | tail -12
 fi
 if [ -n "${CUPTI_PROBE:-}" ]; then  # does a profile leave the server slower? (benchmarks/cupti_probe.py)
-  timeout "${CUPTI_TIMEOUT_S:-240}" python benchmarks/cupti_probe.py "$dest/h200_sse/cupti_probe.json" --levels ${CUPTI_LEVELS:-1 64} 2>&1 \
-    | tee "$dest/h200_sse/cupti_probe.log" | tail -8
+  timeout "${CUPTI_TIMEOUT_S:-240}" python benchmarks/cupti_probe.py "$dest/$sub/cupti_probe.json" --levels ${CUPTI_LEVELS:-1 64} 2>&1 \
+    | tee "$dest/$sub/cupti_probe.log" | tail -8
 fi
 if [ -n "${GPU_SUITE:-}" ]; then  # the GPU test suite last, in what time is left
   timeout "${GPU_SUITE_TIMEOUT_S:-120}" python -m pytest -m gpu -q -p no:cacheprovider 2>&1 \
-    | tee "$dest/h200_sse/gpu_suite.log" | tail -3
+    | tee "$dest/$sub/gpu_suite.log" | tail -3
 fi
-nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm --format=csv,noheader > "$dest/h200_sse/gpus.txt"
+nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm --format=csv,noheader > "$dest/$sub/gpus.txt"

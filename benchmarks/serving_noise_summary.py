@@ -56,7 +56,10 @@ def decode_fields(info: dict[str, Any]) -> dict[str, Any]:
     records only (no prefill between). ``server_decode_steps_after_prefill``: decode steps whose
     record says prefills ran before them. ``server_decode_{gpu,load,launch,sync}_ms_*``: the step's
     split (see :meth:`kernelcamp.serve.model.DecoderModel.decode`), None for steps without them (a
-    CPU for gpu and launch, or a server from before they were recorded)."""
+    CPU for gpu and launch, or a server from before they were recorded). ``server_gc_ms_{sum,max}``: the
+    records' ``gc_ms`` (every record, prefills too: collector pauses of the engine process);
+    ``{engine,front}_gc_pause_ms_since_start`` and ``..._full_collections_since_start``: that process's
+    collector since it started (from info's ``gc`` and ``front_gc``); None from a server without them."""
     dec = [s for s in info.get("steps") or [] if s.get("kind") == "decode" and not s.get("profiled")]
     out: dict[str, Any] = {"server_decode_steps": len(dec)}
     for key in ("step_ms", "gpu_ms", "load_ms", "launch_ms", "sync_ms"):
@@ -85,6 +88,16 @@ def decode_fields(info: dict[str, Any]) -> dict[str, Any]:
             "gpu_ms_p50": spread(gpu)["p50"],
         }
     out["server_buckets"] = buckets
+    # the garbage collector's pauses (kernelcamp.serve.gcwatch): per record since the previous one, and
+    # each process's total since its start (front: the HTTP front; None from a server without them)
+    recs = info.get("steps") or []
+    gcs = [float(s["gc_ms"]) for s in recs if s.get("gc_ms") is not None]
+    out["server_gc_ms_sum"] = round(sum(gcs), 3) if gcs else None
+    out["server_gc_ms_max"] = round(max(gcs), 3) if gcs else None
+    for key, name in (("gc", "engine"), ("front_gc", "front")):
+        snap = info.get(key) or {}
+        out[f"{name}_gc_pause_ms_since_start"] = round(sum(snap["pause_ms"]), 3) if snap.get("pause_ms") else None
+        out[f"{name}_gc_full_collections_since_start"] = (snap.get("collections") or [None] * 3)[2]
     out["server_kernel_source_hash"] = info.get("kernel_source_hash")
     out["server_variant_hash"] = info.get("variant_hash")
     return out
@@ -183,6 +196,7 @@ def run_line(row: dict[str, Any]) -> str:
         f"step p50 {row.get('server_decode_step_ms_p50')} ms, gpu p50 {row.get('server_decode_gpu_ms_p50')} ms, "
         f"load p50 {row.get('server_decode_load_ms_p50')} ms, sync p50 {row.get('server_decode_sync_ms_p50')} ms, "
         f"launch p90 {row.get('server_decode_launch_ms_p90')} ms, gap p50 {row.get('server_decode_gap_ms_p50')} ms, "
+        f"gc {row.get('server_gc_ms_sum')} ms (max {row.get('server_gc_ms_max')}), "
         f"SM clock mean {row.get('sm_clock_mhz_mean')} MHz (min {row.get('sm_clock_mhz_min')}), "
         f"throttle {','.join(row.get('throttle_reason_names') or []) or '-'}"
     )

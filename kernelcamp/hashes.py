@@ -27,6 +27,7 @@ SERVER_FLAG_KEYS = (
     "max_running_requests",
     "overlap_scheduling",
     "engine_process",
+    "gc_freeze",
     "env",
     "args",
 )
@@ -56,6 +57,7 @@ def server_flags(server: Mapping[str, Any] | None) -> dict[str, Any]:
         "max_running_requests": _flag(server, "max_running_requests", 96, int),
         "overlap_scheduling": _flag(server, "overlap_scheduling", False, bool),
         "engine_process": _flag(server, "engine_process", True, bool),
+        "gc_freeze": _flag(server, "gc_freeze", True, bool),
         "env": {str(k): str(v) for k, v in sorted((server.get("env") or {}).items())},
         "args": [str(a) for a in server.get("args") or []],
     }

@@ -83,6 +83,7 @@ import aiohttp
 import numpy as np
 
 from kernelcamp.errors import KernelcampError
+from kernelcamp.serve import gcwatch
 from kernelcamp.serve.client import auth_headers
 
 DEFAULT_LEVELS = (48, 64, 80, 96, 8, 1)
@@ -400,7 +401,10 @@ async def run_window(
     over the ok requests that started inside the window (all ok requests when none did: stated in
     ``latency_from``). Counts, ``valid`` and the DESIGN.md ``output_tok_s`` (ok tokens / wall, ramp and
     drain included) cover every request of the window, warm-up and drain included: any failed or
-    incomplete request makes the window invalid. ``spread_phases``: each worker's first request is
+    incomplete request makes the window invalid. ``client_gc_ms``: pauses of this (the load
+    generator's) process's garbage collector from t0 to the end of the drain, ms
+    (:mod:`kernelcamp.serve.gcwatch`): while it collects, no chunk is read and no request sent.
+    ``spread_phases``: each worker's first request is
     shortened so that the workers' phases are evenly spread (see the worker); the warm-up should
     cover the first prompts' prefill and about one spread request so that the window sees that state.
     Seconds throughout. Returns (row, records).
@@ -409,8 +413,10 @@ async def run_window(
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     results: list[RequestResult] = []
+    gcw = gcwatch.watch()
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         mid = model or await _model_id(session, base_url)
+        gc0 = gcw.total_ms
         t0 = time.perf_counter()
         ws, we = t0 + warmup_s, t0 + warmup_s + window_s
         counter = iter(range(1 << 30))
@@ -429,6 +435,7 @@ async def run_window(
                 n = max_tokens
 
         await asyncio.gather(*(worker(j) for j in range(concurrency)))
+        client_gc_ms = gcw.total_ms - gc0
     results.sort(key=lambda r: r.index)
     row = level_metrics(results, concurrency, max_tokens)
     counted = [r for r in results if not r.failed]
@@ -446,6 +453,7 @@ async def run_window(
         steady_output_tok_s=steady_tokens / window_s if window_s > 0 else None,
         window_mean_in_flight=sum(_overlap(r.start, r.end, ws, we) for r in results) / window_s if window_s else None,
         latency_from="requests started in the window" if in_window else "all ok requests (none started in the window)",
+        client_gc_ms=round(client_gc_ms, 3),
     )
     return row, results
 

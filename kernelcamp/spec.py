@@ -139,6 +139,7 @@ class ServerSpec:
     max_running_requests: int = _f(96, ge=1)
     overlap_scheduling: bool = _f(False)
     engine_process: bool = _f(True)
+    gc_freeze: bool = _f(True)
     max_context_tokens: int = _f(2048, ge=2)
     num_cache_tokens: int | None = _f(None, ge=1)
     cpu_cache_tokens: int = _f(16384, ge=1)

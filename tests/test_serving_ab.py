@@ -105,6 +105,8 @@ def test_ab_interleaved_both_impls_ratios_step_models(params, candidate_app, env
             # a steady-state window: warm-up excluded, the window measured, load kept at the level
             assert all(r["steady_output_tok_s"] > 0 and r["window_s"] == 0.8 and r["warmup_s"] == 0.2 for r in mine)
             assert all(0.5 * c <= r["window_mean_in_flight"] <= c + 1e-6 for r in mine), mine
+            # the collector's pauses of the load generator and the engine, per window (kernelcamp.serve.gcwatch)
+            assert all(r["client_gc_ms"] >= 0 and r["server_gc_ms"] >= 0 for r in mine), mine
     assert {r["variant"] for r in rows if r["impl"] == "baseline"} == {params["baseline"]["name"]}
     bhash = params_variant_hash(baseline_params(params))
     assert {r["variant_hash"] for r in rows if r["impl"] == "baseline"} == {bhash}

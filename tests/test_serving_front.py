@@ -112,6 +112,11 @@ def test_front_streams_what_the_engine_decodes_and_reports_both_processes(served
     assert info["engine_pid"] != info["pid"] and pid_alive(info["engine_pid"])
     assert info["server_flags"]["engine_process"] is True
     assert set(info["http_stack"]) == {"http", "loop", "uvicorn"}
+    # server.gc_freeze (default true): both processes froze their heaps; each reports its collector
+    assert info["server_flags"]["gc_freeze"] is True
+    assert info["gc_frozen_at_start"]["frozen_objects"] > 1000 and info["gc"]["frozen_objects"] > 1000
+    assert info["front_gc_frozen_at_start"]["frozen_objects"] > 1000 and info["front_gc"]["frozen_objects"] > 1000
+    assert len(info["front_gc"]["collections"]) == 3
 
 
 def test_front_keeps_the_api_key_and_hides_the_internal_routes(served):

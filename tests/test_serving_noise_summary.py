@@ -164,3 +164,19 @@ def test_summary_groups_by_any_label_and_refuses_to_be_silent(tmp_path, capsys):
     f.write_text(json.dumps({"tree": "after", "output_tok_s": 1.0}) + "\n")
     assert m.main(["summary", str(f)]) == 1
     assert m.main(["row", "before", "x", "a", "b", "c"]) == 2
+
+
+def test_gc_pauses_of_the_engine_and_the_front_are_summed_and_kept():
+    m = _summary()
+    steps = [_dec(1, 8, 8, 1.0, 0.8, 10.0, gc_ms=0.0), _dec(2, 8, 8, 80.0, 0.8, 10.1, gc_ms=74.5)]
+    steps.append({"index": 3, "kind": "prefill", "batch": 5, "step_ms": 3.0, "t": 10.2, "gc_ms": 0.5})
+    info = {"steps": steps, "gc": {"pause_ms": [1.0, 2.0, 75.0], "collections": [9, 3, 1]}}
+    info["front_gc"] = {"pause_ms": [0.5, 0.0, 0.0], "collections": [4, 0, 0]}
+    out = m.decode_fields(info)
+    assert out["server_gc_ms_sum"] == 75.0 and out["server_gc_ms_max"] == 74.5
+    assert out["engine_gc_pause_ms_since_start"] == 78.0 and out["engine_gc_full_collections_since_start"] == 1
+    assert out["front_gc_pause_ms_since_start"] == 0.5 and out["front_gc_full_collections_since_start"] == 0
+    # a server from before the collector was watched: nulls, not zeros
+    old = m.decode_fields({"steps": [_dec(1, 8, 8, 1.0, 0.8, 10.0)]})
+    assert old["server_gc_ms_sum"] is None and old["engine_gc_pause_ms_since_start"] is None
+    assert old["front_gc_full_collections_since_start"] is None

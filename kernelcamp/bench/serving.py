@@ -25,7 +25,9 @@ server, the first alternating round by round (baseline first in even rounds). A 
 (:func:`kernelcamp.loadgen.run_window`) is closed-loop load at the level for ``warmup_s``
 (not measured) + ``window_s`` (measured) seconds, then a drain, so neither server runs while the
 other is measured (they share the GPU). One row per (impl, level, repeat): ``impl``, ``variant``,
-``variant_hash``, ``repeat``, ``round``, ``position`` and every loadgen metric with ``valid``. A/B
+``variant_hash``, ``repeat``, ``round``, ``position``, every loadgen metric with ``valid`` (and the
+load generator's ``client_gc_ms``), and the server's garbage-collector pauses in the window
+(:func:`gc_pauses`; this process's heap is frozen before the first window). A/B
 (``ab``, :func:`ab_summary`): pairs are (level, repeat); per level, the ratio candidate/baseline of
 ``steady_output_tok_s`` over its repeats; overall, over every (level, repeat) pair of the valid
 levels, each level weighted equally, the noise taken within levels (:func:`kernelcamp.stats.stratified_ratio_ci`);
@@ -69,6 +71,7 @@ from kernelcamp.io import repo_relative
 from kernelcamp.loadgen import default_prompts, progress_line, run_window_sync
 from kernelcamp.ports import baseline_port
 from kernelcamp.provenance import device_info, git_info, now_utc
+from kernelcamp.serve import gcwatch
 from kernelcamp.serve.client import CUDA_PROFILED_WHY, INFO_PATH, auth_headers, client_url
 from kernelcamp.signals import signals_deferred, signals_raise
 from kernelcamp.stats import SequentialPlan, decision, fit_step_model
@@ -579,6 +582,19 @@ def baseline_why_not(params: dict[str, Any], deploy_record: dict[str, Any]) -> s
     return None
 
 
+def gc_pauses(
+    before: dict[str, Any] | None, after: dict[str, Any] | None, window_steps: list[dict[str, Any]]
+) -> dict[str, float | None]:
+    """A window's garbage-collector pauses on the server side (ms; :mod:`kernelcamp.serve.gcwatch`):
+    ``server_gc_ms``, the engine's (the ``gc_ms`` of the window's step records), and ``front_gc_ms``,
+    the HTTP front's (its info's ``front_gc`` after the window minus before). None where the server
+    does not report it (a foreign server, a single-process server has no front)."""
+    have = [s["gc_ms"] for s in window_steps if s.get("gc_ms") is not None]
+    fb, fa = ((x or {}).get("front_gc") for x in (before, after))
+    front = round(sum(fa["pause_ms"]) - sum(fb["pause_ms"]), 3) if fb and fa else None
+    return {"server_gc_ms": round(sum(have), 3) if have else None, "front_gc_ms": front}
+
+
 def serving_benchmark(
     params: dict[str, Any],
     deploy_record: dict[str, Any],
@@ -634,6 +650,9 @@ def serving_benchmark(
                 "check": lambda i: _check_baseline(base, i),
             }
         impls = [i for i in IMPLS if i in targets]
+        # this process (the load generator) too: its heap holds torch and the kernel benchmark's
+        # objects, and a full collection would stop every stream's reads (kernelcamp.serve.gcwatch)
+        gcwatch.freeze_heap()
         rows: list[dict[str, Any]] = []
         steps: dict[str, list[dict[str, Any]]] = {i: [] for i in impls}
         last_info: dict[str, Any] | None = None
@@ -658,8 +677,9 @@ def serving_benchmark(
                     )
                     after = fetch_info(t["url"], since=start)
                     t["check"](after)
-                    if after:  # only this run's steps: the window since the step counter before it
-                        steps[impl] += [s for s in after.get("steps") or [] if s.get("index", 0) > start]
+                    window_steps = [s for s in (after or {}).get("steps") or [] if s.get("index", 0) > start]
+                    steps[impl] += window_steps  # only this run's steps: since the step counter before it
+                    row.update(gc_pauses(before, after, window_steps))
                     if impl == "candidate":
                         last_info = after
                     row = {

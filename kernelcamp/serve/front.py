@@ -56,6 +56,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from kernelcamp.serve import gcwatch
 from kernelcamp.serve.client import INFO_PATH, PROFILE_PATH, TRACE_PATH
 from kernelcamp.serve.openai import (
     ChatRequest,
@@ -440,12 +441,20 @@ class EngineLink:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def make_front_app(link: EngineLink, api_key: str | None = None) -> FastAPI:
+def make_front_app(link: EngineLink, api_key: str | None = None, gc_freeze: bool = True) -> FastAPI:
     """The front process's app (module docstring): completions streamed from ``link``, the rest forwarded.
 
-    ``api_key`` is checked here (the engine process has none: only this process can reach it)."""
+    ``api_key`` is checked here (the engine process has none: only this process can reach it).
+    ``gc_freeze`` (``server.gc_freeze``): freeze this process's heap at start
+    (:func:`kernelcamp.serve.gcwatch.freeze_heap`); info's ``front_gc`` is this process's collector
+    (:meth:`kernelcamp.serve.gcwatch.GcWatch.snapshot`) and ``front_gc_frozen_at_start`` the freeze."""
+    gc = gcwatch.watch()
+    frozen: dict[str, Any] | None = None
 
     async def lifespan(app: FastAPI):
+        nonlocal frozen
+        if gc_freeze:
+            frozen = gcwatch.freeze_heap()
         link.start()
         try:
             yield
@@ -491,6 +500,7 @@ def make_front_app(link: EngineLink, api_key: str | None = None) -> FastAPI:
             return resp
         body = json.loads(resp.body)
         body.update(pid=os.getpid(), engine_pid=body.get("pid"), engine_process=True, http_stack=stack)
+        body.update(front_gc=gc.snapshot(), front_gc_frozen_at_start=frozen)
         return body
 
     @app.api_route("/{path:path}", methods=["GET", "POST"])

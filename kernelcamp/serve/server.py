@@ -97,6 +97,7 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import kernel_source_hash, server_flags, variant_hash
+from kernelcamp.serve import gcwatch
 from kernelcamp.serve.client import API_KEY_ENV, INFO_PATH, PROFILE_PATH, TRACE_PATH, client_url, exposure_warning
 from kernelcamp.serve.fake import FakeSpec, make_fake_app
 from kernelcamp.serve.front import (
@@ -205,6 +206,8 @@ class Engine:
             bool(overlap) and callable(getattr(model, "launch", None)) and callable(getattr(model, "collect", None))
         )
         self._unsent: list[tuple[asyncio.Queue, Any]] = []  # the collected step's queue items, not yet sent
+        self.gc = gcwatch.watch()  # collector pauses in this process (step records' gc_ms)
+        self._gc_seen_ms = self.gc.total_ms
 
     @property
     def overlap_active(self) -> bool:
@@ -457,6 +460,8 @@ class Engine:
         }
         for k, v in (extra or {}).items():
             rec[k] = round(v, 4) if isinstance(v, float) else v
+        gc_ms, self._gc_seen_ms = self.gc.total_ms - self._gc_seen_ms, self.gc.total_ms
+        rec["gc_ms"] = round(gc_ms, 4)
         if profiled:  # ran under the profiler (slower than a plain step)
             rec["profiled"] = True
         self.steps.append(rec)
@@ -525,7 +530,10 @@ class Engine:
         (prefills the scheduler ran since the previous decode step: their time is in their own records,
         not in this step_ms, but in the gap before
         it). Prefill records have ``bucket`` None and ``requests``, the prompts prefilled together in that
-        one forward (``batch`` is then their prompt tokens together)."""
+        one forward (``batch`` is then their prompt tokens together). Every record has ``gc_ms``: the
+        pauses of Python's garbage collector in this process since the previous record (in this step
+        or in the gap before it; :mod:`kernelcamp.serve.gcwatch`), ms. The result's ``gc`` is
+        :meth:`kernelcamp.serve.gcwatch.GcWatch.snapshot` of this process."""
         with self._cv:
             all_steps = list(self.steps)
             counts = {
@@ -547,6 +555,7 @@ class Engine:
             "attention_share_live": share,
             "steps": recent,
             "engine_error": self.error,
+            "gc": self.gc.snapshot(),
         }
 
 
@@ -808,6 +817,7 @@ class ServeState:
     flags: dict[str, Any]
     device: str
     never_ready: bool = False
+    gc_frozen: dict[str, Any] | None = None  # kernelcamp.serve.gcwatch.freeze_heap() at start; None: not frozen
     started_at: float = field(default_factory=time.time)
     http_stack: dict[str, str] = field(default_factory=http_stack)
 
@@ -867,6 +877,7 @@ def make_app(
             "started_at": state.started_at,
             "device": state.device,
             "cuda_profiled": bool(getattr(m, "cuda_profiled", False)),
+            "gc_frozen_at_start": state.gc_frozen,
             **m.describe(),
             "attention_share": {
                 "calibration": {str(k): v for k, v in m.calibration.items()},
@@ -976,14 +987,19 @@ def build_state(params: dict[str, Any], device: str, never_ready: bool = False) 
     sizes = [1, min(8, cfg.max_running_requests)] if not model.on_gpu else None
     model.calibrate(sizes)
     khash = kernel_source_hash(params.get("kernel"))
+    engine = Engine(model, cfg.max_running_requests, overlap=flags["overlap_scheduling"])
+    # server.gc_freeze: the heap of the imports, the model and its graphs is never walked again by a
+    # collection during serving (kernelcamp.serve.gcwatch); last, so that all of it is frozen
+    frozen = gcwatch.freeze_heap() if flags["gc_freeze"] else None
     return ServeState(
-        Engine(model, cfg.max_running_requests, overlap=flags["overlap_scheduling"]),
+        engine,
         variant,
         variant_hash(variant, khash, flags),
         khash,
         flags,
         str(model.device),
         never_ready=never_ready,
+        gc_frozen=frozen,
     )
 
 
@@ -1121,7 +1137,7 @@ def main(args: argparse.Namespace) -> int:
                 if args.never_ready:
                     argv.append("--never-ready")
                 link = EngineLink(argv)
-                app = make_front_app(link, key)
+                app = make_front_app(link, key, gc_freeze=server_flags(server)["gc_freeze"])
             else:
                 app = make_app(build_state(params, device, never_ready=args.never_ready), key, args.trace_dir)
     except KernelcampError as e:
