@@ -42,7 +42,7 @@ def test_the_watch_counts_a_full_collection_and_its_pause():
     after = w.snapshot()
     assert after["collections"][2] == before["collections"][2] + 1
     assert after["pause_ms"][2] > before["pause_ms"][2]
-    assert after["max_pause_ms"] > 0 and w.total_ms >= sum(after["pause_ms"]) - 1e-6
+    assert after["max_pause_ms"] > 0 and w.total_ms == pytest.approx(sum(after["pause_ms"]), abs=0.01)
 
 
 def test_freeze_heap_moves_the_live_objects_out_of_the_collectors_walk():
@@ -66,6 +66,9 @@ def test_the_engine_freezes_its_heap_when_asked_and_reports_the_pauses_per_step(
     with ServerThread(make_app(state)) as url:
         with httpx.Client(base_url=url, timeout=60) as c:
             c.post("/v1/completions", json={"prompt": "a b", "max_tokens": 3})
+            first = c.get(INFO, params={"steps": 64}).json()["steps"]
+            if flag:  # the freeze's own full collection at start is not a pause of the first steps
+                assert sum(s["gc_ms"] for s in first) < state.gc_frozen["freeze_ms"] / 2, first
             gc.collect()  # a collection between two steps: counted in the next record's gc_ms
             c.post("/v1/completions", json={"prompt": "c d", "max_tokens": 3})
             info = c.get(INFO, params={"steps": 64}).json()

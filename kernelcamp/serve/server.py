@@ -218,6 +218,8 @@ class Engine:
         """Start the model thread; tokens go to queues of the running event loop."""
         self._events = asyncio.get_running_loop()
         self._stopping = False
+        # step records count the collector's pauses from here: not the heap freeze's own collection at start
+        self._gc_seen_ms = self.gc.total_ms
         self._thread = threading.Thread(target=self._thread_main, name=self.THREAD_NAME, daemon=True)
         self._thread.start()
 
