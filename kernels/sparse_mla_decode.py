@@ -69,8 +69,8 @@ without the prefetch its gather stalls (long scoreboard) doubled in Nsight Compu
 With one split the
 kernel writes the final bf16 output and LSE itself; with more it writes fp32 partial outputs and
 base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale, one program per
-(b, h) row and column slice (rows split by column only while twice as many programs as rows still fit
-one per SM: ``_combine_block_d``).
+(b, h) row and column slice (rows split by column only while twice as many programs still fit
+two per SM: ``_combine_block_d``).
 
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
@@ -174,13 +174,16 @@ AUTO_MIN_TILES = 1
 AUTO_MAX_SPLITS = 32
 DEFAULT_NUM_SMS = 132  # H200; used only when no GPU is present (interpreter runs)
 
-# Split-K combine: one program per (b, h) row and column slice of d_v. With at most half as many rows as SMs
-# (B=1 at H=16 or 64) the rows are also split by column, halving the slice while twice the programs still fit
-# one per SM and the slice stays >= COMBINE_MIN_BLOCK_D wide (_combine_block_d). H200, 2026-12-01
-# (reports/campaigns/kernel_speed/candidates_4/ and candidates_5/): the combine was 2.6-4.1 us of a B=1 call, and
-# the split cut TP8 B=1 from 12.9 to 11.1 us.
+# Split-K combine: one program per (b, h) row and column slice of d_v. With at most as many rows as SMs
+# (B=1 at H=16, 64 or 128; B=8 at H=16) the rows are also split by column, halving the slice while twice the
+# programs still fit COMBINE_PROGRAMS_PER_SM per SM and the slice stays >= COMBINE_MIN_BLOCK_D wide
+# (_combine_block_d). H200, 2026-12-01 (reports/campaigns/kernel_speed/candidates_4/ and candidates_5/): the
+# combine was 2.6-4.1 us of a B=1 call, and the split at one program per SM cut TP8 B=1 from 12.9 to 11.1 us;
+# 2026-12-02 (candidates_8/): two programs per SM cut V3.2 B=1 (128 rows: 256 programs of 256 columns instead
+# of 128 of 512) from 17.5 to 16.4 us, four per SM gave 17.0; no other table row moved by more than 1.4%.
 COMBINE_SPLIT_D = True
 COMBINE_MIN_BLOCK_D = 64
+COMBINE_PROGRAMS_PER_SM = 2
 
 
 def get_layout(layout: str) -> CacheLayout:
@@ -861,10 +864,12 @@ def _scratch_elems(layout_code: int, B: int, H: int, topk: int, configs: Any, nu
 
 def _combine_block_d(rows: int, d_v: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
     """Column slice of one combine program for ``rows`` (b, h) rows (COMBINE_SPLIT_D above): ``d_v`` halved
-    while ``2 * rows * (d_v / slice)`` programs still fit ``num_sms`` and the half is >= COMBINE_MIN_BLOCK_D.
-    E.g. 132 SMs, d_v 512: 16 rows -> 64 (128 programs), 64 rows -> 256, 128 rows -> 512."""
+    while ``2 * rows * (d_v / slice)`` programs still fit ``COMBINE_PROGRAMS_PER_SM * num_sms`` and the half is
+    >= COMBINE_MIN_BLOCK_D. E.g. 132 SMs, d_v 512: 16 rows -> 64 (128 programs), 64 rows -> 128 (256), 128 rows
+    -> 256 (256), 512 rows -> 512."""
     block = d_v
-    while COMBINE_SPLIT_D and 2 * rows * (d_v // block) <= num_sms and block // 2 >= COMBINE_MIN_BLOCK_D:
+    cap = COMBINE_PROGRAMS_PER_SM * num_sms
+    while COMBINE_SPLIT_D and 2 * rows * (d_v // block) <= cap and block // 2 >= COMBINE_MIN_BLOCK_D:
         block //= 2
     return block
 

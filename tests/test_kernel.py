@@ -55,7 +55,7 @@ CASES = [
     ("deepseek_v4", 2, 16, 40, 64, LaunchConfig(16, 16, 4, 2, 3), 0.2),
     ("deepseek_v4", 1, 16, 50, 256, LaunchConfig(16, 32, 4, 2, 1), 0.0),  # BLOCK_H > H: masked heads
     ("deepseek_v4", 1, 64, 32, 64, LaunchConfig(16, 32, 4, 2, "auto"), 0.0),  # H 64
-    # few rows: the combine splits each row's d_v over programs (_combine_block_d: 16 rows -> 64 wide, 32 -> 128)
+    # few rows: the combine splits each row's d_v over programs (_combine_block_d: 16 and 32 rows -> 64 wide)
     ("deepseek_v32", 1, 16, 48, 64, LaunchConfig(16, 16, 4, 2, 3), 0.0),
     ("deepseek_v4", 1, 32, 48, 64, LaunchConfig(16, 16, 4, 2, "auto"), 0.0),
 ]
@@ -151,17 +151,11 @@ def test_flops_and_bytes():
 
 
 def test_combine_splits_columns_only_when_rows_leave_sms_idle():
-    # 132 SMs, d_v 512: the halving stops when twice the programs would not fit one per SM, or at 64 wide
-    assert [smd._combine_block_d(r, 512, 132) for r in (1, 16, 33, 64, 66, 67, 128, 4096)] == [
-        64,
-        64,
-        128,
-        256,
-        256,
-        512,
-        512,
-        512,
-    ]
+    # 132 SMs, d_v 512: the halving stops when twice the programs would not fit two per SM
+    # (COMBINE_PROGRAMS_PER_SM), or at 64 wide; V3.2 B=1 (128 rows) takes 256-wide slices
+    rows = (1, 16, 33, 64, 66, 67, 128, 132, 133, 4096)
+    assert smd.COMBINE_PROGRAMS_PER_SM == 2
+    assert [smd._combine_block_d(r, 512, 132) for r in rows] == [64, 64, 64, 128, 128, 256, 256, 256, 512, 512]
 
 
 def test_auto_splits_rule():
