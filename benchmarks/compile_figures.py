@@ -4,7 +4,8 @@ shared bytes and SASS instruction counts (whole kernel and the main loop body).
     env -u TRITON_INTERPRET python benchmarks/compile_figures.py [--arch 90] [--dump DIR] [--module MOD]
 
 ``--module``: a kernel module with the API of kernels.sparse_mla_decode (default that one), e.g. a
-candidate copied next to it.
+candidate copied next to it. A module that does not import or lacks ``compile_specs``, a config label
+that does not parse or an unknown shape is one ``error:`` line and exit status 2, before any compile.
 
 "local B" is the per-thread local memory of the cubin (cuobjdump STACK + LOCAL, what the driver
 reports as the local size; kernelcamp.inspect's ``local_bytes``), not ptxas's "spill stores".
@@ -70,6 +71,33 @@ def sass_counts(cubin: bytes) -> tuple[int, int, str]:
     return total, best, text
 
 
+def check_args(module: str, configs: str, shapes: str) -> tuple[object, list[str], list[str]]:
+    """(the module's ``compile_specs``, config labels, shape names) from the command line, before any
+    compile; ``ValueError`` naming the bad one and what is expected."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"--module {module}: cannot import it ({e}); give e.g. kernels.sparse_mla_decode") from None
+    if not callable(getattr(mod, "compile_specs", None)):
+        raise ValueError(f"--module {module}: has no compile_specs (the API of kernels.sparse_mla_decode)")
+    labels = [x for x in configs.split(",") if x]
+    if not labels:
+        raise ValueError("--configs: empty; give labels like T32_H16_w4_s3")
+    for label in labels:
+        try:
+            parse(label)
+        except ValueError:
+            raise ValueError(
+                f"--configs {label!r}: expected T<BLOCK_T>_H<BLOCK_H>_w<warps>_s<stages> (no split), e.g. T32_H16_w4_s3"
+            ) from None
+    known = [fam for fam, *_ in SHAPES]
+    names = [x for x in shapes.split(",") if x]
+    bad = [x for x in names if x not in known]
+    if bad or not names:
+        raise ValueError(f"--shapes {shapes!r}: expected a comma list of {known}")
+    return mod.compile_specs, labels, names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, default=90)
@@ -78,13 +106,17 @@ def main() -> None:
     ap.add_argument("--shapes", default="v32,v4,v32_tp8")
     ap.add_argument("--module", default="kernels.sparse_mla_decode")
     a = ap.parse_args()
-    compile_specs = importlib.import_module(a.module).compile_specs
+    try:
+        compile_specs, labels, shapes = check_args(a.module, a.configs, a.shapes)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     print("| shape | config | regs | local B | shared B | SASS total | SASS loop |")
     print("|---|---|---|---|---|---|---|")
     for fam, layout, H, topk in SHAPES:
-        if fam not in a.shapes.split(","):
+        if fam not in shapes:
             continue
-        for label in a.configs.split(","):
+        for label in labels:
             cfg = parse(label)
             spec = compile_specs(layout, H, topk, cfg, batch=128)[0]
             src = ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs)

@@ -1,0 +1,33 @@
+"""benchmarks/compile_figures.py refuses bad arguments in one line (exit 2) before it compiles anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compile_figures.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def test_bad_module_config_and_shape_are_one_line_each():
+    cases = [
+        (["--module", "kernels.no_such_kernel"], "--module kernels.no_such_kernel: cannot import it"),
+        (["--module", "kernelcamp.io"], "has no compile_specs"),
+        (["--configs", "T32_H16_w4_s3,T32_H16_bad"], "--configs 'T32_H16_bad': expected T<BLOCK_T>_H<BLOCK_H>"),
+        (["--shapes", "v32,v99"], "--shapes 'v32,v99': expected a comma list of ['v32', 'v4', 'v32_tp8']"),
+    ]
+    for args, want in cases:
+        r = _run(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and want in r.stderr, r.stderr
+        assert r.stdout == ""  # nothing compiled, no table header
