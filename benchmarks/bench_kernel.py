@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import csv
-import dataclasses
 import functools
 import importlib
 import itertools
@@ -124,7 +123,7 @@ def load_tables(spec: str) -> dict[str, Variant]:
 
 def row_label(table: Variant, B: int) -> str:
     """The config label (without its batch bound) of the row of ``table`` that runs batch size ``B``."""
-    return dataclasses.replace(table.config_for_batch(B), max_batch=None).label()
+    return table.config_for_batch(B).config_label()
 
 
 def clock_text(rows: list[dict[str, Any]], prov: dict[str, Any]) -> str:

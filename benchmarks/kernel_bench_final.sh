@@ -14,14 +14,13 @@ export TRITON_CACHE_DIR=/tmp/triton-cache
 trap 'tar czf "$out/final.tgz" reports/kernel_bench/h200_gpu_suite.log reports/kernel_bench/kernel_bench.csv reports/kernel_bench/summary.md 2>/dev/null' EXIT
 timeout "${SUITE_TIMEOUT_S:-150}" python -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee reports/kernel_bench/h200_gpu_suite.log | tail -4
 CFGS=$(python - <<'PY'
-import dataclasses
 import yaml
 from kernelcamp.variant import parse_variant
 labels = []
 for n in ("tuned_deepseek_v32", "tuned_deepseek_v32_tp8", "tuned_deepseek_v4_flash"):
     v = parse_variant(yaml.safe_load(open(f"conf/variant/{n}.yaml")))
     for c in v.configs:
-        lab = dataclasses.replace(c, max_batch=None).label()  # the row's config, without its batch bound
+        lab = c.config_label()  # the row's config, without its batch bound
         if lab not in labels:
             labels.append(lab)
 print(",".join(labels))

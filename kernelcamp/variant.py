@@ -71,8 +71,13 @@ class LaunchConfig:
 
     def label(self) -> str:
         """Short human label, e.g. ``T16_H16_w8_s2_kauto`` (a batch-table row: ``..._kauto_b8``)."""
-        base = f"T{self.BLOCK_T}_H{self.BLOCK_H}_w{self.num_warps}_s{self.num_stages}_k{self.num_splits}"
+        base = self.config_label()
         return base if self.max_batch is None else f"{base}_b{self.max_batch}"
+
+    def config_label(self) -> str:
+        """The label of the launch config alone, without a batch-table row's bound: ``T16_H16_w8_s2_kauto``
+        for a row ``..._kauto_b8`` too (what :meth:`from_label` and ``bench_kernel.py --configs`` take)."""
+        return f"T{self.BLOCK_T}_H{self.BLOCK_H}_w{self.num_warps}_s{self.num_stages}_k{self.num_splits}"
 
     @classmethod
     def from_label(cls, label: str) -> LaunchConfig:

@@ -119,6 +119,10 @@ def test_max_batch_on_a_single_config_says_where_it_belongs():
 def test_a_config_label_parses_back_to_its_config():
     for cfg in (LaunchConfig(16, 16, 4, 2, "auto"), LaunchConfig(64, 64, 8, 1, 32)):
         assert LaunchConfig.from_label(cfg.label()) == cfg
+    # a batch-table row: its label carries the bound, its config label does not and parses back
+    row = LaunchConfig(64, 16, 8, 2, "auto", max_batch=8)
+    assert row.label() == "T64_H16_w8_s2_kauto_b8" and row.config_label() == "T64_H16_w8_s2_kauto"
+    assert LaunchConfig.from_label(row.config_label()) == LaunchConfig(64, 16, 8, 2, "auto")
     for bad in ("T16_H16_w4_s2", "T16_H16_w4_s2_kx", "X16_H16_w4_s2_kauto", "T16_H16_w4_s2_kauto_b8"):
         with pytest.raises(ValueError, match=rf"config '{bad}': expected T<BLOCK_T>_H<BLOCK_H>_w<warps>"):
             LaunchConfig.from_label(bad)
