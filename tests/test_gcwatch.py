@@ -15,7 +15,7 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import server_flags
 from kernelcamp.io import load_params
 from kernelcamp.serve import gcwatch
-from kernelcamp.serve.server import build_state, make_app
+from kernelcamp.serve.server import build_state, freeze_served_heap, make_app
 from kernelcamp.serve.testing import ServerThread
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +52,19 @@ def test_freeze_heap_moves_the_live_objects_out_of_the_collectors_walk():
     assert out["freeze_ms"] > 0
 
 
+def test_the_serving_benchmark_freezes_only_when_asked(monkeypatch):
+    # the benchmark stage asks (its process exits after it); a caller inside a longer-lived process does not
+    import inspect
+
+    from kernelcamp.bench import record, serving
+
+    assert inspect.signature(serving.serving_benchmark).parameters["freeze_heap"].default is False
+    seen = {}
+    monkeypatch.setattr(serving, "serving_benchmark", lambda *a, **kw: seen.update(kw) or {"ab": {}})
+    record.serving_level({"benchmark": {"serving": {"enabled": True}}}, {"url": "http://127.0.0.1:1"})
+    assert seen["freeze_heap"] is True
+
+
 def test_gc_freeze_is_a_hashed_flag_on_by_default_and_strings_are_refused():
     assert server_flags({})["gc_freeze"] is True
     assert server_flags({"gc_freeze": False})["gc_freeze"] is False
@@ -62,6 +75,8 @@ def test_gc_freeze_is_a_hashed_flag_on_by_default_and_strings_are_refused():
 @pytest.mark.parametrize("flag", [True, False])
 def test_the_engine_freezes_its_heap_when_asked_and_reports_the_pauses_per_step(params, flag):
     state = build_state({**params, "server": {**params["server"], "gc_freeze": flag}}, "cpu")
+    assert gc.get_freeze_count() == 0  # building a state never freezes the process it runs in (a test)
+    assert freeze_served_heap(state) is state  # what `kernelcamp serve` does next
     assert (gc.get_freeze_count() > 0) is flag
     with ServerThread(make_app(state)) as url:
         with httpx.Client(base_url=url, timeout=60) as c:

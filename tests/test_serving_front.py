@@ -244,6 +244,7 @@ def test_one_process_when_asked(tmp_path):
         info = httpx.get(s.url + INFO, params={"steps": 0}).json()
         assert info["pid"] == s.proc.pid and "engine_pid" not in info
         assert info["server_flags"]["engine_process"] is False
+        assert info["gc_frozen_at_start"]["frozen_objects"] > 1000  # server.gc_freeze in one process too
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "one", "max_tokens": 3}, timeout=30)
         assert len(r.json()["choices"][0]["text"].split()) == 3
     finally:

@@ -221,7 +221,7 @@ def serving_level(params: dict, deploy: dict, baseline: dict | None = None) -> d
         "serving benchmark: baseline and candidate interleaved per level (the baseline on a temporary server "
         "beside the deployed candidate; embedded deploys only)"
     )
-    res = serving_benchmark(params, deploy, progress=True, baseline=baseline)
+    res = serving_benchmark(params, deploy, progress=True, baseline=baseline, freeze_heap=True)  # a stage process
     o = (res.get("ab") or {}).get("overall") or {}
     if res.get("baseline_measured") and o.get("ratio") is not None:
         log(

@@ -27,7 +27,7 @@ server, the first alternating round by round (baseline first in even rounds). A 
 other is measured (they share the GPU). One row per (impl, level, repeat): ``impl``, ``variant``,
 ``variant_hash``, ``repeat``, ``round``, ``position``, every loadgen metric with ``valid`` (and the
 load generator's ``client_gc_ms``), and the server's garbage-collector pauses in the window
-(:func:`gc_pauses`; this process's heap is frozen before the first window). A/B
+(:func:`gc_pauses`; the benchmark stage freezes its own heap before the first window, ``freeze_heap``). A/B
 (``ab``, :func:`ab_summary`): pairs are (level, repeat); per level, the ratio candidate/baseline of
 ``steady_output_tok_s`` over its repeats; overall, over every (level, repeat) pair of the valid
 levels, each level weighted equally, the noise taken within levels (:func:`kernelcamp.stats.stratified_ratio_ci`);
@@ -601,8 +601,14 @@ def serving_benchmark(
     progress: bool = True,
     root: str | Path | None = None,
     baseline: dict[str, Any] | None = None,
+    freeze_heap: bool = False,
 ) -> dict[str, Any]:
     """Baseline and candidate served and loaded in the same run, interleaved; see the module docstring.
+
+    ``freeze_heap``: freeze this process's heap before the first window
+    (:func:`kernelcamp.serve.gcwatch.freeze_heap`; the result's ``client_gc_frozen``): for a process that
+    runs the benchmark and exits (the benchmark stage), never for a long-lived one (a frozen object that
+    later becomes cyclic garbage is never reclaimed).
 
     ``baseline``: a baseline server the caller started (:func:`baseline_server`'s dict) and stops
     after its own later use of it (the benchmark stage's decode-step profile: one start instead of
@@ -626,6 +632,7 @@ def serving_benchmark(
     measured_at = now_utc()
     levels = [int(c) for c in plan["concurrency"]]
     stop: dict[str, Any] = {}
+    client_frozen: dict[str, Any] | None = None
     looks: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         if why_not:
@@ -650,9 +657,9 @@ def serving_benchmark(
                 "check": lambda i: _check_baseline(base, i),
             }
         impls = [i for i in IMPLS if i in targets]
-        # this process (the load generator) too: its heap holds torch and the kernel benchmark's
-        # objects, and a full collection would stop every stream's reads (kernelcamp.serve.gcwatch)
-        gcwatch.freeze_heap()
+        if freeze_heap:  # the load generator's heap holds torch and the kernel benchmark's objects: a full
+            # collection would stop every stream's reads (kernelcamp.serve.gcwatch)
+            client_frozen = gcwatch.freeze_heap()
         rows: list[dict[str, Any]] = []
         steps: dict[str, list[dict[str, Any]]] = {i: [] for i in impls}
         last_info: dict[str, Any] | None = None
@@ -766,5 +773,6 @@ def serving_benchmark(
         "hash_checked": hash_checked,
         "deploy_id": deploy_record.get("deploy_id"),
         "measured_at": measured_at,
+        "client_gc_frozen": client_frozen,
         "provenance": {**git_info(), "client": device_info()},
     }

@@ -989,20 +989,26 @@ def build_state(params: dict[str, Any], device: str, never_ready: bool = False) 
     sizes = [1, min(8, cfg.max_running_requests)] if not model.on_gpu else None
     model.calibrate(sizes)
     khash = kernel_source_hash(params.get("kernel"))
-    engine = Engine(model, cfg.max_running_requests, overlap=flags["overlap_scheduling"])
-    # server.gc_freeze: the heap of the imports, the model and its graphs is never walked again by a
-    # collection during serving (kernelcamp.serve.gcwatch); last, so that all of it is frozen
-    frozen = gcwatch.freeze_heap() if flags["gc_freeze"] else None
     return ServeState(
-        engine,
+        Engine(model, cfg.max_running_requests, overlap=flags["overlap_scheduling"]),
         variant,
         variant_hash(variant, khash, flags),
         khash,
         flags,
         str(model.device),
         never_ready=never_ready,
-        gc_frozen=frozen,
     )
+
+
+def freeze_served_heap(state: ServeState) -> ServeState:
+    """``server.gc_freeze``: freeze the serving process's heap once its state is built (imports, model,
+    captured graphs), so that no collection during serving walks it again (:mod:`kernelcamp.serve.gcwatch`);
+    recorded in ``state.gc_frozen`` (info's ``gc_frozen_at_start``). For the process that serves
+    (``kernelcamp serve``), not for a state built inside a longer-lived one (a test): a frozen object
+    that later becomes cyclic garbage is never reclaimed. Returns ``state``."""
+    if state.flags.get("gc_freeze"):
+        state.gc_frozen = gcwatch.freeze_heap()
+    return state
 
 
 # ---- command line ------------------------------------------------------------------------------------
@@ -1126,7 +1132,7 @@ def main(args: argparse.Namespace) -> int:
 
                 device = "cuda:0" if torch.cuda.is_available() else "cpu"
             if engine_uds is not None:
-                state = build_state(params, device, never_ready=args.never_ready)
+                state = freeze_served_heap(build_state(params, device, never_ready=args.never_ready))
                 # the front's request holds the prompt it accepted and more (openai.ENGINE_BODY_FACTOR)
                 app = make_app(state, None, args.trace_dir, ENGINE_BODY_FACTOR * MAX_BODY_BYTES)
                 add_engine_routes(app, state.engine, state.engine.model.cfg.vocab_size)
@@ -1141,7 +1147,8 @@ def main(args: argparse.Namespace) -> int:
                 link = EngineLink(argv)
                 app = make_front_app(link, key, gc_freeze=server_flags(server)["gc_freeze"])
             else:
-                app = make_app(build_state(params, device, never_ready=args.never_ready), key, args.trace_dir)
+                state = freeze_served_heap(build_state(params, device, never_ready=args.never_ready))
+                app = make_app(state, key, args.trace_dir)
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
