@@ -2,10 +2,12 @@
 shared bytes and SASS instruction counts (whole kernel and the main loop body).
 
     env -u TRITON_INTERPRET python benchmarks/compile_figures.py [--arch 90] [--dump DIR] [--module MOD]
+        [--configs T32_H16_w4_s3,...] [--shapes v32,v4,v32_tp8]
 
 ``--module``: a kernel module with the API of kernels.sparse_mla_decode (default that one), e.g. a
 candidate copied next to it. A module that does not import or lacks ``compile_specs``, a config label
-that does not parse or an unknown shape is one ``error:`` line and exit status 2, before any compile.
+that does not parse or that the kernel refuses, or an unknown shape is one ``error:`` line and exit
+status 2, before any compile.
 
 "local B" is the per-thread local memory of the cubin (cuobjdump STACK + LOCAL, what the driver
 reports as the local size; kernelcamp.inspect's ``local_bytes``), not ptxas's "spill stores".
@@ -74,37 +76,45 @@ def sass_counts(cubin: bytes) -> tuple[int, int, str]:
 def check_args(module: str, configs: str, shapes: str) -> tuple[object, list[str], list[str]]:
     """(the module's ``compile_specs``, config labels, shape names) from the command line, before any
     compile; ``ValueError`` naming the bad one and what is expected."""
+    hint = "give e.g. kernels.sparse_mla_decode"
+    if not module.strip() or module.startswith("."):
+        raise ValueError(f"--module {module!r}: expected an absolute module name; {hint}")
     try:
         mod = importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"--module {module}: cannot import it ({e}); give e.g. kernels.sparse_mla_decode") from None
+    except Exception as e:  # noqa: BLE001 - ImportError, or the module's own error (a SyntaxError, ...)
+        raise ValueError(f"--module {module}: cannot import it ({type(e).__name__}: {e}); {hint}") from None
     if not callable(getattr(mod, "compile_specs", None)):
         raise ValueError(f"--module {module}: has no compile_specs (the API of kernels.sparse_mla_decode)")
-    labels = [x for x in configs.split(",") if x]
-    if not labels:
-        raise ValueError("--configs: empty; give labels like T32_H16_w4_s3")
-    for label in labels:
-        try:
-            parse(label)
-        except ValueError:
-            raise ValueError(
-                f"--configs {label!r}: expected T<BLOCK_T>_H<BLOCK_H>_w<warps>_s<stages> (no split), e.g. T32_H16_w4_s3"
-            ) from None
     known = [fam for fam, *_ in SHAPES]
-    names = [x for x in shapes.split(",") if x]
+    names = [x.strip() for x in shapes.split(",") if x.strip()]
     bad = [x for x in names if x not in known]
     if bad or not names:
         raise ValueError(f"--shapes {shapes!r}: expected a comma list of {known}")
+    labels = [x.strip() for x in configs.split(",") if x.strip()]
+    if not labels:
+        raise ValueError("--configs: empty; give labels like T32_H16_w4_s3")
+    for label in labels:
+        form = "T<BLOCK_T>_H<BLOCK_H>_w<warps>_s<stages> (no split), e.g. T32_H16_w4_s3"
+        try:
+            cfg = parse(label)
+        except ValueError:
+            raise ValueError(f"--configs {label!r}: expected {form}") from None
+        for fam, layout, H, topk in SHAPES:
+            if fam in names:
+                try:  # the kernel's own config check (powers of two, warps, stages), without compiling
+                    mod.compile_specs(layout, H, topk, cfg, batch=128)
+                except ValueError as e:
+                    raise ValueError(f"--configs {label!r}: {e}") from None
     return mod.compile_specs, labels, names
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--arch", type=int, default=90)
-    ap.add_argument("--dump", default=None)
-    ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--shapes", default="v32,v4,v32_tp8")
-    ap.add_argument("--module", default="kernels.sparse_mla_decode")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", type=int, default=90, help="target compute capability, e.g. 90 (sm90) or 120")
+    ap.add_argument("--dump", default=None, help="folder for each compile's SASS and TTGIR")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma list of labels like T32_H16_w4_s3")
+    ap.add_argument("--shapes", default="v32,v4,v32_tp8", help="comma list of v32, v4, v32_tp8")
+    ap.add_argument("--module", default="kernels.sparse_mla_decode", help="kernel module with compile_specs")
     a = ap.parse_args()
     try:
         compile_specs, labels, shapes = check_args(a.module, a.configs, a.shapes)

@@ -7,3 +7,8 @@ class KernelcampError(Exception):
     Stage scripts catch it in ``kernelcamp.io.stage_main`` and print ``error: <message>`` to stderr
     with exit status 2; anything else is a bug and keeps its traceback.
     """
+
+
+def as_written(value: object) -> str:
+    """A config value in an error message as the user wrote it in YAML: ``null`` for None, else its repr."""
+    return "null" if value is None else repr(value)

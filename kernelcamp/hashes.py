@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelcamp.errors import KernelcampError
+from kernelcamp.errors import KernelcampError, as_written
 from kernelcamp.variant import Variant, parse_variant
 
 # Server flags that change what the server computes or how it schedules: they enter the variant
@@ -37,7 +37,7 @@ def _flag(server: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
     v = server.get(key, default)
     if isinstance(v, bool) != (kind is bool) or not isinstance(v, kind):  # bool("false") is True
         want = "true or false" if kind is bool else "an integer"
-        raise KernelcampError(f"server.{key} = {v!r}: expected {want}")
+        raise KernelcampError(f"server.{key} = {as_written(v)}: expected {want}")
     return v
 
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from kernelcamp.errors import KernelcampError
+from kernelcamp.errors import KernelcampError, as_written
 from kernelcamp.hashes import kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.kernel_rev import KernelRev, import_kernel_rev, resolve_kernel_rev
 from kernelcamp.variant import Variant, parse_variant
@@ -294,22 +294,22 @@ def _check_value(where: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> An
         return _build(tp, value, where)
     if origin is list:
         if not isinstance(value, list):
-            raise KernelcampError(f"{where} = {value!r}: expected {_type_name(tp)} (e.g. [1, 8])")
+            raise KernelcampError(f"{where} = {as_written(value)}: expected {_type_name(tp)} (e.g. [1, 8])")
         if meta.get("nonempty") and not value:
             raise KernelcampError(f"{where} is empty: give at least one value")
         (inner,) = typing.get_args(tp)
         item_meta = {k: v for k, v in meta.items() if k not in ("unique", "nonempty", "triple")}
         out = [_check_value(f"{where}.{i}", v, inner, item_meta) for i, v in enumerate(value)]
         if meta.get("triple") and any(len(v) != 3 for v in out):
-            raise KernelcampError(f"{where} = {value!r}: each shape is [B, H, topk]")
+            raise KernelcampError(f"{where} = {as_written(value)}: each shape is [B, H, topk]")
         if meta.get("unique"):
             seen = [v for i, v in enumerate(out) if v in out[:i]]
             if seen:
-                raise KernelcampError(f"{where} = {value!r}: {seen[0]} appears twice; give each value once")
+                raise KernelcampError(f"{where} = {as_written(value)}: {seen[0]} appears twice; give each value once")
         return out
     if origin is dict:
         if not isinstance(value, Mapping):
-            raise KernelcampError(f"{where} = {value!r}: expected a mapping")
+            raise KernelcampError(f"{where} = {as_written(value)}: expected a mapping")
         return dict(value)
     ok = (
         (tp is bool and isinstance(value, bool))
@@ -319,13 +319,13 @@ def _check_value(where: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> An
     )
     if not ok:
         hint = " (write it without a decimal point)" if tp is int and isinstance(value, float) else ""
-        raise KernelcampError(f"{where} = {value!r}: expected {_type_name(tp)}{hint}")
+        raise KernelcampError(f"{where} = {as_written(value)}: expected {_type_name(tp)}{hint}")
     if tp is float:
         value = float(value)
         if value != value or value in (float("inf"), float("-inf")):
-            raise KernelcampError(f"{where} = {value!r}: expected a finite number")
+            raise KernelcampError(f"{where} = {as_written(value)}: expected a finite number")
     if "choices" in meta and value not in meta["choices"]:
-        raise KernelcampError(f"{where} = {value!r}: expected one of {list(meta['choices'])}")
+        raise KernelcampError(f"{where} = {as_written(value)}: expected one of {list(meta['choices'])}")
     if tp is str:
         if meta.get("nonempty") and not value.strip():
             raise KernelcampError(f"{where} is empty: give a value")
@@ -339,7 +339,7 @@ def _check_value(where: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> An
         ("lt", lambda v, b: v < b, "<"),
     ):
         if key in meta and not test(value, meta[key]):
-            raise KernelcampError(f"{where} = {value!r}: must be {words} {meta[key]}")
+            raise KernelcampError(f"{where} = {as_written(value)}: must be {words} {meta[key]}")
     if meta.get("pow2") and value & (value - 1):
         raise KernelcampError(f"{where} = {value}: must be a power of two")
     return value
@@ -348,7 +348,7 @@ def _check_value(where: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> An
 def _build(cls: type, raw: Any, where: str) -> Any:
     """Instantiate dataclass ``cls`` from mapping ``raw``, checking every field (see module docstring)."""
     if not isinstance(raw, Mapping):
-        raise KernelcampError(f"{where} = {raw!r}: expected a mapping (see conf/{where.split('.')[0]}/)")
+        raise KernelcampError(f"{where} = {as_written(raw)}: expected a mapping (see conf/{where.split('.')[0]}/)")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = [k for k in raw if k not in fields]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +26,27 @@ def test_bad_module_config_and_shape_are_one_line_each():
         (["--module", "kernelcamp.io"], "has no compile_specs"),
         (["--configs", "T32_H16_w4_s3,T32_H16_bad"], "--configs 'T32_H16_bad': expected T<BLOCK_T>_H<BLOCK_H>"),
         (["--shapes", "v32,v99"], "--shapes 'v32,v99': expected a comma list of ['v32', 'v4', 'v32_tp8']"),
+        # a label that parses but that the kernel refuses; modules that are not importable names
+        (["--shapes", "v32_tp8", "--configs", "T15_H16_w4_s3"], "--configs 'T15_H16_w4_s3': BLOCK_T=15"),
+        (["--module", ""], "--module '': expected an absolute module name"),
+        (["--module", ".foo"], "--module '.foo': expected an absolute module name"),
     ]
     for args, want in cases:
         r = _run(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and want in r.stderr, r.stderr
         assert r.stdout == ""  # nothing compiled, no table header
+
+
+def test_a_module_that_raises_on_import_is_one_line(tmp_path):
+    (tmp_path / "broken_kernel.py").write_text("raise RuntimeError('boom at import')\n")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compile_figures.py"), "--module", "broken_kernel"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "cannot import it (RuntimeError: boom at import)" in r.stderr

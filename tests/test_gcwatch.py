@@ -70,6 +70,14 @@ def test_gc_freeze_is_a_hashed_flag_on_by_default_and_strings_are_refused():
     assert server_flags({"gc_freeze": False})["gc_freeze"] is False
     with pytest.raises(KernelcampError, match="server.gc_freeze = 'false'"):
         server_flags({"gc_freeze": "false"})
+    with pytest.raises(KernelcampError, match="server.gc_freeze = null: expected true or false"):
+        server_flags({"gc_freeze": None})  # YAML's null, named as written
+    from kernelcamp.spec import ServerSpec, WorkloadSpec, parse_section
+
+    full = load_params(ROOT / "params.yaml")  # every field, then one of them null
+    for spec, section, key in ((ServerSpec, "server", "gc_freeze"), (WorkloadSpec, "workload", "num_heads")):
+        with pytest.raises(KernelcampError, match=rf"{section}.{key} = null: expected"):
+            parse_section(spec, {**full[section], key: None}, section)
 
 
 @pytest.mark.parametrize("flag", [True, False])

@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import load_params
-from kernelcamp.serve.model import DecoderModel, ModelConfig, encode
+from kernelcamp.serve.model import DecoderModel, ModelConfig
+from kernelcamp.serve.tokens import encode
 from kernelcamp.variant import parse_variant
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,9 @@ import pytest
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import load_params
-from kernelcamp.serve.model import DecoderModel, ModelConfig, encode
+from kernelcamp.serve.model import DecoderModel, ModelConfig
 from kernelcamp.serve.server import Engine, _put_all
+from kernelcamp.serve.tokens import encode
 from kernelcamp.variant import parse_variant
 
 ROOT = Path(__file__).resolve().parents[1]

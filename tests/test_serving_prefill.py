@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from kernelcamp.io import load_params
-from kernelcamp.serve.model import DecoderModel, ModelConfig, encode
+from kernelcamp.serve.model import DecoderModel, ModelConfig
 from kernelcamp.serve.server import Engine
+from kernelcamp.serve.tokens import encode
 from kernelcamp.variant import parse_variant
 
 ROOT = Path(__file__).resolve().parents[1]

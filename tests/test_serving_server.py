@@ -17,9 +17,9 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import params_variant_hash
 from kernelcamp.io import load_params
 from kernelcamp.loadgen import run_load
-from kernelcamp.serve.model import encode, token_text
 from kernelcamp.serve.server import build_state, make_app
 from kernelcamp.serve.testing import ServerThread
+from kernelcamp.serve.tokens import encode, token_text
 from kernelcamp.verify.serving import serving_verify
 
 ROOT = Path(__file__).resolve().parents[1]

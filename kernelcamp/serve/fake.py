@@ -110,7 +110,7 @@ def fake_tokens(prompt: str, n: int) -> list[int]:
 def make_fake_app(spec: FakeSpec, api_key: str | None = None) -> FastAPI:
     """A server with known timing and optional failure modes (see :class:`FakeSpec`); the same request
     models, error shapes, JSON-only POSTs and optional API key as the real server."""
-    from kernelcamp.serve.model import token_text
+    from kernelcamp.serve.tokens import token_text
 
     if spec.chunk < 1 or spec.ttft_ms < 0 or spec.itl_ms < 0:
         raise KernelcampError(f"fake spec: chunk must be >= 1 and times >= 0 (got {spec})")

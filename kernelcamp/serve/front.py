@@ -171,7 +171,7 @@ def add_engine_routes(app: FastAPI, engine: Any, vocab_size: int) -> None:
     ``POST {INTERNAL}/submit`` ``{"rid", "prompt", "max_tokens"}`` -> ``{"prompt_tokens"}``, or 400
     ``{"error"}`` (the context check of ``Engine.submit``); ``POST {INTERNAL}/cancel`` ``{"rid"}``;
     ``GET {INTERNAL}/steps``: the token stream (one reader: the front)."""
-    from kernelcamp.serve.model import encode
+    from kernelcamp.serve.tokens import encode
 
     mux = _Mux()
     reqs: dict[str, Any] = {}
@@ -257,6 +257,10 @@ class EngineLink:
         self.on_failure: Any = None  # called (on the event loop) to stop the front when that happens
         self.stopping: Any = None  # () -> bool: the front is already shutting down (then no failure)
         self.linked = False  # the token stream is open
+        # server.gc_freeze: freeze this process's heap once linked (imports, client and connection made,
+        # before /health says 200); what the freeze returned, for info (kernelcamp.serve.gcwatch)
+        self.freeze_heap_when_linked = False
+        self.gc_frozen: dict[str, Any] | None = None
         self._task: asyncio.Task | None = None
         self._pending: set[asyncio.Task] = set()  # cancel requests in flight
         self.token = ""
@@ -307,7 +311,10 @@ class EngineLink:
                         async for line in resp.aiter_lines():
                             if not line:
                                 continue
-                            self.linked = True
+                            if not self.linked:
+                                self.linked = True
+                                if self.freeze_heap_when_linked and self.gc_frozen is None:
+                                    self.gc_frozen = gcwatch.freeze_heap()
                             self._deliver(json.loads(line))
                     why = self.exited() or why
                     return
@@ -445,16 +452,14 @@ def make_front_app(link: EngineLink, api_key: str | None = None, gc_freeze: bool
     """The front process's app (module docstring): completions streamed from ``link``, the rest forwarded.
 
     ``api_key`` is checked here (the engine process has none: only this process can reach it).
-    ``gc_freeze`` (``server.gc_freeze``): freeze this process's heap at start
-    (:func:`kernelcamp.serve.gcwatch.freeze_heap`); info's ``front_gc`` is this process's collector
+    ``gc_freeze`` (``server.gc_freeze``): freeze this process's heap once the link to the engine is open
+    (:func:`kernelcamp.serve.gcwatch.freeze_heap`; before /health answers 200, after the imports and the
+    client the link makes); info's ``front_gc`` is this process's collector
     (:meth:`kernelcamp.serve.gcwatch.GcWatch.snapshot`) and ``front_gc_frozen_at_start`` the freeze."""
     gc = gcwatch.watch()
-    frozen: dict[str, Any] | None = None
+    link.freeze_heap_when_linked = gc_freeze
 
     async def lifespan(app: FastAPI):
-        nonlocal frozen
-        if gc_freeze:
-            frozen = gcwatch.freeze_heap()
         link.start()
         try:
             yield
@@ -500,7 +505,7 @@ def make_front_app(link: EngineLink, api_key: str | None = None, gc_freeze: bool
             return resp
         body = json.loads(resp.body)
         body.update(pid=os.getpid(), engine_pid=body.get("pid"), engine_process=True, http_stack=stack)
-        body.update(front_gc=gc.snapshot(), front_gc_frozen_at_start=frozen)
+        body.update(front_gc=gc.snapshot(), front_gc_frozen_at_start=link.gc_frozen)
         return body
 
     @app.api_route("/{path:path}", methods=["GET", "POST"])

@@ -52,10 +52,8 @@ cannot be split).
 from __future__ import annotations
 
 import collections
-import functools
 import math
 import time
-import zlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -64,35 +62,8 @@ import torch
 from kernelcamp.errors import KernelcampError
 from kernelcamp.serve.attention import CacheWriter, check_writer, load_backend
 
-_CONS, _VOW = "bdfgklmnprstvz", "aeiou"
 PREFILL_MIN_ROWS = 16  # a prefill forward's rows: a power of two, at least this many (DecoderModel.prefill_many)
 CPU_MODEL_DEFAULTS = {"num_layers": 2, "hidden_size": 256, "mlp_size": 512, "vocab_size": 4096}
-
-
-def encode(text: str, vocab_size: int) -> list[int]:
-    """Whitespace words -> ids in [1, vocab_size) via crc32; ``[1]`` for an empty text."""
-    ids = [1 + zlib.crc32(w.encode()) % (vocab_size - 1) for w in text.split()]
-    return ids or [1]
-
-
-_SYL = [c + v for c in _CONS for v in _VOW]
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def token_text(token_id: int) -> str:
-    """A token's text: a space and a pseudo-word spelled from the id (distinct per id).
-
-    Cached (the vocabulary is small): the server's event loop spells every streamed token, and the
-    uncached spelling cost about 20 us per token on a 2-core CPU (benchmarks/sse_path_probe.py's
-    cProfile), time the model thread then waits for the GIL (issue 12)."""
-    syl = _SYL
-    n, parts = int(token_id), []
-    while True:
-        parts.append(syl[n % len(syl)])
-        n //= len(syl)
-        if n == 0:
-            break
-    return " " + "".join(reversed(parts))
 
 
 @dataclass

@@ -449,11 +449,11 @@ async def _completion_response(
     error_prefix: str = "engine error: ",
 ) -> Any:
     """The answer to a completion whose tokens arrive in ``batches`` (lists of token ids, each spelled
-    by ``kernelcamp.serve.model.token_text``): SSE with one chunk per batch when ``req.stream``, else
+    by ``kernelcamp.serve.tokens.token_text``): SSE with one chunk per batch when ``req.stream``, else
     the full response once they all came, or a 500 naming the error (after ``error_prefix``)."""
     from fastapi.responses import StreamingResponse
 
-    from kernelcamp.serve.model import token_text
+    from kernelcamp.serve.tokens import token_text
 
     if req.stream:
 

@@ -945,7 +945,7 @@ def make_app(
         return FileResponse(path, media_type="application/gzip", filename=f"trace-{trace_id}.json.gz")
 
     async def _complete(req: CompletionRequest | ChatRequest, chat: bool, request: Request):
-        from kernelcamp.serve.model import encode
+        from kernelcamp.serve.tokens import encode
 
         bad = _check_model(req)
         if bad is not None:
