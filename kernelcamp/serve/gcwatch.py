@@ -1,8 +1,9 @@
 """Python's cyclic garbage collector in a serving process: its pauses counted, its heap frozen after warm-up.
 
 A full (generation 2) collection walks every tracked object of the process and holds the GIL while it
-does: with torch and Triton imported, about 200,000 objects, that took 75 ms on the 2-core CI machine
-(2026-12-02, ``gc.collect(2)`` after importing the server). During a serving window it stops the model
+does: with torch, Triton and the server's modules imported, about 200,000 objects, that took 75-137 ms
+on the 2-core CI machine (2026-12-02: ``gc.collect(2)`` in a process that imported them, and the
+servers' own freeze collections). During a serving window it stops the model
 step (engine process), the SSE writes (front) or the load generator's reads (client) for that long,
 which would show up as one slow window among steady ones (issue 12). ``gc.freeze()`` moves every object
 alive at that moment into the permanent generation, which later collections skip: the objects of the
@@ -16,7 +17,7 @@ documentation (3.11, 3.12).
 Measured on the H200 (2026-12-02, reports/campaigns/decisions/README.md, last section): with the heaps
 frozen, a serving window of about 3.4 s at concurrency 96 had 0.1-1.5 ms of pauses in the engine,
 35-53 ms in the front and 32-46 ms in the load generator (young collections), varying by about 0.3%
-of a window between windows: not the source of the 4-11% window-to-window spread of throughput.
+of a window between windows: not the source of the 3-11% window-to-window spread of throughput.
 """
 
 from __future__ import annotations
