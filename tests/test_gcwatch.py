@@ -47,9 +47,11 @@ def test_the_watch_counts_a_full_collection_and_its_pause():
 
 def test_freeze_heap_moves_the_live_objects_out_of_the_collectors_walk():
     assert gc.get_freeze_count() == 0
+    assert gcwatch.watch().snapshot()["unfrozen_objects"] is None  # not counted (a walk of the whole heap)
     out = gcwatch.freeze_heap()
     assert out["frozen_objects"] == gc.get_freeze_count() > 1000
     assert out["freeze_ms"] > 0
+    assert gcwatch.watch().snapshot()["unfrozen_objects"] < out["frozen_objects"]
 
 
 def test_the_serving_benchmark_freezes_only_when_asked(monkeypatch):

@@ -73,14 +73,15 @@ class GcWatch:
         """JSON-ready: ``collections`` and ``pause_ms`` (lists indexed by generation 0..2, since
         :meth:`install`), ``max_pause_ms``, ``frozen_objects`` (``gc.get_freeze_count()``: objects in the
         permanent generation; 0 unless this server or a library froze the heap), ``unfrozen_objects``
-        (``len(gc.get_objects())``: the tracked objects a full collection walks now; counting them walks
-        them once, about 1 ms per 10,000) and ``enabled`` (``gc.isenabled()``)."""
+        (``len(gc.get_objects())``: the tracked objects a full collection walks now; counted only once
+        something is frozen, None before: counting walks them, about 1 ms per 10,000, and an unfrozen
+        heap with torch holds about 200,000) and ``enabled`` (``gc.isenabled()``)."""
         return {
             "collections": list(self.collections),
             "pause_ms": [round(x, 3) for x in self.pause_ms],
             "max_pause_ms": round(self.max_pause_ms, 3),
             "frozen_objects": gc.get_freeze_count(),
-            "unfrozen_objects": len(gc.get_objects()),
+            "unfrozen_objects": len(gc.get_objects()) if gc.get_freeze_count() else None,
             "enabled": gc.isenabled(),
         }
 
