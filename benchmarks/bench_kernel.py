@@ -153,6 +153,12 @@ def summary_header(
     ]
 
 
+def _untimed(r: dict[str, Any] | None) -> str:
+    """Why a table row at a batch size has no figures: its config "failed" there (an error row), or it
+    was "not measured"."""
+    return "failed" if r and r.get("failed") else "not measured"
+
+
 def summary_body(rows: list[dict[str, Any]], tables: dict[str, Variant] | None = None) -> list[str]:
     """The summary's tables and target verdicts from the CSV rows (floats for the figures).
 
@@ -198,7 +204,7 @@ def summary_body(rows: list[dict[str, Any]], tables: dict[str, Variant] | None =
             figs = (
                 f"{r['latency_us_p50']:.2f} | {r['tflops']:.1f} | {r['gbps']:.0f} | {r['roofline_pct']:.1f}"
                 if "latency_us_p50" in r
-                else f"{'failed (below)' if r.get('failed') else 'not measured'} | - | - | -"
+                else f"{_untimed(r)}{' (below)' if r.get('failed') else ''} | - | - | -"
             )
             best_us = best[(fam, B)]["latency_us_p50"]
             lines.append(f"| {fam} | {tables[fam].name} | {B} | {r['config']} | {figs} | {best_us:.2f} |")
@@ -213,14 +219,13 @@ def summary_body(rows: list[dict[str, Any]], tables: dict[str, Variant] | None =
     for fam, B, col, want in TARGETS:
         r = judged.get((fam, B))
         have = bool(r) and col in r
-        got = f"{r[col]:.1f} ({r['config']})" if have else f"{'failed' if r and r.get('failed') else 'not measured'}"
+        got = f"{r[col]:.1f} ({r['config']})" if have else _untimed(r)
         verdict = "met" if have and r[col] >= want else "NOT met"
         lines.append(f"- {fam} B={B}: {col} {got} (target >= {want:g}): {verdict}")
     for fam in FAMILIES:
         r = judged.get((fam, 1))
         if r and "latency_us_p50" not in r:
-            what = "failed" if r.get("failed") else "not measured"
-            lines.append(f"- {fam} B=1: {what} ({r['config']}) (target <= {B1_TARGET_US:g} us): NOT met")
+            lines.append(f"- {fam} B=1: {_untimed(r)} ({r['config']}) (target <= {B1_TARGET_US:g} us): NOT met")
         elif r:
             verdict = "met" if r["latency_us_p50"] <= B1_TARGET_US else "NOT met"
             lines.append(
