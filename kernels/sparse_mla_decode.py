@@ -23,21 +23,19 @@ uint8 tensor ``[num_pages, page_size * token_bytes]``:
   The quantizer never writes e = 0 (it would decode to the denormal 2^-127; the kernel flushes it
   to 0).
 
-Kernel design: split-K over the top-k range. Grid ``(B, cdiv(H, BLOCK_H), num_splits)``; a program
-loads a ``BLOCK_H x d_qk`` query tile, walks its share of the top-k slots in ``BLOCK_T`` tiles,
-gathers the fp8 rows by index (page = idx // page_size), dequantizes them with the layout's scales
-into the dot dtype, computes ``q . k^T`` with ``tl.dot`` (fp32 accumulate), runs an online softmax in
-base 2 (``sm_scale * log2(e)`` folded into one multiply) and accumulates ``p . v`` where v is the
-same dequantized tile (MLA shares the latent between K and V). V4 goes through one 512-wide "main"
-tile: its 448 fp8 values, dequantized, followed by its 64 rope values (so V4's V is the whole main
-tile). V3.2 (``_sparse_mla_v32_loop``) works in its four 128-wide fp8 groups: each group is
-dequantized with its fp32 scale into its own ``[BLOCK_T, 128]`` dot-dtype tile (fp8 -> fp32 exact, one
-fp32 multiply, one rounding), the four group dots and the 64-wide rope dot chain into one score
-accumulator, and one bf16 P feeds four ``[BLOCK_H, 128]`` output accumulators. An earlier version
-applied the scales to the scores and to P instead (five score accumulators, four scaled copies of P);
-it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one takes 403 us on the H200
-(reports/campaigns/kernel_speed/candidates_1/README.md, the "kscale" file). Wgmma configs
-(``BLOCK_H >= 64``: V3.2's whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two things differ:
+Kernel design: split-K over the top-k range. Grid ``(B, cdiv(H, BLOCK_H), num_splits)``; a program loads a
+``BLOCK_H x d_qk`` query tile, walks its share of the top-k slots in ``BLOCK_T`` tiles, gathers the fp8 rows
+by index (page = idx // page_size), dequantizes them with the layout's scales into the dot dtype, computes
+``q . k^T`` with ``tl.dot`` (fp32 accumulate), runs an online softmax in base 2 (``sm_scale * log2(e)`` folded
+into one multiply) and accumulates ``p . v`` where v is the same dequantized tile (MLA shares the latent
+between K and V). V3.2 (``_sparse_mla_v32_loop``) works in its four 128-wide fp8 groups: each group is
+dequantized with its fp32 scale into its own ``[BLOCK_T, 128]`` dot-dtype tile (fp8 -> fp32 exact, one fp32
+multiply, one rounding), the four group dots and the 64-wide rope dot chain into one score accumulator, and
+one bf16 P feeds four ``[BLOCK_H, 128]`` output accumulators. An earlier version applied the scales to the
+scores and to P instead (five score accumulators, four scaled copies of P); it spilled at BLOCK_T = 64 and ran
+V3.2 B=128 in 587 us where this one takes 403 us on the H200
+(reports/campaigns/kernel_speed/candidates_1/README.md, the "kscale" file). Wgmma configs (``BLOCK_H >= 64``:
+V3.2's whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two things differ in V3.2's loop:
 
 - the P.V dots take a second load of the same fp8 bytes: one register tile feeding both dots wants two
   dot-operand layouts, and Triton's pipeliner then leaves its load synchronous (Triton 3.6,
@@ -52,25 +50,26 @@ it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one takes 403
   ``p * sc_g``: with cache scales below about 1e-5 (group maxima below ~0.005) P.V loses precision
   (8% relative error at 1e-5 of the usual magnitudes on the interpreter, 0.5% at 1e-3).
 
-Wide head tiles (V4, ``BLOCK_H >= 64``, Hopper wgmma): Triton lays out every warp along M for a dot
-whose result reaches another dot (Triton 3.6, lib/Dialect/TritonGPU/Transforms/AccelerateMatmul.cpp,
-``warpsPerTileV3``: "Contains a chained dot" -> warps ``[num_warps, 1]``), so at ``BLOCK_H = 64``
-with 8 warps both warpgroups computed the whole ``q . k^T`` tile (the TTGIR's QK ``#mma`` had
-``warpsPerCTA = [8, 1]``). There V4's softmax P (dot dtype) and rescale factor alpha go through a
-per-program scratch in global memory (``BLOCK_H x (BLOCK_T + 2)`` dot-dtype elements, L2-resident,
-a CTA barrier on each side), so that no SSA value leads from the QK dot to a dot: it gets warps
-``[4, 2]`` and each warpgroup computes half the tile. The barriers also keep Triton's pipeliner from
-prefetching the loop's gathers, so ``num_stages`` makes no difference to these binaries. On the H200
-this made V4-Flash at B=128 12% faster (T64_H64_w8_s2: 60.0 against 68.3 us); the same change on V3.2
-(one 512-wide tile, the rope dot first) made its best config 10% slower (442.6 against 402.9 us):
-without the prefetch its gather stalls (long scoreboard) doubled in Nsight Compute
-(reports/campaigns/kernel_speed/candidates_3/README.md). V3.2 keeps the loop above.
+V4 (``_sparse_mla_v4_loop``) runs the same loop in its own column tiles: three 128-wide tiles of two 64-value
+fp8 groups (each half scaled by its ue8m0 exponent; a power-of-two scale only moves the exponent, so the bf16
+dequantization is exact), the seventh fp8 group (64) and the 64 bf16 rope values; V4's V is all five tiles
+(d_v = d_qk = 512). A token's 8 scale bytes are loaded as two int32 words: 4-byte loads can be cp.async
+prefetches, while a first version of these tiles that loaded one byte per group kept them synchronous, its top
+stall in Nsight Compute. Before campaign step "v4tiles" V4 built one 512-wide tile from a ``[BLOCK_T, 8, 64]``
+load and, at ``BLOCK_H >= 64``, passed P and alpha through a per-program global scratch: Triton lays out every
+warp along M for a dot whose result reaches another dot (Triton 3.6, AccelerateMatmul.cpp, ``warpsPerTileV3``:
+"Contains a chained dot" -> warps ``[num_warps, 1]``), so at ``BLOCK_H = 64`` with 8 warps both warpgroups
+compute the whole ``q . k^T`` tile, and the scratch gave that dot warps ``[4, 2]`` (step "pscratch": V4-Flash
+B=128 68.3 -> 60.0 us). On the column tiles the scratch made every T64_H64 config slower (1.02-1.22x; its CTA
+barriers stop the gathers' prefetch; V3.2 lost 10% to it for the same reason), so both layouts now keep the
+duplicated QK dot at ``BLOCK_H = 64``; the column tiles without it ran V4-Flash B=128 in 56.2 against 60.8 us
+on the H200 (reports/campaigns/kernel_speed/candidates_10/README.md). At ``BLOCK_H < 64`` V4 keeps one load
+per fp8 tile for both dots and the bf16 dequantization (V3.2's mma v2 changes above were not tried on V4).
 
-With one split the
-kernel writes the final bf16 output and LSE itself; with more it writes fp32 partial outputs and
-base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale, one program per
-(b, h) row and column slice (rows split by column only while twice as many programs still fit
-two per SM: ``_combine_block_d``).
+With one split the kernel writes the final bf16 output and LSE itself; with more it writes fp32 partial
+outputs and base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale, one program per
+(b, h) row and column slice (rows split by column only while twice as many programs still fit two per SM:
+``_combine_block_d``).
 
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
@@ -397,6 +396,127 @@ def _sparse_mla_v32_loop(
         tl.store(part_lse_ptr + part, lse2, mask=mask_h)
 
 
+@triton.jit
+def _ue8m0(word, k: tl.constexpr):
+    # byte k (little-endian) of int32 words of ue8m0 exponents -> fp32 2^(e-127); e = 0 gives 0.0
+    return (((word >> (8 * k)) & 255) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _v4_pair(rows, sa, sb, j: tl.constexpr, valid, DOT_DTYPE: tl.constexpr):
+    # V4 fp8 groups 2j and 2j + 1 of BLOCK_T rows with their [BLOCK_T] fp32 scales sa, sb -> [BLOCK_T, 128] dot
+    # dtype; exact in bf16 (a power-of-two scale changes only the exponent)
+    offs = tl.arange(0, 128)
+    bits = tl.load(rows + j * 128 + offs[None, :], mask=valid[:, None], other=0)
+    scale = tl.where(offs[None, :] < 64, sa[:, None], sb[:, None])
+    return (bits.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale).to(DOT_DTYPE)
+
+
+@triton.jit
+def _sparse_mla_v4_loop(
+    q_row_ptrs,
+    mask_h,
+    offs_h,
+    kv_u8_ptr,
+    kv_bf16_ptr,
+    kv_f32_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    pid_b,
+    pid_s,
+    n_splits,
+    H,
+    topk,
+    max_splits,
+    sm_scale_log2,
+    stride_ib,
+    PAGE_SIZE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    # DeepSeek-V4 body of _sparse_mla_split_kernel in column tiles like V3.2's loop: three 128-wide tiles of
+    # two fp8 groups each, the last fp8 group (64) and the bf16 rope values (64); V = all of them
+    G: tl.constexpr = 128
+    E: tl.constexpr = 64
+    PAGE_BYTES: tl.constexpr = PAGE_SIZE * 584
+    offs_g = tl.arange(0, G)
+    offs_e = tl.arange(0, E)
+    q0 = tl.load(q_row_ptrs + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    q1 = tl.load(q_row_ptrs + G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    q2 = tl.load(q_row_ptrs + 2 * G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    q3 = tl.load(q_row_ptrs + 3 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    q4 = tl.load(q_row_ptrs + 3 * G + E + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+
+    tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_T), n_splits)
+    t_start = pid_s * tiles_per_split * BLOCK_T
+    t_end = tl.minimum(t_start + tiles_per_split * BLOCK_T, topk)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, G], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, G], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, G], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, E], tl.float32)
+    acc4 = tl.zeros([BLOCK_H, E], tl.float32)
+    for t0 in range(t_start, t_end, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        idx = tl.load(idx_ptr + pid_b.to(tl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
+        valid = idx >= 0
+        tok = tl.where(valid, idx, 0).to(tl.int64)
+        page_base = (tok // PAGE_SIZE) * PAGE_BYTES
+        row = tok % PAGE_SIZE
+        row_base = tl.multiple_of(page_base + row * 576, 16)
+        rows = kv_u8_ptr + row_base[:, None]
+        # the row's 8 scale bytes as two int32 words (4-byte loads: cp.async-able, where byte loads were not)
+        sw_ptrs = kv_f32_ptr + (page_base + PAGE_SIZE * 576 + row * 8) // 4
+        w0 = tl.load(sw_ptrs, mask=valid, other=0.0).to(tl.int32, bitcast=True)
+        w1 = tl.load(sw_ptrs + 1, mask=valid, other=0.0).to(tl.int32, bitcast=True)
+        k0 = _v4_pair(rows, _ue8m0(w0, 0), _ue8m0(w0, 1), 0, valid, DOT_DTYPE)
+        k1 = _v4_pair(rows, _ue8m0(w0, 2), _ue8m0(w0, 3), 1, valid, DOT_DTYPE)
+        k2 = _v4_pair(rows, _ue8m0(w1, 0), _ue8m0(w1, 1), 2, valid, DOT_DTYPE)
+        b6 = tl.load(rows + 3 * G + offs_e[None, :], mask=valid[:, None], other=0)
+        k3 = (b6.to(tl.float8e4nv, bitcast=True).to(tl.float32) * _ue8m0(w1, 2)[:, None]).to(DOT_DTYPE)
+        k4 = tl.load(kv_bf16_ptr + (row_base[:, None] + 448) // 2 + offs_e[None, :], mask=valid[:, None], other=0.0)
+        k4 = k4.to(DOT_DTYPE)
+        qk = tl.dot(q4, tl.trans(k4))
+        qk = tl.dot(q0, tl.trans(k0), qk)
+        qk = tl.dot(q1, tl.trans(k1), qk)
+        qk = tl.dot(q2, tl.trans(k2), qk)
+        qk = tl.dot(q3, tl.trans(k3), qk)
+        s = tl.where(valid[None, :], qk * sm_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pb = p.to(DOT_DTYPE)
+        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
+        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
+        acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
+        acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
+        acc4 = tl.dot(pb, k4, acc4 * alpha[:, None])
+        m_i = m_new
+
+    has = l_i > 0.0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    bh = pid_b.to(tl.int64) * H + offs_h
+    part = bh * max_splits + pid_s
+    _store_rows(out_ptr, part_out_ptr, bh, part, 0, acc0 * inv_l[:, None], mask_h, n_splits, 512, G)
+    _store_rows(out_ptr, part_out_ptr, bh, part, G, acc1 * inv_l[:, None], mask_h, n_splits, 512, G)
+    _store_rows(out_ptr, part_out_ptr, bh, part, 2 * G, acc2 * inv_l[:, None], mask_h, n_splits, 512, G)
+    _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G, acc3 * inv_l[:, None], mask_h, n_splits, 512, E)
+    _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G + E, acc4 * inv_l[:, None], mask_h, n_splits, 512, E)
+    if n_splits == 1:
+        tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_h)
+    else:
+        tl.store(part_lse_ptr + part, lse2, mask=mask_h)
+
+
 # Sizes are not specialized (B == 1, max_splits == 1 would each compile another binary): one binary per
 # config and layout keeps warm-up short and the compile inspector's binary the one that runs.
 @triton.jit(do_not_specialize=["B", "H", "topk", "max_splits"])
@@ -411,7 +531,6 @@ def _sparse_mla_split_kernel(
     lse_ptr,
     part_out_ptr,
     part_lse_ptr,
-    p_scratch_ptr,
     # sizes
     B,
     H,
@@ -431,13 +550,6 @@ def _sparse_mla_split_kernel(
     SPLITS: tl.constexpr,
 ):
     # SPLITS is the requested split count (0 = auto); the launched count is the grid's third axis.
-    D: tl.constexpr = 512
-    if LAYOUT == 0:
-        TOKEN_ROW: tl.constexpr = 656  # V3.2: token row stride; fp8 0-511, fp32 scales 512-527, rope 528-655
-        PAGE_BYTES: tl.constexpr = PAGE_SIZE * 656
-    else:
-        TOKEN_ROW: tl.constexpr = 576  # V4: data row stride; fp8 0-447, rope 448-575; scale rows after
-        PAGE_BYTES: tl.constexpr = PAGE_SIZE * 584
     pid_b = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -445,7 +557,6 @@ def _sparse_mla_split_kernel(
 
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
-    offs_d = tl.arange(0, D)
     q_row_ptrs = q_ptr + pid_b.to(tl.int64) * stride_qb + offs_h[:, None] * stride_qh
     if LAYOUT == 0:
         _sparse_mla_v32_loop(
@@ -474,84 +585,31 @@ def _sparse_mla_split_kernel(
             BLOCK_H,
         )
     else:
-        q_main = tl.load(q_row_ptrs + offs_d[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
-
-        tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_T), n_splits)
-        t_start = pid_s * tiles_per_split * BLOCK_T
-        t_end = tl.minimum(t_start + tiles_per_split * BLOCK_T, topk)
-
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, D], tl.float32)
-        # BLOCK_H >= 64: this program's P / alpha scratch (module docstring, "Wide head tiles")
-        scr = p_scratch_ptr + ((pid_b * tl.num_programs(1) + pid_h) * n_splits + pid_s).to(tl.int64) * (
-            BLOCK_H * (BLOCK_T + 2)
+        _sparse_mla_v4_loop(
+            q_row_ptrs,
+            mask_h,
+            offs_h,
+            kv_u8_ptr,
+            kv_bf16_ptr,
+            kv_f32_ptr,
+            idx_ptr,
+            out_ptr,
+            lse_ptr,
+            part_out_ptr,
+            part_lse_ptr,
+            pid_b,
+            pid_s,
+            n_splits,
+            H,
+            topk,
+            max_splits,
+            sm_scale_log2,
+            stride_ib,
+            PAGE_SIZE,
+            DOT_DTYPE,
+            BLOCK_T,
+            BLOCK_H,
         )
-        p_ptrs = scr + tl.arange(0, BLOCK_H)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
-        a_ptrs = (scr + BLOCK_H * BLOCK_T).to(tl.pointer_type(tl.float32)) + tl.arange(0, BLOCK_H)
-        for t0 in range(t_start, t_end, BLOCK_T):
-            offs_t = t0 + tl.arange(0, BLOCK_T)
-            idx = tl.load(idx_ptr + pid_b.to(tl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
-            valid = idx >= 0
-            tok = tl.where(valid, idx, 0).to(tl.int64)
-            page_base = (tok // PAGE_SIZE) * PAGE_BYTES
-            row = tok % PAGE_SIZE
-            row_base = tl.multiple_of(page_base + row * TOKEN_ROW, 16)
-            # V4: the fp8 values are loaded as [BLOCK_T, groups, group size] so that each row's few
-            # scales are loaded once and broadcast, then merged with the rope values into the
-            # [BLOCK_T, 512] main tile (K = V).
-            offs_g = tl.arange(0, 8)  # 7 fp8 groups of 64, then the 64 rope values as group 7
-            offs_e = tl.arange(0, 64)
-            is_fp8 = offs_g < 7
-            col3 = offs_g[None, :, None] * 64 + offs_e[None, None, :]
-            fp8 = tl.load(
-                kv_u8_ptr + row_base[:, None, None] + col3, mask=valid[:, None, None] & is_fp8[None, :, None], other=0
-            )
-            e8 = tl.load(
-                kv_u8_ptr + (page_base + PAGE_SIZE * 576 + row * 8)[:, None] + offs_g[None, :],
-                mask=valid[:, None] & is_fp8[None, :],
-                other=0,
-            )
-            scale = (e8.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # 2^(e-127), exact
-            rope = tl.load(
-                kv_bf16_ptr + (row_base[:, None] + 448) // 2 + offs_e[None, :], mask=valid[:, None], other=0.0
-            )
-            k3 = tl.where(
-                is_fp8[None, :, None],
-                fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, :, None],
-                rope.to(tl.float32)[:, None, :],
-            )
-            k_main = tl.reshape(k3, (BLOCK_T, D)).to(DOT_DTYPE)
-
-            qk = tl.dot(q_main, tl.trans(k_main))
-            s = tl.where(valid[None, :], qk * sm_scale_log2, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if BLOCK_H >= 64:
-                # P and alpha through the scratch: the QK dot gets warps [4, 2], not [8, 1]
-                tl.store(p_ptrs, p.to(DOT_DTYPE))
-                tl.store(a_ptrs, alpha)
-                tl.debug_barrier()
-                acc = tl.dot(tl.load(p_ptrs), k_main, acc * tl.load(a_ptrs)[:, None])
-                tl.debug_barrier()  # every warp has read P before the next tile's store
-            else:
-                acc = tl.dot(p.to(DOT_DTYPE), k_main, acc * alpha[:, None])
-            m_i = m_new
-
-        has = l_i > 0.0
-        o = acc / tl.where(has, l_i, 1.0)[:, None]
-        lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        bh = pid_b.to(tl.int64) * H + offs_h
-        if n_splits == 1:
-            tl.store(out_ptr + bh[:, None] * D + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=mask_h[:, None])
-            tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_h)
-        else:
-            part = bh * max_splits + pid_s
-            tl.store(part_out_ptr + part[:, None] * D + offs_d[None, :], o, mask=mask_h[:, None])
-            tl.store(part_lse_ptr + part, lse2, mask=mask_h)
 
 
 @triton.jit
@@ -767,12 +825,6 @@ class SparseMLADecode:
         else:
             part_out, part_lse = out, lse  # never written: one split stores the final result directly
 
-        p_scratch = torch.empty(
-            _scratch_elems(lay.code, B, H, topk, candidates, num_sms),
-            dtype=torch.bfloat16 if self.dot_dtype == "bf16" else torch.float16,
-            device=q.device,
-        )
-
         def grid(meta: dict[str, Any]) -> tuple[int, int, int]:
             req = "auto" if meta["SPLITS"] == 0 else meta["SPLITS"]
             n = resolve_num_splits(req, B, H, topk, meta["BLOCK_H"], meta["BLOCK_T"], num_sms)
@@ -788,7 +840,6 @@ class SparseMLADecode:
             lse,
             part_out,
             part_lse,
-            p_scratch,
             B,
             H,
             topk,
@@ -845,21 +896,6 @@ def _check_q_fits_fp16(q: torch.Tensor, lay: CacheLayout, dot_dtype: str, config
             f"q: |q| reaches {q_max:g}, but {why} (|q| < {F16_MAX:g}); use bf16 and BLOCK_H >= 64 configs for this "
             "input, or scale q down and sm_scale up by the same factor"
         )
-
-
-def _scratch_elems(layout_code: int, B: int, H: int, topk: int, configs: Any, num_sms: int) -> int:
-    # dot-dtype elements of the P / alpha scratch: BLOCK_H * (BLOCK_T + 2) per program of a V4 config
-    # with BLOCK_H >= 64 (module docstring, "Wide head tiles"); 1 (never read) when none runs it
-    need = [
-        B
-        * triton.cdiv(H, c.BLOCK_H)
-        * resolve_num_splits(c.num_splits, B, H, topk, c.BLOCK_H, c.BLOCK_T, num_sms)
-        * c.BLOCK_H
-        * (c.BLOCK_T + 2)
-        for c in configs
-        if layout_code == 1 and c.BLOCK_H >= 64
-    ]
-    return max(need, default=1)
 
 
 def _combine_block_d(rows: int, d_v: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
@@ -1155,7 +1191,6 @@ def compile_specs(
         "lse_ptr": "*fp32",
         "part_out_ptr": "*fp32",
         "part_lse_ptr": "*fp32",
-        "p_scratch_ptr": "*bf16" if dot_dtype == "bf16" else "*fp16",
         "B": "i32",
         "H": "i32",
         "topk": "i32",
