@@ -59,11 +59,12 @@ def test_one_winner_everywhere_is_written_as_a_single_config():
 
 def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
     d = "reports/campaigns/kernel_speed"
-    # grid_3: the kernel at 08ded7c (the kscale change); grids 1-2 measured the kernel before it. V4-Flash:
+    # grid_3: the kernel at 08ded7c (the kscale change); grids 1-2 measured the kernel before it; grid_4 (TP8)
+    # the kernel of 58e25b2, after the fp8prefetch, fp16k and combine2 steps changed TP8's code. V4-Flash:
     # the probe of the column-tile candidate (step "v4tiles", candidates_10/call2), whose V4 loop landed
     jobs = [
         ("v32", "tuned_deepseek_v32", [f"{d}/grid_3/v32.csv"]),
-        ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_3/v32_tp8.csv"]),
+        ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_4/v32_tp8.csv"]),
         ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/candidates_10/call2/cand_v4p3_v4_flash.csv"]),
     ]
     for fam, name, grids in jobs:
