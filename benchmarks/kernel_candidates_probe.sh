@@ -4,8 +4,8 @@
 # MODULE: a kernel module with the API of kernels.sparse_mla_decode (e.g. kernels.sparse_mla_decode and
 # a candidate copied next to it); MODS_v32, MODS_v32_tp8, MODS_v4_flash (space-separated) narrow the
 # modules run for one shape. For each shape, each module runs the same config list at B 1, 8, 32,
-# 128 through benchmarks/bench_kernel.py (compiled in parallel first, every config checked against the
-# torch reference, CUDA-graph replays, L2 flushed), then `pytest -m gpu tests/test_kernel_gpu.py` runs
+# 64, 128 (BATCHES; 64 since a table row chosen at 128 also runs 33-127: step "table4") through
+# benchmarks/bench_kernel.py (compiled in parallel first, every config checked against the torch reference, CUDA-graph replays, L2 flushed), then `pytest -m gpu tests/test_kernel_gpu.py` runs
 # on the first module (the one the tree ships). A family whose config list is set empty (e.g. TP8=)
 # is skipped. With NCU_RUNS="FAMILY:CONFIG:B ..." each module is first profiled by Nsight Compute
 # (when ncu is on the machine) at those points, one launch each (benchmarks/ncu_one_launch.py): the
@@ -61,7 +61,7 @@ for fam in v32 v32_tp8 v4_flash; do
     name=${mod##*.}
     mkdir -p "$W/$name"
     timeout ${GRID_TIMEOUT:-75} python3 benchmarks/bench_kernel.py --module "$mod" --out "$W/$name/$fam" --families $fam \
-      --batches 1,8,32,128 --configs "$cfgs" --no-ref --check --precompile-jobs 12 2>&1 \
+      --batches "${BATCHES:-1,8,32,64,128}" --configs "$cfgs" --no-ref --check --precompile-jobs 12 2>&1 \
       | tee "$W/$name/$fam.log" | grep -v "precompile" | tail -2
   done
 done

@@ -9,7 +9,14 @@ with ``max_batch`` = its batch size, the last row (largest batch) without it; ne
 the same config merge (the larger bound stays), and a table of one row is written as a single
 config. A batch between two measured sizes runs the row of the next larger measured size. The file's
 header comment names the grid, its GPU, versions, date and commit, and the measured latency of every
-row, so the table can be traced to the run that made it. """
+row, so the table can be traced to the run that made it.
+
+A row with an explicit split count launches ``B * cdiv(H, BLOCK_H) * splits`` programs, so the count that
+won at its measured batch size can leave most SMs idle at a batch half that size, which the row also runs
+(grid_4's TP8 B=128 winner, 2 splits, ran B=64 in 99.4 us where 4 splits took 71.5 us:
+reports/campaigns/kernel_speed/README.md, step "table4"). Each such row whose range reaches below half
+its measured batch size is named in a ``warning:`` line on stderr, with the batch size to add to the
+grid; the table is still written. """
 
 from __future__ import annotations
 
@@ -64,6 +71,24 @@ def table_rows(winners: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def stretched_rows(winners: list[dict[str, Any]]) -> list[str]:
+    """Warnings for winners with an explicit split count (``..._k<N>``) whose table row also runs batch
+    sizes below half the one it was measured at, i.e. the previous measured batch size is < B / 2.
+    ``winners`` as :func:`best_per_batch` returns them (sorted by B). One line each, naming the row, the
+    unmeasured range and the batch size to measure."""
+    out = []
+    for prev, w in zip([None, *winners[:-1]], winners, strict=True):
+        if _splits(w["config"]) == "auto":
+            continue
+        lo = 1 if prev is None else prev["B"] + 1
+        if lo < w["B"] / 2:
+            out.append(
+                f"the B={w['B']} row {w['config']} ({_splits(w['config'])} splits at every batch size) also runs "
+                f"B={lo}-{w['B'] - 1}, measured only at B={w['B']}; add B={w['B'] // 2} to the grid"
+            )
+    return out
+
+
 def render(name: str, family: str, grids: list[Path], winners: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     """The variant file's text: a provenance comment, then the yaml."""
     r0 = winners[0]["row"]
@@ -98,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for line in stretched_rows(winners):
+        print(f"warning: {line}", file=sys.stderr)
     text = render(a.name, a.family, [Path(g) for g in a.grid], winners, table_rows(winners))
     out = Path(a.out) / f"{a.name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -60,11 +60,12 @@ def test_one_winner_everywhere_is_written_as_a_single_config():
 def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
     d = "reports/campaigns/kernel_speed"
     # grid_3: the kernel at 08ded7c (the kscale change); grids 1-2 measured the kernel before it; grid_4 (TP8)
-    # the kernel of 58e25b2, after the fp8prefetch, fp16k and combine2 steps changed TP8's code. V4-Flash:
+    # the kernel of 58e25b2, after the fp8prefetch, fp16k and combine2 steps changed TP8's code, with B=64
+    # from the final benchmark of that kernel (the grid had no B=64; step "table4"). V4-Flash:
     # the probe of the column-tile candidate (step "v4tiles", candidates_10/call2), whose V4 loop landed
     jobs = [
         ("v32", "tuned_deepseek_v32", [f"{d}/grid_3/v32.csv"]),
-        ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_4/v32_tp8.csv"]),
+        ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_4/v32_tp8.csv", f"{d}/grid_4/final_bench_0446.csv"]),
         ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/candidates_10/call2/cand_v4p3_v4_flash.csv"]),
     ]
     for fam, name, grids in jobs:
@@ -73,3 +74,31 @@ def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
         made = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
         committed = yaml.safe_load((ROOT / "conf" / "variant" / f"{name}.yaml").read_text())
         assert made == committed, name
+
+
+def test_an_explicit_split_row_stretched_below_half_its_batch_is_named(tmp_path, capsys):
+    # grid_4's TP8 table without B=64 ran B=64 on the B=128 winner's 2 splits: 99.4 us against 71.5 with 4
+    rows = [
+        _row(1, "T64_H16_w8_s2_kauto", 11.0),
+        _row(32, "T32_H16_w4_s3_k8", 42.3),
+        _row(128, "T32_H16_w4_s3_k2", 127.3),
+    ]
+    warns = mtt.stretched_rows(mtt.best_per_batch(rows, "v32"))
+    assert warns == [
+        "the B=32 row T32_H16_w4_s3_k8 (8 splits at every batch size) also runs B=2-31, measured only at B=32; "
+        "add B=16 to the grid",
+        "the B=128 row T32_H16_w4_s3_k2 (2 splits at every batch size) also runs B=33-127, measured only at "
+        "B=128; add B=64 to the grid",
+    ]
+    assert mtt.stretched_rows(mtt.best_per_batch([*rows, _row(64, "T32_H16_w4_s3_k4", 71.5)], "v32"))[1:] == []
+    grid = tmp_path / "g.csv"
+    with grid.open("w", newline="") as f:
+        import csv
+
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert mtt.main(["--grid", str(grid), "--family", "v32", "--name", "t", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(line.startswith("warning: the B=") for line in err)
+    assert (tmp_path / "t.yaml").exists()
