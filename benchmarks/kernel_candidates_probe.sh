@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Kernel code candidates side by side on the lent H200 (issue 14), from the root of a clean export:
 #   bash benchmarks/kernel_candidates_probe.sh OUT MODULE [MODULE ...]
-# MODULE: a kernel module with the API of kernels.sparse_mla_decode (e.g. kernels.sparse_mla_decode and
-# a candidate copied next to it); MODS_v32, MODS_v32_tp8, MODS_v4_flash (space-separated) narrow the
-# modules run for one shape. For each shape, each module runs the same config list at B 1, 8, 32,
+# MODULE: a kernel module with the API of kernels.sparse_mla_decode (e.g. kernels.sparse_mla_decode
+# and a candidate copied next to it); MODS_v32, MODS_v32_tp8, MODS_v4_flash (space-separated) narrow
+# the modules run for one shape. For each shape, each module runs the same config list at B 1, 8, 32,
 # 64, 128 (BATCHES; 64 since a table row chosen at 128 also runs 33-127: step "table4") through
 # benchmarks/bench_kernel.py (compiled in parallel first, every config checked against the torch
-# reference, CUDA-graph replays, L2 flushed), then `pytest -m gpu tests/test_kernel_gpu.py` runs on the first module (the one the tree ships). A family whose config list is set empty (e.g. TP8=)
-# is skipped. With NCU_RUNS="FAMILY:CONFIG:B ..." each module is first profiled by Nsight Compute
-# (when ncu is on the machine) at those points, one launch each (benchmarks/ncu_one_launch.py): the
-# report, its details page and its per-SASS-instruction source page (CSV) under OUT/w/ncu/; NCU_MODS
+# reference, CUDA-graph replays, L2 flushed), then `pytest -m gpu tests/test_kernel_gpu.py` runs on
+# the first module (the one the tree ships). A family whose config list is set empty (e.g. TP8=) is
+# skipped. With NCU_RUNS="FAMILY:CONFIG:B ..." each module is first profiled by Nsight Compute (when
+# ncu is on the machine) at those points, one launch each (benchmarks/ncu_one_launch.py): the report,
+# its details page and its per-SASS-instruction source page (CSV) under OUT/w/ncu/; NCU_MODS
 # (space-separated) narrows the modules profiled.
 # Everything is tee'd under OUT and packed into OUT/probe.tar.gz at exit, so a cut run still returns
 # what it measured.
