@@ -157,7 +157,6 @@ LAYOUTS: dict[str, CacheLayout] = {
     ),
 }
 
-D_MAIN = 512  # width of the kernel's main tile: the first 512 latent values (= d_v) in both layouts
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 F16_MAX = 65504.0  # largest finite float16 (IEEE 754 binary16)
 LOG2E = 1.4426950408889634
