@@ -672,6 +672,7 @@ def render_markdown(
             f"ran {v[n]['configs_ran']} of "
             f"{v[n]['configs']}: {v[n].get('config_list')}; {_kernel_of(bench, n)}"
         )
+        out += [f"  - not measured by this run: {line}" for line in v[n].get("unmeasured_rows") or []]
     if bench.get("run_as_target"):
         out.append(f"- run as target **{bench['run_as_target']}** would (configs it prunes dropped)")
     out += [""]

@@ -148,6 +148,33 @@ class Variant:
                 return c
         return self.configs[-1]
 
+    def coverage(self, batch_sizes: list[int]) -> list[str]:
+        """What a run at ``batch_sizes`` leaves unmeasured of a batch table: one line per row whose batch
+        range holds none of them, or whose explicit split count (``num_splits`` an int) also runs batch sizes
+        below half the smallest measured one in its range (the split count fixes ``B * heads * splits``
+        programs, so a count that fills the SMs at B can leave half of them idle at B/2: the TP8 table of
+        step "table4" ran B=64 1.39x slower than before, reports/campaigns/kernel_speed/README.md). The
+        last row's open range above the largest measured size is not counted. ``[]`` for a single config,
+        an autotune list, or a table whose rows are all covered."""
+        if not self.is_table:
+            return []
+        out, lo = [], 1
+        for i, c in enumerate(self.configs):
+            hi = c.max_batch if i < len(self.configs) - 1 else None
+            span = f"B={lo}-{hi}" if hi is not None else f"B>={lo}"
+            measured = sorted(b for b in batch_sizes if b >= lo and (hi is None or b <= hi))
+            if not measured:
+                out.append(f"row {c.label()} runs {span}, none of them measured")
+            elif not isinstance(c.num_splits, str) and lo < measured[0] / 2:
+                at = ", ".join(map(str, measured))
+                out.append(
+                    f"row {c.label()} runs {span} with {c.num_splits} splits at each, measured at B={at} only: "
+                    f"B={lo}-{(measured[0] - 1) // 2}, below half of B={measured[0]}, is not"
+                )
+            if hi is not None:
+                lo = hi + 1
+        return out
+
     def as_dict(self) -> dict[str, Any]:
         """Name, configs and autotune key; ``kernel_rev`` only when set (so variants without it hash as before)."""
         d: dict[str, Any] = {

@@ -51,8 +51,13 @@ def test_a_table_runs_only_when_every_row_fits():
     assert bad["will_run"] is None and bad["pruned"][0]["config"] == TABLE.configs[1].label()
 
 
-def _spec(variant, run_as=None):
-    raw = {"variant": {"name": variant.name}, "baseline": {"name": LIST.name}}
+def _spec(variant, run_as=None, sizes=(1, 8)):
+    raw = {
+        "variant": {"name": variant.name},
+        "baseline": {"name": LIST.name},
+        "benchmark": {"kernel": {"batch_sizes": list(sizes)}},
+        "workload": {"cpu": {"batch_sizes": list(sizes)}},
+    }
     return SimpleNamespace(raw=raw, variant=variant, baseline=LIST, benchmark=SimpleNamespace(run_as_target=run_as))
 
 
@@ -64,6 +69,35 @@ def test_the_benchmark_runs_the_whole_table_on_a_cpu():
     # an autotune list still runs its first config only on a CPU (no driver for the autotuner)
     assert len(variants["baseline"].configs) == 1 and "first config only" in notes["baseline"]["config_list"]
     assert _who(notes["candidate"]) == "tbl [table of 2]" and _who(notes["baseline"]) == "lst [2 configs]"
+
+
+def test_the_benchmark_names_table_rows_its_batch_sizes_leave_unmeasured():
+    # step "table4": the TP8 table's last row (2 splits, measured at B=128) ran B=64 1.39x slower than the
+    # row it replaced, and neither the grid nor the experiment had measured B=64
+    tp8 = parse_variant(
+        {
+            "name": "tp8",
+            "configs": [
+                {"max_batch": 8, "BLOCK_T": 64, "BLOCK_H": 16, "num_warps": 8, "num_stages": 2},
+                {"max_batch": 32, "BLOCK_T": 32, "BLOCK_H": 16, "num_warps": 4, "num_stages": 3, "num_splits": 8},
+                {"max_batch": 48, "BLOCK_T": 32, "BLOCK_H": 16, "num_warps": 4, "num_stages": 3, "num_splits": 4},
+                {"BLOCK_T": 32, "BLOCK_H": 16, "num_warps": 4, "num_stages": 3, "num_splits": 2},
+            ],
+        }
+    )
+    assert tp8.coverage([1, 8, 32, 128]) == [
+        "row T32_H16_w4_s3_k8_b32 runs B=9-32 with 8 splits at each, measured at B=32 only: B=9-15, below half of "
+        "B=32, is not",
+        "row T32_H16_w4_s3_k4_b48 runs B=33-48, none of them measured",
+        "row T32_H16_w4_s3_k2 runs B>=49 with 2 splits at each, measured at B=128 only: B=49-63, below half of "
+        "B=128, is not",
+    ]
+    assert tp8.coverage([1, 8, 16, 32, 40, 64, 128]) == []
+    assert TABLE.coverage([1]) == ["row T32_H64_w8_s1_kauto runs B>=2, none of them measured"]
+    assert LIST.coverage([1]) == [] and TABLE.coverage([1, 2]) == []  # "auto" splits adapt to B
+    _, notes = record.variants_to_run(_spec(tp8, sizes=(1, 8, 32, 128)), {}, "cpu")
+    assert notes["candidate"]["unmeasured_rows"] == tp8.coverage([1, 8, 32, 128])
+    assert notes["baseline"]["unmeasured_rows"] == []
 
 
 def test_run_as_target_never_drops_a_row_of_a_table():

@@ -287,3 +287,15 @@ def _artifact_paths(client, run_id, path="reports"):
     for a in client.list_artifacts(run_id, path):
         out |= _artifact_paths(client, run_id, a.path) if a.is_dir else {a.path}
     return out
+
+
+def test_table_rows_the_run_left_unmeasured_are_listed_under_the_config_lists():
+    d = _data()
+    line = (
+        "row T32_H16_w4_s3_k2 runs B>=33 with 2 splits at each, measured at B=128 only: B=33-63, below half of "
+        "B=128, is not"
+    )
+    d["benchmark"]["variants"]["candidate"]["unmeasured_rows"] = [line]
+    md = kr.render_markdown(d, {}, 0.02)
+    assert f"  - not measured by this run: {line}" in md
+    assert md.count("not measured by this run") == 1  # the baseline's record has none (older records lack the key)

@@ -12,7 +12,7 @@ import contextlib
 import os
 from typing import Any
 
-from kernelcamp.bench.kernel import decision_metrics, kept_configs, kernel_level
+from kernelcamp.bench.kernel import decision_metrics, kept_configs, kernel_level, run_batch_sizes
 from kernelcamp.bench.profile import TABLE_COLS, kernel_launch_profile, placeholder_trace, server_profile
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import write_csv_atomic, write_json_atomic
@@ -150,10 +150,12 @@ def serving_summary(serving: dict, device: str) -> list[dict]:
 def variants_to_run(spec, build: dict, device: str) -> tuple[dict, dict]:
     """{impl: Variant as it will run} and {impl: notes} for baseline and candidate: the configs the
     ``benchmark.run_as_target`` would prune dropped (build.json), the first config only on a CPU
-    (Triton's autotuner needs a GPU driver; a batch table runs whole). Raises ``KernelcampError`` when
-    nothing would run, or when the target would drop a row of a batch table."""
+    (Triton's autotuner needs a GPU driver; a batch table runs whole). The notes' ``unmeasured_rows``
+    name the batch-table rows this run's batch sizes leave unmeasured (``Variant.coverage``). Raises
+    ``KernelcampError`` when nothing would run, or when the target would drop a row of a batch table."""
     params = spec.raw
     run_as = spec.benchmark.run_as_target
+    sizes = run_batch_sizes(params, device)
     variants, notes = {}, {}
     for name, sec in (("baseline", "baseline"), ("candidate", "variant")):
         v = spec.baseline if sec == "baseline" else spec.variant
@@ -180,9 +182,13 @@ def variants_to_run(spec, build: dict, device: str) -> tuple[dict, dict]:
             "config_list": (f"as {run_as} would run it (configs it prunes dropped)" if run_as else "every config")
             + ("; CPU: first config only, no autotune" if cpu_first_only else "")
             + ("; batch table: each batch size runs its row" if v.is_table else ""),
+            # rows of a batch table that this run's batch sizes leave (partly) unmeasured (Variant.coverage)
+            "unmeasured_rows": v.coverage(sizes),
         }
         variants[name] = v
         log(f"{name} {notes[name]['name']}: runs {notes[name]['configs_ran']} ({notes[name]['config_list']})")
+        for line in notes[name]["unmeasured_rows"]:
+            log(f"{name}: not measured: {line}")
     return variants, notes
 
 
