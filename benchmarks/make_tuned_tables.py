@@ -15,8 +15,8 @@ A row with an explicit split count launches ``B * cdiv(H, BLOCK_H) * splits`` pr
 won at its measured batch size can leave most SMs idle at a batch half that size, which the row also runs
 (grid_4's TP8 B=128 winner, 2 splits, ran B=64 in 99.4 us where 4 splits took 71.5 us:
 reports/campaigns/kernel_speed/README.md, step "table4"). Each such row whose range reaches below half
-its measured batch size is named in a ``warning:`` line on stderr, with the batch size to add to the
-grid; the table is still written. """
+its measured batch size is named in a ``warning:`` line on stderr (``Variant.coverage``, as the
+benchmark's report names them); the table is still written. """
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernelcamp.variant import parse_variant  # noqa: E402
 
 LAUNCH = ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages")
 
@@ -72,21 +75,11 @@ def table_rows(winners: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def stretched_rows(winners: list[dict[str, Any]]) -> list[str]:
-    """Warnings for winners with an explicit split count (``..._k<N>``) whose table row also runs batch
-    sizes below half the one it was measured at, i.e. the previous measured batch size is < B / 2.
-    ``winners`` as :func:`best_per_batch` returns them (sorted by B). One line each, naming the row, the
-    unmeasured range and the batch size to measure."""
-    out = []
-    for prev, w in zip([None, *winners[:-1]], winners, strict=True):
-        if _splits(w["config"]) == "auto":
-            continue
-        lo = 1 if prev is None else prev["B"] + 1
-        if lo < w["B"] / 2:
-            out.append(
-                f"the B={w['B']} row {w['config']} ({_splits(w['config'])} splits at every batch size) also runs "
-                f"B={lo}-{w['B'] - 1}, measured only at B={w['B']}; add B={w['B'] // 2} to the grid"
-            )
-    return out
+    """What the grid leaves unmeasured of the table it makes: ``Variant.coverage`` of the table made from
+    ``winners`` (as :func:`best_per_batch` returns them) at the grid's batch sizes. One line per row whose
+    explicit split count also runs batch sizes below half the smallest measured one in its range."""
+    table = parse_variant({"name": "grid_table", "configs": table_rows(winners)})
+    return table.coverage([w["B"] for w in winners])
 
 
 def render(name: str, family: str, grids: list[Path], winners: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:

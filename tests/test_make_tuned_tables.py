@@ -85,10 +85,10 @@ def test_an_explicit_split_row_stretched_below_half_its_batch_is_named(tmp_path,
     ]
     warns = mtt.stretched_rows(mtt.best_per_batch(rows, "v32"))
     assert warns == [
-        "the B=32 row T32_H16_w4_s3_k8 (8 splits at every batch size) also runs B=2-31, measured only at B=32; "
-        "add B=16 to the grid",
-        "the B=128 row T32_H16_w4_s3_k2 (2 splits at every batch size) also runs B=33-127, measured only at "
-        "B=128; add B=64 to the grid",
+        "row T32_H16_w4_s3_k8_b32 runs B=2-32 with 8 splits at each, measured at B=32 only: B=2-15, below half "
+        "of B=32, is not",
+        "row T32_H16_w4_s3_k2 runs B>=33 with 2 splits at each, measured at B=128 only: B=33-63, below half of "
+        "B=128, is not",
     ]
     assert mtt.stretched_rows(mtt.best_per_batch([*rows, _row(64, "T32_H16_w4_s3_k4", 71.5)], "v32"))[1:] == []
     grid = tmp_path / "g.csv"
@@ -100,5 +100,5 @@ def test_an_explicit_split_row_stretched_below_half_its_batch_is_named(tmp_path,
         w.writerows(rows)
     assert mtt.main(["--grid", str(grid), "--family", "v32", "--name", "t", "--out", str(tmp_path)]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and all(line.startswith("warning: the B=") for line in err)
+    assert len(err) == 2 and all(line.startswith("warning: row T32_H16_w4_s3_k") for line in err)
     assert (tmp_path / "t.yaml").exists()
