@@ -28,14 +28,15 @@ Kernel design: split-K over the top-k range. Grid ``(B, cdiv(H, BLOCK_H), num_sp
 by index (page = idx // page_size), dequantizes them with the layout's scales into the dot dtype, computes
 ``q . k^T`` with ``tl.dot`` (fp32 accumulate), runs an online softmax in base 2 (``sm_scale * log2(e)`` folded
 into one multiply) and accumulates ``p . v`` where v is the same dequantized tile (MLA shares the latent
-between K and V). V3.2 (``_sparse_mla_v32_loop``) works in its four 128-wide fp8 groups: each group is
-dequantized with its fp32 scale into its own ``[BLOCK_T, 128]`` dot-dtype tile (fp8 -> fp32 exact, one fp32
-multiply, one rounding), the four group dots and the 64-wide rope dot chain into one score accumulator, and
-one bf16 P feeds four ``[BLOCK_H, 128]`` output accumulators. An earlier version applied the scales to the
-scores and to P instead (five score accumulators, four scaled copies of P); it spilled at BLOCK_T = 64 and ran
-V3.2 B=128 in 587 us where this one takes 403 us on the H200
-(reports/campaigns/kernel_speed/candidates_1/README.md, the "kscale" file). Wgmma configs (``BLOCK_H >= 64``:
-V3.2's whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two things differ in V3.2's loop:
+between K and V). Both layouts run one loop, ``_sparse_mla_loop`` (``LAYOUT`` a constexpr), in column tiles.
+V3.2 works in its four 128-wide fp8 groups: each group is dequantized with its fp32 scale into its own
+``[BLOCK_T, 128]`` dot-dtype tile (fp8 -> fp32 exact, one fp32 multiply, one rounding), the four group dots
+and the 64-wide rope dot chain into one score accumulator, and one bf16 P feeds four ``[BLOCK_H, 128]`` output
+accumulators. An earlier version applied the scales to the scores and to P instead (five score accumulators,
+four scaled copies of P); it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one takes 403 us
+on the H200 (reports/campaigns/kernel_speed/candidates_1/README.md, the "kscale" file). Wgmma configs
+(``BLOCK_H >= 64``: V3.2's whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two things
+differ in V3.2's loop:
 
 - the P.V dots take a second load of the same fp8 bytes: one register tile feeding both dots wants two
   dot-operand layouts, and Triton's pipeliner then leaves its load synchronous (Triton 3.6,
@@ -50,21 +51,21 @@ V3.2's whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two 
   ``p * sc_g``: with cache scales below about 1e-5 (group maxima below ~0.005) P.V loses precision
   (8% relative error at 1e-5 of the usual magnitudes on the interpreter, 0.5% at 1e-3).
 
-V4 (``_sparse_mla_v4_loop``) runs the same loop in its own column tiles: three 128-wide tiles of two 64-value
-fp8 groups (each half scaled by its ue8m0 exponent; a power-of-two scale only moves the exponent, so the bf16
-dequantization is exact), the seventh fp8 group (64) and the 64 bf16 rope values; V4's V is all five tiles
-(d_v = d_qk = 512). A token's 8 scale bytes are loaded as two int32 words: 4-byte loads can be cp.async
-prefetches, while a first version of these tiles that loaded one byte per group kept them synchronous, its top
-stall in Nsight Compute. Before campaign step "v4tiles" V4 built one 512-wide tile from a ``[BLOCK_T, 8, 64]``
-load and, at ``BLOCK_H >= 64``, passed P and alpha through a per-program global scratch: Triton lays out every
-warp along M for a dot whose result reaches another dot (Triton 3.6, AccelerateMatmul.cpp, ``warpsPerTileV3``:
-"Contains a chained dot" -> warps ``[num_warps, 1]``), so at ``BLOCK_H = 64`` with 8 warps both warpgroups
-compute the whole ``q . k^T`` tile, and the scratch gave that dot warps ``[4, 2]`` (step "pscratch": V4-Flash
-B=128 68.3 -> 60.0 us). On the column tiles the scratch made every T64_H64 config slower (1.02-1.22x; its CTA
-barriers stop the gathers' prefetch; V3.2 lost 10% to it for the same reason), so both layouts now keep the
-duplicated QK dot at ``BLOCK_H = 64``; the column tiles without it ran V4-Flash B=128 in 56.2 against 60.8 us
-on the H200 (reports/campaigns/kernel_speed/candidates_10/README.md). At ``BLOCK_H < 64`` V4 keeps one load
-per fp8 tile for both dots and the bf16 dequantization (V3.2's mma v2 changes above were not tried on V4).
+V4 runs the same loop in its own column tiles: three 128-wide tiles of two 64-value fp8 groups (each half
+scaled by its ue8m0 exponent; a power-of-two scale only moves the exponent, so the bf16 dequantization is
+exact), the seventh fp8 group (64) and the 64 bf16 rope values; V4's V is all five tiles (d_v = d_qk = 512). A
+token's 8 scale bytes are loaded as two int32 words: 4-byte loads can be cp.async prefetches, while a first
+version of these tiles that loaded one byte per group kept them synchronous, its top stall in Nsight Compute.
+Before campaign step "v4tiles" V4 built one 512-wide tile from a ``[BLOCK_T, 8, 64]`` load and, at
+``BLOCK_H >= 64``, passed P and alpha through a per-program global scratch: Triton lays out every warp along M
+for a dot whose result reaches another dot (Triton 3.6, AccelerateMatmul.cpp, ``warpsPerTileV3``: "Contains a
+chained dot" -> warps ``[num_warps, 1]``), so at ``BLOCK_H = 64`` with 8 warps both warpgroups compute the
+whole ``q . k^T`` tile, and the scratch gave that dot warps ``[4, 2]`` (step "pscratch": V4-Flash B=128 68.3
+-> 60.0 us). On the column tiles the scratch made every T64_H64 config slower (1.02-1.22x; its CTA barriers
+stop the gathers' prefetch; V3.2 lost 10% to it for the same reason), so both layouts now keep the duplicated
+QK dot at ``BLOCK_H = 64``; the column tiles without it ran V4-Flash B=128 in 56.2 against 60.8 us on the H200
+(reports/campaigns/kernel_speed/candidates_10/README.md). At ``BLOCK_H < 64`` V4 keeps one load per fp8 tile
+for both dots and the bf16 dequantization (V3.2's mma v2 changes above were not tried on V4).
 
 With one split the kernel writes the final bf16 output and LSE itself; with more it writes fp32 partial
 outputs and base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them by LSE rescale, one program per
@@ -256,7 +257,23 @@ def _fp8_to_f16(bits):
 
 
 @triton.jit
-def _sparse_mla_v32_loop(
+def _ue8m0(word, k: tl.constexpr):
+    # byte k (little-endian) of int32 words of ue8m0 exponents -> fp32 2^(e-127); e = 0 gives 0.0
+    return (((word >> (8 * k)) & 255) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _v4_pair(rows, sa, sb, j: tl.constexpr, valid, DOT_DTYPE: tl.constexpr):
+    # V4 fp8 groups 2j and 2j + 1 of BLOCK_T rows with their [BLOCK_T] fp32 scales sa, sb -> [BLOCK_T, 128] dot
+    # dtype; exact in bf16 (a power-of-two scale changes only the exponent)
+    offs = tl.arange(0, 128)
+    bits = tl.load(rows + j * 128 + offs[None, :], mask=valid[:, None], other=0)
+    scale = tl.where(offs[None, :] < 64, sa[:, None], sb[:, None])
+    return (bits.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale).to(DOT_DTYPE)
+
+
+@triton.jit
+def _sparse_mla_loop(
     q_row_ptrs,
     mask_h,
     offs_h,
@@ -276,32 +293,45 @@ def _sparse_mla_v32_loop(
     max_splits,
     sm_scale_log2,
     stride_ib,
+    LAYOUT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    # DeepSeek-V3.2 body of _sparse_mla_split_kernel, in the four 128-wide fp8 groups of the layout:
-    #   k_g[t, :]   = fp8_g[t, :] * scale_g[t]            (dot dtype, one rounding; _dequant_group)
-    #   s[h, t]     = q_rope[h] . k_rope[t] + sum_g q_g[h] . k_g[t]    (one accumulator chain)
-    #   out_g[h, :] = sum_t p[h, t] * k_g[t, :]           (four [BLOCK_H, 128] accumulators)
-    # Group tiles, not one 512-wide tile: at BLOCK_H <= 32 (mma v2) the 512-wide tile's loop was 1629
-    # SASS instructions against 1227 (T64_H16_w8, compile-time figures, benchmarks/KERNEL_TUNING.md).
-    D: tl.constexpr = 512
+    # The body of _sparse_mla_split_kernel for both layouts (LAYOUT 0: V3.2, 1: V4), in column tiles: every
+    # tile is dequantized into its own dot-dtype [BLOCK_T, width] tile, the QK dots of all tiles chain into
+    # one score accumulator, and one P feeds one [BLOCK_H, width] output accumulator per tile of V.
+    #   V3.2: four 128-wide fp8 groups, each times its fp32 scale (_dequant_group), acc0-acc3; the 64 bf16
+    #         rope values take part in QK only.
+    #   V4:   three 128-wide tiles of two 64-value fp8 groups (each half times its ue8m0 scale, _v4_pair),
+    #         the seventh fp8 group and the 64 rope values as two 64-wide tiles; V is all five, acc0-acc4.
+    # Column tiles, not one 512-wide tile: at BLOCK_H <= 32 (mma v2) the 512-wide tile's loop was 1629
+    # SASS instructions against 1227 (V3.2 T64_H16_w8, compile-time figures, benchmarks/KERNEL_TUNING.md).
+    # V3.2 at BLOCK_H < 64 (mma v2) takes its fp8 groups as exact fp16 with the scales on the results, and a
+    # second load of the groups for P.V (module docstring); V4 keeps one load and the bf16 dequantization.
     G: tl.constexpr = 128
-    ROPE: tl.constexpr = 64
-    PAGE_BYTES: tl.constexpr = PAGE_SIZE * 656
-    offs_e = tl.arange(0, G)
-    offs_r = tl.arange(0, ROPE)
-    if BLOCK_H < 64:
-        QG_DTYPE: tl.constexpr = tl.float16  # mma v2: fp8 groups as exact fp16, scales on scores and P
+    E: tl.constexpr = 64
+    offs_g = tl.arange(0, G)
+    offs_e = tl.arange(0, E)
+    if LAYOUT == 0:
+        PAGE_BYTES: tl.constexpr = PAGE_SIZE * 656
+        if BLOCK_H < 64:
+            QG_DTYPE: tl.constexpr = tl.float16  # mma v2: fp8 groups as exact fp16, scales on scores and P
+        else:
+            QG_DTYPE: tl.constexpr = DOT_DTYPE
+        q0 = tl.load(q_row_ptrs + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
+        q1 = tl.load(q_row_ptrs + G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
+        q2 = tl.load(q_row_ptrs + 2 * G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
+        q3 = tl.load(q_row_ptrs + 3 * G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
+        q_rope = tl.load(q_row_ptrs + 4 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
     else:
-        QG_DTYPE: tl.constexpr = DOT_DTYPE
-    q0 = tl.load(q_row_ptrs + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
-    q1 = tl.load(q_row_ptrs + G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
-    q2 = tl.load(q_row_ptrs + 2 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
-    q3 = tl.load(q_row_ptrs + 3 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
-    q_rope = tl.load(q_row_ptrs + D + offs_r[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+        PAGE_BYTES: tl.constexpr = PAGE_SIZE * 584
+        q0 = tl.load(q_row_ptrs + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+        q1 = tl.load(q_row_ptrs + G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+        q2 = tl.load(q_row_ptrs + 2 * G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+        q3 = tl.load(q_row_ptrs + 3 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+        q4 = tl.load(q_row_ptrs + 3 * G + E + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
 
     tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_T), n_splits)
     t_start = pid_s * tiles_per_split * BLOCK_T
@@ -312,41 +342,67 @@ def _sparse_mla_v32_loop(
     acc0 = tl.zeros([BLOCK_H, G], tl.float32)
     acc1 = tl.zeros([BLOCK_H, G], tl.float32)
     acc2 = tl.zeros([BLOCK_H, G], tl.float32)
-    acc3 = tl.zeros([BLOCK_H, G], tl.float32)
+    if LAYOUT == 0:
+        acc3 = tl.zeros([BLOCK_H, G], tl.float32)
+    else:
+        acc3 = tl.zeros([BLOCK_H, E], tl.float32)
+        acc4 = tl.zeros([BLOCK_H, E], tl.float32)
     for t0 in range(t_start, t_end, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)
         idx = tl.load(idx_ptr + pid_b.to(tl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
         valid = idx >= 0
         tok = tl.where(valid, idx, 0).to(tl.int64)
-        row_base = tl.multiple_of((tok // PAGE_SIZE) * PAGE_BYTES + (tok % PAGE_SIZE) * 656, 16)
-        rows = kv_u8_ptr + row_base[:, None] + offs_e[None, :]
-        sc_ptr = kv_f32_ptr + (row_base + 512) // 4
-        sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
-        sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
-        sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
-        sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
-        k_rope = tl.load(
-            kv_bf16_ptr + (row_base[:, None] + 528) // 2 + offs_r[None, :], mask=valid[:, None], other=0.0
-        ).to(DOT_DTYPE)
-        if BLOCK_H < 64:
-            # mma v2: each group's fp8 values as fp16 (exact, one conversion per two values), its dot
-            # with the fp16 q group scaled per token afterwards: s = q_rope.k_rope + sum_g sc_g * (q_g.k8_g)
-            k0 = _fp8_to_f16(tl.load(rows, mask=valid[:, None], other=0))
-            k1 = _fp8_to_f16(tl.load(rows + G, mask=valid[:, None], other=0))
-            k2 = _fp8_to_f16(tl.load(rows + 2 * G, mask=valid[:, None], other=0))
-            k3 = _fp8_to_f16(tl.load(rows + 3 * G, mask=valid[:, None], other=0))
-            qk = tl.dot(q_rope, tl.trans(k_rope))
-            qk += tl.dot(q0, tl.trans(k0)) * sc0[None, :]
-            qk += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
-            qk += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
-            qk += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
+        if LAYOUT == 0:
+            row_base = tl.multiple_of((tok // PAGE_SIZE) * PAGE_BYTES + (tok % PAGE_SIZE) * 656, 16)
+            rows = kv_u8_ptr + row_base[:, None] + offs_g[None, :]
+            sc_ptr = kv_f32_ptr + (row_base + 512) // 4
+            sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
+            sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
+            sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
+            sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
+            k_rope = tl.load(
+                kv_bf16_ptr + (row_base[:, None] + 528) // 2 + offs_e[None, :], mask=valid[:, None], other=0.0
+            ).to(DOT_DTYPE)
+            if BLOCK_H < 64:
+                # mma v2: each group's fp8 values as fp16 (exact, one conversion per two values), its dot
+                # with the fp16 q group scaled per token afterwards: s = q_rope.k_rope + sum_g sc_g * (q_g.k8_g)
+                k0 = _fp8_to_f16(tl.load(rows, mask=valid[:, None], other=0))
+                k1 = _fp8_to_f16(tl.load(rows + G, mask=valid[:, None], other=0))
+                k2 = _fp8_to_f16(tl.load(rows + 2 * G, mask=valid[:, None], other=0))
+                k3 = _fp8_to_f16(tl.load(rows + 3 * G, mask=valid[:, None], other=0))
+                qk = tl.dot(q_rope, tl.trans(k_rope))
+                qk += tl.dot(q0, tl.trans(k0)) * sc0[None, :]
+                qk += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
+                qk += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
+                qk += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
+            else:
+                k0 = _dequant_group(tl.load(rows, mask=valid[:, None], other=0), sc0, DOT_DTYPE)
+                k1 = _dequant_group(tl.load(rows + G, mask=valid[:, None], other=0), sc1, DOT_DTYPE)
+                k2 = _dequant_group(tl.load(rows + 2 * G, mask=valid[:, None], other=0), sc2, DOT_DTYPE)
+                k3 = _dequant_group(tl.load(rows + 3 * G, mask=valid[:, None], other=0), sc3, DOT_DTYPE)
+                # one accumulator chain: the group scales are already in k0..k3
+                qk = tl.dot(q_rope, tl.trans(k_rope))
+                qk = tl.dot(q0, tl.trans(k0), qk)
+                qk = tl.dot(q1, tl.trans(k1), qk)
+                qk = tl.dot(q2, tl.trans(k2), qk)
+                qk = tl.dot(q3, tl.trans(k3), qk)
         else:
-            k0 = _dequant_group(tl.load(rows, mask=valid[:, None], other=0), sc0, DOT_DTYPE)
-            k1 = _dequant_group(tl.load(rows + G, mask=valid[:, None], other=0), sc1, DOT_DTYPE)
-            k2 = _dequant_group(tl.load(rows + 2 * G, mask=valid[:, None], other=0), sc2, DOT_DTYPE)
-            k3 = _dequant_group(tl.load(rows + 3 * G, mask=valid[:, None], other=0), sc3, DOT_DTYPE)
-            # one accumulator chain: the group scales are already in k0..k3
-            qk = tl.dot(q_rope, tl.trans(k_rope))
+            page_base = (tok // PAGE_SIZE) * PAGE_BYTES
+            row = tok % PAGE_SIZE
+            row_base = tl.multiple_of(page_base + row * 576, 16)
+            rows = kv_u8_ptr + row_base[:, None]
+            # the row's 8 scale bytes as two int32 words (4-byte loads: cp.async-able, where byte loads were not)
+            sw_ptrs = kv_f32_ptr + (page_base + PAGE_SIZE * 576 + row * 8) // 4
+            w0 = tl.load(sw_ptrs, mask=valid, other=0.0).to(tl.int32, bitcast=True)
+            w1 = tl.load(sw_ptrs + 1, mask=valid, other=0.0).to(tl.int32, bitcast=True)
+            k0 = _v4_pair(rows, _ue8m0(w0, 0), _ue8m0(w0, 1), 0, valid, DOT_DTYPE)
+            k1 = _v4_pair(rows, _ue8m0(w0, 2), _ue8m0(w0, 3), 1, valid, DOT_DTYPE)
+            k2 = _v4_pair(rows, _ue8m0(w1, 0), _ue8m0(w1, 1), 2, valid, DOT_DTYPE)
+            b6 = tl.load(rows + 3 * G + offs_e[None, :], mask=valid[:, None], other=0)
+            k3 = (b6.to(tl.float8e4nv, bitcast=True).to(tl.float32) * _ue8m0(w1, 2)[:, None]).to(DOT_DTYPE)
+            k4 = tl.load(kv_bf16_ptr + (row_base[:, None] + 448) // 2 + offs_e[None, :], mask=valid[:, None], other=0.0)
+            k4 = k4.to(DOT_DTYPE)
+            qk = tl.dot(q4, tl.trans(k4))
             qk = tl.dot(q0, tl.trans(k0), qk)
             qk = tl.dot(q1, tl.trans(k1), qk)
             qk = tl.dot(q2, tl.trans(k2), qk)
@@ -357,7 +413,7 @@ def _sparse_mla_v32_loop(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if BLOCK_H < 64:
+        if LAYOUT == 0 and BLOCK_H < 64:
             # P.V on its own load of the fp8 bytes (a second load of the same bytes, L1/L2 hits). One register
             # tile feeding both dots needs two dot-operand layouts, and Triton's pipeliner (AssignLatencies.cpp,
             # canHaveSharedEncoding) then leaves the load out: the fp8 gathers were synchronous LDGs, the top
@@ -378,126 +434,8 @@ def _sparse_mla_v32_loop(
             acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
             acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
             acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
-        m_i = m_new
-
-    has = l_i > 0.0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    bh = pid_b.to(tl.int64) * H + offs_h
-    part = bh * max_splits + pid_s
-    _store_rows(out_ptr, part_out_ptr, bh, part, 0, acc0 * inv_l[:, None], mask_h, n_splits, D, G)
-    _store_rows(out_ptr, part_out_ptr, bh, part, G, acc1 * inv_l[:, None], mask_h, n_splits, D, G)
-    _store_rows(out_ptr, part_out_ptr, bh, part, 2 * G, acc2 * inv_l[:, None], mask_h, n_splits, D, G)
-    _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G, acc3 * inv_l[:, None], mask_h, n_splits, D, G)
-    if n_splits == 1:
-        tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_h)
-    else:
-        tl.store(part_lse_ptr + part, lse2, mask=mask_h)
-
-
-@triton.jit
-def _ue8m0(word, k: tl.constexpr):
-    # byte k (little-endian) of int32 words of ue8m0 exponents -> fp32 2^(e-127); e = 0 gives 0.0
-    return (((word >> (8 * k)) & 255) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _v4_pair(rows, sa, sb, j: tl.constexpr, valid, DOT_DTYPE: tl.constexpr):
-    # V4 fp8 groups 2j and 2j + 1 of BLOCK_T rows with their [BLOCK_T] fp32 scales sa, sb -> [BLOCK_T, 128] dot
-    # dtype; exact in bf16 (a power-of-two scale changes only the exponent)
-    offs = tl.arange(0, 128)
-    bits = tl.load(rows + j * 128 + offs[None, :], mask=valid[:, None], other=0)
-    scale = tl.where(offs[None, :] < 64, sa[:, None], sb[:, None])
-    return (bits.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale).to(DOT_DTYPE)
-
-
-@triton.jit
-def _sparse_mla_v4_loop(
-    q_row_ptrs,
-    mask_h,
-    offs_h,
-    kv_u8_ptr,
-    kv_bf16_ptr,
-    kv_f32_ptr,
-    idx_ptr,
-    out_ptr,
-    lse_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    pid_b,
-    pid_s,
-    n_splits,
-    H,
-    topk,
-    max_splits,
-    sm_scale_log2,
-    stride_ib,
-    PAGE_SIZE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    # DeepSeek-V4 body of _sparse_mla_split_kernel in column tiles like V3.2's loop: three 128-wide tiles of
-    # two fp8 groups each, the last fp8 group (64) and the bf16 rope values (64); V = all of them
-    G: tl.constexpr = 128
-    E: tl.constexpr = 64
-    PAGE_BYTES: tl.constexpr = PAGE_SIZE * 584
-    offs_g = tl.arange(0, G)
-    offs_e = tl.arange(0, E)
-    q0 = tl.load(q_row_ptrs + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
-    q1 = tl.load(q_row_ptrs + G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
-    q2 = tl.load(q_row_ptrs + 2 * G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
-    q3 = tl.load(q_row_ptrs + 3 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
-    q4 = tl.load(q_row_ptrs + 3 * G + E + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
-
-    tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_T), n_splits)
-    t_start = pid_s * tiles_per_split * BLOCK_T
-    t_end = tl.minimum(t_start + tiles_per_split * BLOCK_T, topk)
-
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc0 = tl.zeros([BLOCK_H, G], tl.float32)
-    acc1 = tl.zeros([BLOCK_H, G], tl.float32)
-    acc2 = tl.zeros([BLOCK_H, G], tl.float32)
-    acc3 = tl.zeros([BLOCK_H, E], tl.float32)
-    acc4 = tl.zeros([BLOCK_H, E], tl.float32)
-    for t0 in range(t_start, t_end, BLOCK_T):
-        offs_t = t0 + tl.arange(0, BLOCK_T)
-        idx = tl.load(idx_ptr + pid_b.to(tl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
-        valid = idx >= 0
-        tok = tl.where(valid, idx, 0).to(tl.int64)
-        page_base = (tok // PAGE_SIZE) * PAGE_BYTES
-        row = tok % PAGE_SIZE
-        row_base = tl.multiple_of(page_base + row * 576, 16)
-        rows = kv_u8_ptr + row_base[:, None]
-        # the row's 8 scale bytes as two int32 words (4-byte loads: cp.async-able, where byte loads were not)
-        sw_ptrs = kv_f32_ptr + (page_base + PAGE_SIZE * 576 + row * 8) // 4
-        w0 = tl.load(sw_ptrs, mask=valid, other=0.0).to(tl.int32, bitcast=True)
-        w1 = tl.load(sw_ptrs + 1, mask=valid, other=0.0).to(tl.int32, bitcast=True)
-        k0 = _v4_pair(rows, _ue8m0(w0, 0), _ue8m0(w0, 1), 0, valid, DOT_DTYPE)
-        k1 = _v4_pair(rows, _ue8m0(w0, 2), _ue8m0(w0, 3), 1, valid, DOT_DTYPE)
-        k2 = _v4_pair(rows, _ue8m0(w1, 0), _ue8m0(w1, 1), 2, valid, DOT_DTYPE)
-        b6 = tl.load(rows + 3 * G + offs_e[None, :], mask=valid[:, None], other=0)
-        k3 = (b6.to(tl.float8e4nv, bitcast=True).to(tl.float32) * _ue8m0(w1, 2)[:, None]).to(DOT_DTYPE)
-        k4 = tl.load(kv_bf16_ptr + (row_base[:, None] + 448) // 2 + offs_e[None, :], mask=valid[:, None], other=0.0)
-        k4 = k4.to(DOT_DTYPE)
-        qk = tl.dot(q4, tl.trans(k4))
-        qk = tl.dot(q0, tl.trans(k0), qk)
-        qk = tl.dot(q1, tl.trans(k1), qk)
-        qk = tl.dot(q2, tl.trans(k2), qk)
-        qk = tl.dot(q3, tl.trans(k3), qk)
-        s = tl.where(valid[None, :], qk * sm_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pb = p.to(DOT_DTYPE)
-        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
-        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
-        acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
-        acc3 = tl.dot(pb, k3, acc3 * alpha[:, None])
-        acc4 = tl.dot(pb, k4, acc4 * alpha[:, None])
+            if LAYOUT == 1:
+                acc4 = tl.dot(pb, k4, acc4 * alpha[:, None])
         m_i = m_new
 
     has = l_i > 0.0
@@ -508,8 +446,11 @@ def _sparse_mla_v4_loop(
     _store_rows(out_ptr, part_out_ptr, bh, part, 0, acc0 * inv_l[:, None], mask_h, n_splits, 512, G)
     _store_rows(out_ptr, part_out_ptr, bh, part, G, acc1 * inv_l[:, None], mask_h, n_splits, 512, G)
     _store_rows(out_ptr, part_out_ptr, bh, part, 2 * G, acc2 * inv_l[:, None], mask_h, n_splits, 512, G)
-    _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G, acc3 * inv_l[:, None], mask_h, n_splits, 512, E)
-    _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G + E, acc4 * inv_l[:, None], mask_h, n_splits, 512, E)
+    if LAYOUT == 0:
+        _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G, acc3 * inv_l[:, None], mask_h, n_splits, 512, G)
+    else:
+        _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G, acc3 * inv_l[:, None], mask_h, n_splits, 512, E)
+        _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G + E, acc4 * inv_l[:, None], mask_h, n_splits, 512, E)
     if n_splits == 1:
         tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_h)
     else:
@@ -557,58 +498,32 @@ def _sparse_mla_split_kernel(
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
     q_row_ptrs = q_ptr + pid_b.to(tl.int64) * stride_qb + offs_h[:, None] * stride_qh
-    if LAYOUT == 0:
-        _sparse_mla_v32_loop(
-            q_row_ptrs,
-            mask_h,
-            offs_h,
-            kv_u8_ptr,
-            kv_bf16_ptr,
-            kv_f32_ptr,
-            idx_ptr,
-            out_ptr,
-            lse_ptr,
-            part_out_ptr,
-            part_lse_ptr,
-            pid_b,
-            pid_s,
-            n_splits,
-            H,
-            topk,
-            max_splits,
-            sm_scale_log2,
-            stride_ib,
-            PAGE_SIZE,
-            DOT_DTYPE,
-            BLOCK_T,
-            BLOCK_H,
-        )
-    else:
-        _sparse_mla_v4_loop(
-            q_row_ptrs,
-            mask_h,
-            offs_h,
-            kv_u8_ptr,
-            kv_bf16_ptr,
-            kv_f32_ptr,
-            idx_ptr,
-            out_ptr,
-            lse_ptr,
-            part_out_ptr,
-            part_lse_ptr,
-            pid_b,
-            pid_s,
-            n_splits,
-            H,
-            topk,
-            max_splits,
-            sm_scale_log2,
-            stride_ib,
-            PAGE_SIZE,
-            DOT_DTYPE,
-            BLOCK_T,
-            BLOCK_H,
-        )
+    _sparse_mla_loop(
+        q_row_ptrs,
+        mask_h,
+        offs_h,
+        kv_u8_ptr,
+        kv_bf16_ptr,
+        kv_f32_ptr,
+        idx_ptr,
+        out_ptr,
+        lse_ptr,
+        part_out_ptr,
+        part_lse_ptr,
+        pid_b,
+        pid_s,
+        n_splits,
+        H,
+        topk,
+        max_splits,
+        sm_scale_log2,
+        stride_ib,
+        LAYOUT,
+        PAGE_SIZE,
+        DOT_DTYPE,
+        BLOCK_T,
+        BLOCK_H,
+    )
 
 
 @triton.jit

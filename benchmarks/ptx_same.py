@@ -1,0 +1,104 @@
+"""Does a kernel change change the compiled code? The sm90 PTX of the split-K kernel at one git commit
+against another (or the working tree), per shape and config, cross-compiled without a GPU.
+
+    env -u TRITON_INTERPRET python benchmarks/ptx_same.py REV_A [REV_B] [--configs T64_H64_w8_s2_kauto,...]
+        [--shapes v32,v32_tp8,v4] [--arch 90] [--module kernels.sparse_mla_decode]
+
+REV_B defaults to the working tree's file. Each side's file is imported as ``baseline.kernel_rev`` imports
+it (``kernelcamp.kernel_rev``, into a temporary folder), compiled for each (shape, config) through its own
+``compile_specs``, and its PTX compared with line information, comments and debug sections left out (a
+moved line or a renamed local leaves the code the same). Exit status 0 when every pair is identical,
+1 when any differs (one line each), 2 on bad input (one ``error:`` line).
+
+What it is for: a refactor of ``@triton.jit`` code (e.g. the V3.2 and V4 loops made one function, campaign
+step "v4tiles" in reports/campaigns/kernel_speed/README.md) whose PTX is identical at every config runs
+the same instructions on the GPU, so it needs no GPU A/B; a differing PTX does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from kernelcamp.errors import KernelcampError  # noqa: E402
+from kernelcamp.kernel_rev import import_kernel_rev  # noqa: E402
+from kernelcamp.variant import LaunchConfig  # noqa: E402
+
+SHAPES = {"v32": ("deepseek_v32", 128, 2048), "v32_tp8": ("deepseek_v32", 16, 2048), "v4": ("deepseek_v4", 64, 512)}
+CONFIGS = "T64_H64_w8_s2_kauto,T64_H64_w8_s1_kauto,T32_H16_w4_s3_k4,T64_H32_w8_s2_kauto,T32_H16_w4_s2_kauto"
+BATCH = 128  # the combine's specialization depends on it, the split kernel's does not ("auto" is resolved at launch)
+
+
+def normalized_ptx(ptx: str) -> str:
+    """``ptx`` without ``.loc`` / ``.file`` lines, ``//`` comments and the DWARF sections after the code."""
+    cut = ptx.find(".section\t.debug")
+    body = ptx if cut < 0 else ptx[:cut]
+    keep = [ln for ln in body.splitlines() if not ln.strip().startswith((".loc", ".file", "//"))]
+    return "\n".join(re.sub(r"\s+$", "", ln) for ln in keep)
+
+
+def split_kernel_ptx(module, shape: str, config: LaunchConfig, arch: int) -> str:
+    """The normalized PTX of ``module``'s split-K kernel for ``shape`` and ``config``, for ``sm<arch>``."""
+    layout, heads, topk = SHAPES[shape]
+    spec = module.compile_specs(layout, heads, topk, config, batch=BATCH)[0]
+    k = triton.compile(
+        ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+    )
+    return normalized_ptx(k.asm["ptx"])
+
+
+def _side(rev: str | None, module: str, cache: Path):
+    if rev is None:
+        import importlib
+
+        return importlib.import_module(module)
+    return import_kernel_rev(module, rev, cache_root=cache)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("rev_a", help="git commit of side A (a name or sha this repo knows)")
+    p.add_argument("rev_b", nargs="?", help="git commit of side B (default: the working tree's file)")
+    p.add_argument("--configs", default=CONFIGS, help=f"comma-separated config labels (default {CONFIGS})")
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--arch", type=int, default=90, help="compute capability to compile for (default 90)")
+    p.add_argument("--module", default="kernels.sparse_mla_decode", help="the kernel module (default that one)")
+    a = p.parse_args(argv)
+    try:
+        configs = [LaunchConfig.from_label(c.strip()) for c in a.configs.split(",") if c.strip()]
+        shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
+        bad = [s for s in shapes if s not in SHAPES]
+        if bad or not shapes or not configs:
+            raise KernelcampError(f"--shapes {a.shapes!r} / --configs {a.configs!r}: expected shapes of {sorted(SHAPES)}")
+        with tempfile.TemporaryDirectory() as tmp:
+            sides = [_side(a.rev_a, a.module, Path(tmp)), _side(a.rev_b, a.module, Path(tmp))]
+            names = [a.rev_a, a.rev_b or "working tree"]
+            differ = 0
+            for shape in shapes:
+                for c in configs:
+                    ptx = [split_kernel_ptx(m, shape, c, a.arch) for m in sides]
+                    same = ptx[0] == ptx[1]
+                    differ += not same
+                    print(f"{'same   ' if same else 'DIFFERS'} {shape} {c.config_label()} (sm{a.arch})")
+    except (KernelcampError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{names[0]} vs {names[1]}: {differ} of {len(shapes) * len(configs)} differ")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
