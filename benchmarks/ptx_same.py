@@ -4,11 +4,12 @@ against another (or the working tree), per shape and config, cross-compiled with
     env -u TRITON_INTERPRET python benchmarks/ptx_same.py REV_A [REV_B] [--configs T64_H64_w8_s2_kauto,...]
         [--shapes v32,v32_tp8,v4] [--arch 90] [--module kernels.sparse_mla_decode]
 
-REV_B defaults to the working tree's file. Each side's file is imported as ``baseline.kernel_rev`` imports
-it (``kernelcamp.kernel_rev``, into a temporary folder), compiled for each (shape, config) through its own
-``compile_specs``, and its PTX compared with line information, comments and debug sections left out (a
-moved line or a renamed local leaves the code the same). Exit status 0 when every pair is identical,
-1 when any differs (one line each), 2 on bad input (one ``error:`` line).
+REV_B defaults to the working tree's file. Each side's file is imported as ``baseline.kernel_rev``
+imports it (``kernelcamp.kernel_rev``: written once into the repo's git-ignored
+``.kernelcamp/kernel_revs/``), compiled for each (shape, config) through its own ``compile_specs``, and
+its PTX compared with line information, comments and debug sections left out (a moved line or a renamed
+local leaves the code the same). Exit status 0 when every pair is identical, 1 when any differs (one line
+each), 2 on bad input (one ``error:`` line).
 
 What it is for: a refactor of ``@triton.jit`` code (e.g. the V3.2 and V4 loops made one function, campaign
 step "v4tiles" in reports/campaigns/kernel_speed/README.md) whose PTX is identical at every config runs
@@ -21,10 +22,10 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 os.environ.pop("TRITON_INTERPRET", None)
 
 import triton  # noqa: E402
@@ -60,12 +61,12 @@ def split_kernel_ptx(module, shape: str, config: LaunchConfig, arch: int) -> str
     return normalized_ptx(k.asm["ptx"])
 
 
-def _side(rev: str | None, module: str, cache: Path):
+def _side(rev: str | None, module: str):
     if rev is None:
         import importlib
 
         return importlib.import_module(module)
-    return import_kernel_rev(module, rev, cache_root=cache)
+    return import_kernel_rev(module, rev, root=ROOT, cache_root=ROOT)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,17 +83,18 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
         bad = [s for s in shapes if s not in SHAPES]
         if bad or not shapes or not configs:
-            raise KernelcampError(f"--shapes {a.shapes!r} / --configs {a.configs!r}: expected shapes of {sorted(SHAPES)}")
-        with tempfile.TemporaryDirectory() as tmp:
-            sides = [_side(a.rev_a, a.module, Path(tmp)), _side(a.rev_b, a.module, Path(tmp))]
-            names = [a.rev_a, a.rev_b or "working tree"]
-            differ = 0
-            for shape in shapes:
-                for c in configs:
-                    ptx = [split_kernel_ptx(m, shape, c, a.arch) for m in sides]
-                    same = ptx[0] == ptx[1]
-                    differ += not same
-                    print(f"{'same   ' if same else 'DIFFERS'} {shape} {c.config_label()} (sm{a.arch})")
+            raise KernelcampError(
+                f"--shapes {a.shapes!r} / --configs {a.configs!r}: expected shapes of {sorted(SHAPES)} and configs"
+            )
+        sides = [_side(a.rev_a, a.module), _side(a.rev_b, a.module)]
+        names = [a.rev_a, a.rev_b or "working tree"]
+        differ = 0
+        for shape in shapes:
+            for c in configs:
+                ptx = [split_kernel_ptx(m, shape, c, a.arch) for m in sides]
+                same = ptx[0] == ptx[1]
+                differ += not same
+                print(f"{'same   ' if same else 'DIFFERS'} {shape} {c.config_label()} (sm{a.arch})")
     except (KernelcampError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,50 @@
+"""benchmarks/ptx_same.py: the split-K kernel's PTX at two commits, compared per shape and config."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("ptx_same", ROOT / "benchmarks" / "ptx_same.py")
+ps = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ps)
+
+TWO_LOOPS = "33f2e525e54f8e8bd5ce508893678534ae6e1576"  # V3.2 and V4 in two jit functions (after step v4tiles)
+ONE_LOOP = "13d27740ad7aef7ff1efe839df21128292a42fb8"  # the same code as one function with LAYOUT a constexpr
+BEFORE_V4TILES = "c282413ffc8bd500b99478aaff1d6622824dcf6d"  # V4's 512-wide tile and P scratch
+
+
+def _have(*revs: str) -> bool:
+    return all(
+        subprocess.run(["git", "cat-file", "-e", f"{r}^{{commit}}"], cwd=ROOT, capture_output=True).returncode == 0
+        for r in revs
+    )
+
+
+def test_normalized_ptx_drops_line_info_comments_and_debug_sections():
+    ptx = (
+        '\t.file\t1 "a.py"\n\t.loc\t1 10 5\n\tadd.s32 \t%r1, %r2, %r3;   \n// a comment\n.section\t.debug_info\n{junk}'
+    )
+    assert ps.normalized_ptx(ptx) == "\tadd.s32 \t%r1, %r2, %r3;"
+
+
+def test_bad_shape_or_config_is_one_error_line_and_exit_2(capsys):
+    assert ps.main(["HEAD", "--shapes", "v5"]) == 2
+    assert ps.main(["HEAD", "--configs", "T64_H64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+
+
+@pytest.mark.slow
+def test_the_one_loop_refactor_compiles_to_the_same_ptx_and_v4tiles_does_not(capsys):
+    if not _have(TWO_LOOPS, ONE_LOOP, BEFORE_V4TILES):
+        pytest.skip("the commits compared are not in this clone's history (a shallow clone)")
+    cfgs = ["--configs", "T64_H64_w8_s2_kauto,T32_H16_w4_s3_k4"]
+    assert ps.main([TWO_LOOPS, ONE_LOOP, *cfgs, "--shapes", "v32,v4"]) == 0
+    assert "0 of 4 differ" in capsys.readouterr().out
+    assert ps.main([BEFORE_V4TILES, TWO_LOOPS, "--configs", "T64_H64_w8_s3_kauto", "--shapes", "v4"]) == 1
+    assert "DIFFERS v4 T64_H64_w8_s3_kauto" in capsys.readouterr().out
