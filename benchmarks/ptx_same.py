@@ -26,7 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.pop("TRITON_INTERPRET", None)
+if __name__ == "__main__":
+    # compiling needs the real JIT: drop the interpreter before triton is imported (only when run as a
+    # script: an importer, e.g. a test session on the interpreter, keeps its environment)
+    os.environ.pop("TRITON_INTERPRET", None)
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402

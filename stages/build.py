@@ -20,7 +20,9 @@ import sys
 from typing import Any
 
 # Cross-compiling needs Triton's compiler: interpreter mode (read when triton is imported) cannot compile.
-os.environ.pop("TRITON_INTERPRET", None)
+# Only when run as the stage: an importer (a test session on the interpreter) keeps its environment.
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.inspect import compile as kc

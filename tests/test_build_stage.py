@@ -110,3 +110,15 @@ def test_run_as_target_that_keeps_nothing_is_refused_by_build(tmp_path, cache_ro
     assert len(errors) == 1 and "benchmark.run_as_target=sm120" in errors[0], r.stderr[-2000:]
     assert re.search(r"needs \d+ B shared memory", errors[0]), errors[0]
     assert not out.exists(), "a refused build writes nothing (the last finished run's build.json stays)"
+
+
+def test_importing_the_stage_leaves_the_interpreter_setting_alone(monkeypatch):
+    # stages.build dropped TRITON_INTERPRET at import: tests/test_metrics.py imports it, and the rest of the
+    # test session then ran without the interpreter (benchmarks/ptx_same.py's import did the same and failed
+    # a later verify case in CI)
+    import importlib.util
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    spec = importlib.util.spec_from_file_location("build_stage_again", ROOT / "stages" / "build.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert os.environ.get("TRITON_INTERPRET") == "1"
