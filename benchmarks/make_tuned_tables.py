@@ -14,14 +14,15 @@ row, so the table can be traced to the run that made it.
 A row with an explicit split count launches ``B * cdiv(H, BLOCK_H) * splits`` programs, so the count that
 won at its measured batch size can leave most SMs idle at a batch half that size, which the row also runs
 (grid_4's TP8 B=128 winner, 2 splits, ran B=64 in 99.4 us where 4 splits took 71.5 us:
-reports/campaigns/kernel_speed/README.md, step "table4"). Each such row whose range reaches below half
-its measured batch size is named in a ``warning:`` line on stderr (``Variant.coverage``, as the
+reports/campaigns/kernel_speed/README.md, step "table4"). Each such row whose range reaches half its
+measured batch size or less is named in a ``warning:`` line on stderr (``Variant.coverage``, as the
 benchmark's report names them); the table is still written. """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ def best_per_batch(rows: list[dict[str, str]], family: str) -> list[dict[str, An
     Raises ``ValueError`` when the grid has no timed row of ``family``.
     """
     timed = [r for r in rows if r.get("family") == family and r.get("impl") == "triton" and r.get("latency_us_p50")]
-    timed = [r for r in timed if not r.get("error")]
+    timed = [r for r in timed if not r.get("error") and math.isfinite(float(r["latency_us_p50"]))]
     if not timed:
         raise ValueError(f"no timed triton rows of family {family!r} in the grid")
     best: dict[int, dict[str, str]] = {}
@@ -77,8 +78,12 @@ def table_rows(winners: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def stretched_rows(winners: list[dict[str, Any]]) -> list[str]:
     """What the grid leaves unmeasured of the table it makes: ``Variant.coverage`` of the table made from
     ``winners`` (as :func:`best_per_batch` returns them) at the grid's batch sizes. One line per row whose
-    explicit split count also runs batch sizes below half the smallest measured one in its range."""
-    table = parse_variant({"name": "grid_table", "configs": table_rows(winners)})
+    explicit split count also runs batch sizes at or below half the smallest measured one in its range (a
+    table of one row, a single config, included)."""
+    rows = table_rows(winners)
+    table = parse_variant(
+        {"name": "grid_table", **rows[0]} if len(rows) == 1 else {"name": "grid_table", "configs": rows}
+    )
     return table.coverage([w["B"] for w in winners])
 
 
@@ -108,17 +113,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="conf/variant", help="folder for the variant file (conf/variant)")
     a = p.parse_args(argv)
     rows: list[dict[str, str]] = []
-    for g in a.grid:
-        with open(g, newline="") as f:
-            rows += list(csv.DictReader(f))
     try:
+        for g in a.grid:
+            with open(g, newline="") as f:
+                rows += list(csv.DictReader(f))
         winners = best_per_batch(rows, a.family)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        warnings = stretched_rows(winners)
+        text = render(a.name, a.family, [Path(g) for g in a.grid], winners, table_rows(winners))
+    except OSError as e:
+        print(f"error: --grid: {e}", file=sys.stderr)
         return 2
-    for line in stretched_rows(winners):
+    except (KeyError, IndexError, ValueError) as e:  # a missing column, a label without _k<splits>, a bad number
+        what = f"column {e} missing" if isinstance(e, KeyError) else str(e) or type(e).__name__
+        print(f"error: --grid {' '.join(a.grid)}: not a bench_kernel.py grid ({what})", file=sys.stderr)
+        return 2
+    for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
-    text = render(a.name, a.family, [Path(g) for g in a.grid], winners, table_rows(winners))
     out = Path(a.out) / f"{a.name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

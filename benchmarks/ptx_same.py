@@ -81,26 +81,47 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", type=int, default=90, help="compute capability to compile for (default 90)")
     p.add_argument("--module", default="kernels.sparse_mla_decode", help="the kernel module (default that one)")
     a = p.parse_args(argv)
+    names = [a.rev_a, a.rev_b or "working tree"]
     try:
-        configs = [LaunchConfig.from_label(c.strip()) for c in a.configs.split(",") if c.strip()]
+        # a batch-table row's label (..._k8_b32, as reports print it) names the same launch config
+        configs = [LaunchConfig.from_label(re.sub(r"_b\d+$", "", c.strip())) for c in a.configs.split(",") if c.strip()]
+        if not configs:
+            raise KernelcampError(f"--configs {a.configs!r}: no config label")
         shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
-        bad = [s for s in shapes if s not in SHAPES]
-        if bad or not shapes or not configs:
-            raise KernelcampError(
-                f"--shapes {a.shapes!r} / --configs {a.configs!r}: expected shapes of {sorted(SHAPES)} and configs"
-            )
-        sides = [_side(a.rev_a, a.module), _side(a.rev_b, a.module)]
-        names = [a.rev_a, a.rev_b or "working tree"]
-        differ = 0
-        for shape in shapes:
-            for c in configs:
-                ptx = [split_kernel_ptx(m, shape, c, a.arch) for m in sides]
-                same = ptx[0] == ptx[1]
-                differ += not same
-                print(f"{'same   ' if same else 'DIFFERS'} {shape} {c.config_label()} (sm{a.arch})")
+        if not shapes or any(s not in SHAPES for s in shapes):
+            raise KernelcampError(f"--shapes {a.shapes!r}: expected a comma-separated list of {', '.join(SHAPES)}")
+        if a.arch < 80:
+            raise KernelcampError(f"--arch {a.arch}: expected a compute capability >= 80 (e.g. 90 for sm90)")
+        sides = []
+        for which, rev in (("REV_A", a.rev_a), ("REV_B", a.rev_b)):
+            try:
+                sides.append(_side(rev, a.module))
+            except KernelcampError as e:  # kernel_rev's message names the pipeline's key; here it is a CLI argument
+                raise KernelcampError(f"{which} {str(e).removeprefix('baseline.kernel_rev = ')}") from e
     except (KernelcampError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    differ = 0
+    for shape in shapes:
+        for c in configs:
+            ptx = []
+            for name, m in zip(names, sides, strict=True):
+                try:
+                    ptx.append(split_kernel_ptx(m, shape, c, a.arch))
+                except Exception as e:  # noqa: BLE001 - a config that does not compile there is one line, exit 2
+                    root = e
+                    while root.__cause__ is not None:  # Triton's CompilationError wraps the reason
+                        root = root.__cause__
+                    why = next((ln.strip() for ln in str(root).splitlines() if ln.strip()), "")
+                    print(
+                        f"error: {name}: {shape} {c.config_label()} does not compile for sm{a.arch}: "
+                        f"{type(root).__name__}: {why[:200]}",
+                        file=sys.stderr,
+                    )
+                    return 2
+            same = ptx[0] == ptx[1]
+            differ += not same
+            print(f"{'same   ' if same else 'DIFFERS'} {shape} {c.config_label()} (sm{a.arch})")
     print(f"{names[0]} vs {names[1]}: {differ} of {len(shapes) * len(configs)} differ")
     return 1 if differ else 0
 

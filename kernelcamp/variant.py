@@ -149,27 +149,31 @@ class Variant:
         return self.configs[-1]
 
     def coverage(self, batch_sizes: list[int]) -> list[str]:
-        """What a run at ``batch_sizes`` leaves unmeasured of a batch table: one line per row whose batch
-        range holds none of them, or whose explicit split count (``num_splits`` an int) also runs batch sizes
-        below half the smallest measured one in its range (the split count fixes ``B * heads * splits``
-        programs, so a count that fills the SMs at B can leave half of them idle at B/2: the TP8 table of
-        step "table4" ran B=64 1.39x slower than before, reports/campaigns/kernel_speed/README.md). The
-        last row's open range above the largest measured size is not counted. ``[]`` for a single config,
-        an autotune list, or a table whose rows are all covered."""
-        if not self.is_table:
+        """What a run at ``batch_sizes`` leaves unmeasured of a batch table (or of a single config, a table
+        of one row): one line per row whose batch range holds none of them, or whose explicit split count
+        (``num_splits`` an int) also runs batch sizes at or below half the smallest measured one in its
+        range (the split count fixes ``B * heads * splits`` programs, so a count that fills the SMs at B can
+        leave half of them idle at B/2: the TP8 table of step "table4" ran B=64 on its B=128 row 1.39x slower
+        than before, reports/campaigns/kernel_speed/README.md). The last row's open range above the largest
+        measured size is not counted. ``[]`` for an autotune list (its autotuner chooses per batch size) or
+        when every row is covered."""
+        if not (self.is_table or self.single):
             return []
+        sizes = sorted({int(b) for b in batch_sizes if int(b) >= 1})
         out, lo = [], 1
         for i, c in enumerate(self.configs):
             hi = c.max_batch if i < len(self.configs) - 1 else None
-            span = f"B={lo}-{hi}" if hi is not None else f"B>={lo}"
-            measured = sorted(b for b in batch_sizes if b >= lo and (hi is None or b <= hi))
+            span = f"B={lo}" if hi == lo else f"B={lo}-{hi}" if hi is not None else f"B>={lo}"
+            measured = [b for b in sizes if b >= lo and (hi is None or b <= hi)]
             if not measured:
                 out.append(f"row {c.label()} runs {span}, none of them measured")
-            elif not isinstance(c.num_splits, str) and lo < measured[0] / 2:
+            elif not isinstance(c.num_splits, str) and lo <= measured[0] // 2:
                 at = ", ".join(map(str, measured))
+                half = measured[0] // 2
+                low = f"B={lo}" if half == lo else f"B={lo}-{half}"
                 out.append(
                     f"row {c.label()} runs {span} with {c.num_splits} splits at each, measured at B={at} only: "
-                    f"B={lo}-{(measured[0] - 1) // 2}, below half of B={measured[0]}, is not"
+                    f"{low} (half of B={measured[0]} or less) is not measured"
                 )
             if hi is not None:
                 lo = hi + 1

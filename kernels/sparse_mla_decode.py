@@ -207,7 +207,9 @@ def resolve_num_splits(
 ) -> int:
     """Splits actually launched for a config's ``num_splits`` (an int, or "auto": see AUTO_* above).
 
-    An explicit value is capped at the number of BLOCK_T tiles (a split never gets zero tiles).
+    An explicit value is capped at the number of BLOCK_T tiles. Each split takes ``cdiv(tiles, splits)``
+    tiles, so the last splits can still get none (e.g. 5 tiles over 4 splits: 2, 2, 1, 0; 32 tiles over 24:
+    8 empty): such a program writes an empty partial (LSE -inf), which the combine weighs 0.
     """
     tiles = max(1, triton.cdiv(topk, BLOCK_T))
     if num_splits == "auto":
@@ -389,7 +391,10 @@ def _sparse_mla_loop(
         else:
             page_base = (tok // PAGE_SIZE) * PAGE_BYTES
             row = tok % PAGE_SIZE
-            row_base = tl.multiple_of(page_base + row * 576, 16)
+            if PAGE_SIZE % 2 == 0:
+                row_base = tl.multiple_of(page_base + row * 576, 16)
+            else:  # a page of 584-byte tokens is 8 bytes off a 16-byte boundary after an odd page
+                row_base = tl.multiple_of(page_base + row * 576, 8)
             rows = kv_u8_ptr + row_base[:, None]
             # the row's 8 scale bytes as two int32 words (4-byte loads: cp.async-able, where byte loads were not)
             sw_ptrs = kv_f32_ptr + (page_base + PAGE_SIZE * 576 + row * 8) // 4

@@ -86,13 +86,21 @@ def test_the_benchmark_names_table_rows_its_batch_sizes_leave_unmeasured():
         }
     )
     assert tp8.coverage([1, 8, 32, 128]) == [
-        "row T32_H16_w4_s3_k8_b32 runs B=9-32 with 8 splits at each, measured at B=32 only: B=9-15, below half of "
-        "B=32, is not",
+        "row T32_H16_w4_s3_k8_b32 runs B=9-32 with 8 splits at each, measured at B=32 only: B=9-16 (half of B=32 "
+        "or less) is not measured",
         "row T32_H16_w4_s3_k4_b48 runs B=33-48, none of them measured",
-        "row T32_H16_w4_s3_k2 runs B>=49 with 2 splits at each, measured at B=128 only: B=49-63, below half of "
-        "B=128, is not",
+        "row T32_H16_w4_s3_k2 runs B>=49 with 2 splits at each, measured at B=128 only: B=49-64 (half of B=128 or "
+        "less) is not measured",
     ]
-    assert tp8.coverage([1, 8, 16, 32, 40, 64, 128]) == []
+    # exactly half is the table4 case (B=64 on the row measured at 128); duplicates and order do not matter
+    last = parse_variant(
+        {"name": "t", "configs": [{**tp8.configs[0].as_dict(), "max_batch": 63}, tp8.configs[3].as_dict()]}
+    )
+    assert last.coverage([128, 1, 32, 32]) == [
+        "row T32_H16_w4_s3_k2 runs B>=64 with 2 splits at each, measured at B=128 only: B=64 (half of B=128 or "
+        "less) is not measured"
+    ]
+    assert tp8.coverage([1, 8, 15, 32, 40, 63, 128]) == []
     assert TABLE.coverage([1]) == ["row T32_H64_w8_s1_kauto runs B>=2, none of them measured"]
     assert LIST.coverage([1]) == [] and TABLE.coverage([1, 2]) == []  # "auto" splits adapt to B
     _, notes = record.variants_to_run(_spec(tp8, sizes=(1, 8, 32, 128)), {}, "cpu")

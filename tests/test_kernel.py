@@ -56,6 +56,7 @@ CASES = [
     ("deepseek_v4", 1, 16, 50, 256, LaunchConfig(16, 32, 4, 2, 1), 0.0),  # BLOCK_H > H: masked heads
     ("deepseek_v4", 1, 64, 32, 64, LaunchConfig(16, 32, 4, 2, "auto"), 0.0),  # H 64
     ("deepseek_v4", 2, 64, 40, 64, LaunchConfig(16, 64, 8, 2, 2), 0.1),  # the wgmma tile (BLOCK_H 64)
+    ("deepseek_v4", 1, 16, 10, 3, LaunchConfig(16, 16, 4, 2, 2), 0.0),  # an odd page size (8-byte aligned rows)
     # few rows: the combine splits each row's d_v over programs (_combine_block_d: 16 and 32 rows -> 64 wide)
     ("deepseek_v32", 1, 16, 48, 64, LaunchConfig(16, 16, 4, 2, 3), 0.0),
     ("deepseek_v4", 1, 32, 48, 64, LaunchConfig(16, 16, 4, 2, "auto"), 0.0),
@@ -341,6 +342,29 @@ def test_v4_scale_bytes_are_prefetched_words_not_byte_loads():
     for label, f in figs.items():
         assert f["byte_loads"] == 0, (label, f)
         assert f["cp_async_4b"] >= 2, (label, f)
+
+
+_V4_ODD_PAGE_PTX = """
+import re, triton
+from triton.compiler import ASTSource
+from triton.backends.compiler import GPUTarget
+from kernelcamp.variant import LaunchConfig
+from kernels.sparse_mla_decode import compile_specs
+for ps in (64, 3):
+    spec = compile_specs("deepseek_v4", 64, 512, LaunchConfig(32, 16, 4, 2, "auto"), batch=8, page_size=ps)[0]
+    k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+    print(ps, len(re.findall(r"cp\\.async\\.cg\\.shared\\.global [^;]*, 0x10,", k.asm["ptx"])))
+"""
+
+
+def test_v4_gathers_claim_16_byte_alignment_only_for_even_page_sizes():
+    # a V4 page is page_size * 584 bytes: after an odd page its rows start 8 bytes off a 16-byte boundary,
+    # and the gathers' 16-byte cp.async copies (from a multiple_of(..., 16) hint) would be misaligned there
+    r = _without_interpreter(_V4_ODD_PAGE_PTX)
+    assert r.returncode == 0, r.stderr[-2000:]
+    copies = dict(line.split() for line in r.stdout.strip().splitlines()[-2:])
+    assert int(copies["64"]) > 0 and int(copies["3"]) == 0, copies
 
 
 _TP8_PTX = """

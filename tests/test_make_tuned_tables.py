@@ -85,12 +85,18 @@ def test_an_explicit_split_row_stretched_below_half_its_batch_is_named(tmp_path,
     ]
     warns = mtt.stretched_rows(mtt.best_per_batch(rows, "v32"))
     assert warns == [
-        "row T32_H16_w4_s3_k8_b32 runs B=2-32 with 8 splits at each, measured at B=32 only: B=2-15, below half "
-        "of B=32, is not",
-        "row T32_H16_w4_s3_k2 runs B>=33 with 2 splits at each, measured at B=128 only: B=33-63, below half of "
-        "B=128, is not",
+        "row T32_H16_w4_s3_k8_b32 runs B=2-32 with 8 splits at each, measured at B=32 only: B=2-16 (half of B=32 "
+        "or less) is not measured",
+        "row T32_H16_w4_s3_k2 runs B>=33 with 2 splits at each, measured at B=128 only: B=33-64 (half of B=128 or "
+        "less) is not measured",
     ]
     assert mtt.stretched_rows(mtt.best_per_batch([*rows, _row(64, "T32_H16_w4_s3_k4", 71.5)], "v32"))[1:] == []
+    # one explicit-split config winning everywhere is a single config that runs every batch size
+    only = mtt.best_per_batch([_row(128, "T32_H16_w4_s3_k2", 127.3)], "v32")
+    assert mtt.stretched_rows(only) == [
+        "row T32_H16_w4_s3_k2 runs B>=1 with 2 splits at each, measured at B=128 only: B=1-64 (half of B=128 or "
+        "less) is not measured"
+    ]
     grid = tmp_path / "g.csv"
     with grid.open("w", newline="") as f:
         import csv
@@ -102,3 +108,15 @@ def test_an_explicit_split_row_stretched_below_half_its_batch_is_named(tmp_path,
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and all(line.startswith("warning: row T32_H16_w4_s3_k") for line in err)
     assert (tmp_path / "t.yaml").exists()
+
+
+def test_a_nan_latency_never_wins_and_a_bad_grid_is_one_error_line(tmp_path, capsys):
+    rows = [_row(1, "T16_H16_w4_s2_kauto", float("nan")), _row(1, "T32_H16_w4_s2_kauto", 10.0)]
+    assert [w["config"] for w in mtt.best_per_batch(rows, "v32")] == ["T32_H16_w4_s2_kauto"]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("family,impl,B,config,latency_us_p50\nv32,triton,1,T16_H16_w4_s2_kauto,5\n")
+    for grid in (bad, tmp_path / "missing.csv"):
+        assert mtt.main(["--grid", str(grid), "--family", "v32", "--name", "t", "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: --grid"), err
+    assert not (tmp_path / "t.yaml").exists()

@@ -34,11 +34,15 @@ def test_normalized_ptx_drops_line_info_comments_and_debug_sections():
     assert ps.normalized_ptx(ptx) == "\tadd.s32 \t%r1, %r2, %r3;"
 
 
-def test_bad_shape_or_config_is_one_error_line_and_exit_2(capsys):
+def test_bad_shape_config_arch_or_commit_is_one_error_line_and_exit_2(capsys):
     assert ps.main(["HEAD", "--shapes", "v5"]) == 2
     assert ps.main(["HEAD", "--configs", "T64_H64"]) == 2
+    assert ps.main(["HEAD", "--arch", "0"]) == 2
+    assert ps.main(["no_such_commit_name"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+    assert len(err) == 4 and all(line.startswith("error: ") for line in err), err
+    assert err[0].startswith("error: --shapes 'v5'") and err[2].startswith("error: --arch 0")
+    assert err[3].startswith("error: REV_A 'no_such_commit_name'")  # the CLI's name, not the pipeline's key
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -62,5 +66,9 @@ def test_the_one_loop_refactor_compiles_to_the_same_ptx_and_v4tiles_does_not():
         pytest.skip("the commits compared are not in this clone's history (a shallow clone)")
     r = _run(TWO_LOOPS, ONE_LOOP, "--configs", "T64_H64_w8_s2_kauto,T32_H16_w4_s3_k4", "--shapes", "v32,v4")
     assert r.returncode == 0 and "0 of 4 differ" in r.stdout, r.stdout + r.stderr[-2000:]
-    r = _run(BEFORE_V4TILES, TWO_LOOPS, "--configs", "T64_H64_w8_s3_kauto", "--shapes", "v4")
+    r = _run(BEFORE_V4TILES, TWO_LOOPS, "--configs", "T64_H64_w8_s3_kauto_b32", "--shapes", "v4")  # a row label
     assert r.returncode == 1 and "DIFFERS v4 T64_H64_w8_s3_kauto" in r.stdout, r.stdout + r.stderr[-2000:]
+    # a config that does not compile for the arch (fp8 e4m3 needs sm89+) is one line and exit 2, not "differs"
+    r = _run(TWO_LOOPS, ONE_LOOP, "--configs", "T32_H16_w4_s2_kauto", "--shapes", "v4", "--arch", "80")
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "does not compile for sm80" in err[0], r.stderr[-2000:]

@@ -292,8 +292,8 @@ def _artifact_paths(client, run_id, path="reports"):
 def test_table_rows_the_run_left_unmeasured_are_listed_under_the_config_lists():
     d = _data()
     line = (
-        "row T32_H16_w4_s3_k2 runs B>=33 with 2 splits at each, measured at B=128 only: B=33-63, below half of "
-        "B=128, is not"
+        "row T32_H16_w4_s3_k2 runs B>=33 with 2 splits at each, measured at B=128 only: B=33-64 (half of B=128 or "
+        "less) is not measured"
     )
     d["benchmark"]["variants"]["candidate"]["unmeasured_rows"] = [line]
     md = kr.render_markdown(d, {}, 0.02)
