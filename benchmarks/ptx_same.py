@@ -8,8 +8,8 @@ REV_B defaults to the working tree's file. Each side's file is imported as ``bas
 imports it (``kernelcamp.kernel_rev``: written once into the repo's git-ignored
 ``.kernelcamp/kernel_revs/``), compiled for each (shape, config) through its own ``compile_specs``, and
 its PTX compared with line information, comments and debug sections left out (a moved line or a renamed
-local leaves the code the same). Exit status 0 when every pair is identical, 1 when any differs (one line
-each), 2 on bad input (one ``error:`` line).
+local leaves the code the same; a changed parameter list does not, since the binary differs). Exit status
+0 when every pair is identical, 1 when any differs (one line each), 2 on bad input (one ``error:`` line).
 
 What it is for: a refactor of ``@triton.jit`` code (e.g. the V3.2 and V4 loops made one function, campaign
 step "v4tiles" in reports/campaigns/kernel_speed/README.md) whose PTX is identical at every config runs
