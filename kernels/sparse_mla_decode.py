@@ -647,7 +647,8 @@ class SparseMLADecode:
 
     ``check_indices`` (default True): check every index is in ``[-1, num_pages*page_size)`` before
     launching, and that q's finite values fit fp16 where the path multiplies them in fp16
-    (``_check_q_fits_fp16``: ``dot_dtype="fp16"``, or a V3.2 config with ``BLOCK_H < 64``). It costs
+    (``_check_q_fits_fp16``: ``dot_dtype="fp16"``, or a V3.2 config with ``BLOCK_H < 64``); with
+    ``dot_dtype="fp16"`` also the dequantized rows the indices name (``_check_cache_fits_fp16``). It costs
     a device sync (a min/max reduction and a copy to host, ~10-20 us) and is skipped automatically
     while a CUDA graph is being captured (a sync is illegal there); pass ``check_indices=False`` on hot
     paths whose inputs are trusted.
@@ -733,6 +734,8 @@ class SparseMLADecode:
         candidates = self.variant.configs if self._tuner is not None else (chosen,)
         if check:
             _check_q_fits_fp16(q, lay, self.dot_dtype, candidates)
+            if self.dot_dtype == "fp16":
+                _check_cache_fits_fp16(kv_cache, indices, layout, page_size)
         max_splits = max(
             resolve_num_splits(c.num_splits, B, H, topk, c.BLOCK_H, c.BLOCK_T, num_sms) for c in candidates
         )
@@ -814,6 +817,22 @@ def _check_q_fits_fp16(q: torch.Tensor, lay: CacheLayout, dot_dtype: str, config
         raise ValueError(
             f"q: |q| reaches {q_max:g}, but {why} (|q| < {F16_MAX:g}); use bf16 and BLOCK_H >= 64 configs for this "
             "input, or scale q down and sm_scale up by the same factor"
+        )
+
+
+def _check_cache_fits_fp16(kv_cache: torch.Tensor, indices: torch.Tensor, layout: str, page_size: int) -> None:
+    """``ValueError`` naming kv_cache when a finite dequantized value of a row that ``indices`` names reaches
+    ``F16_MAX``: ``dot_dtype="fp16"`` (the interpreter's) multiplies the dequantized rows in fp16, where it
+    would become inf. Only the referenced rows are read (``dequantize_rows``); costs a device sync."""
+    tok = indices[indices >= 0]
+    if tok.numel() == 0:
+        return
+    a = dequantize_rows(kv_cache, tok, layout, page_size).abs()
+    v_max = float(torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device)).max())
+    if v_max >= F16_MAX:
+        raise ValueError(
+            f'kv_cache: a row that indices name dequantizes to |value| {v_max:g}, but dot_dtype="fp16" multiplies '
+            f'the cache in fp16 (|value| < {F16_MAX:g}); use dot_dtype="bf16" on a GPU, or a cache of smaller values'
         )
 
 

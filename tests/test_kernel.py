@@ -222,6 +222,23 @@ def test_q_beyond_fp16_is_refused_where_a_config_multiplies_q_in_fp16():
     smd.SparseMLADecode(Variant("t", (fp16_cfg,)))(*args)
 
 
+def test_a_cache_beyond_fp16_is_refused_where_dot_dtype_fp16_multiplies_it():
+    # the interpreter's dot_dtype="fp16" multiplies the dequantized rows in fp16: a V4 group at 2^17 times its
+    # fp8 values (up to 448) would become inf without a word, where a q of the same size was refused
+    inp = smd.make_inputs("deepseek_v4", 1, 16, 16, 64, 128, DEVICE, seed=3)
+    latent = torch.zeros(128, 512)
+    latent[inp["indices"][0, 5].item(), :64] = 1.0e5
+    inp["kv_cache"] = smd.quantize_kv_cache(latent.to(torch.bfloat16).to(DEVICE), "deepseek_v4", 64)
+    args = (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+    cfg = Variant("t", (LaunchConfig(16, 16, 4, 2, 1),))
+    with pytest.raises(
+        ValueError, match=r'kv_cache: a row that indices name dequantizes to \|value\| .*dot_dtype="fp16"'
+    ):
+        smd.SparseMLADecode(cfg, dot_dtype="fp16")(*args)
+    inp["indices"][0, 5] = -1  # no index names the row: runs
+    smd.SparseMLADecode(cfg, dot_dtype="fp16")(*args)
+
+
 @pytest.mark.parametrize(
     "field,config",
     [
