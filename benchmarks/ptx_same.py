@@ -7,9 +7,10 @@ against another (or the working tree), per shape and config, cross-compiled with
 REV_B defaults to the working tree's file. Each side's file is imported as ``baseline.kernel_rev``
 imports it (``kernelcamp.kernel_rev``: written once into the repo's git-ignored
 ``.kernelcamp/kernel_revs/``), compiled for each (shape, config) through its own ``compile_specs``, and
-its PTX compared with line information, comments and debug sections left out (a moved line or a renamed
-local leaves the code the same; a changed parameter list does not, since the binary differs). Exit status
-0 when every pair is identical, 1 when any differs (one line each), 2 on bad input (one ``error:`` line).
+its PTX compared with line information, comments, debug sections and debug-only labels left out (a moved
+line or a renamed local leaves the code the same; a changed parameter list does not, since the binary
+differs). Exit status 0 when every pair is identical, 1 when any differs (one line each), 2 on bad input
+(one ``error:`` line).
 
 What it is for: a refactor of ``@triton.jit`` code (e.g. the V3.2 and V4 loops made one function, campaign
 step "v4tiles" in reports/campaigns/kernel_speed/README.md) whose PTX is identical at every config runs
@@ -45,10 +46,16 @@ BATCH = 128  # the combine's specialization depends on it, the split kernel's do
 
 
 def normalized_ptx(ptx: str) -> str:
-    """``ptx`` without ``.loc`` / ``.file`` lines, ``//`` comments and the DWARF sections after the code."""
+    """``ptx`` without ``.loc`` / ``.file`` lines, ``//`` comments, the DWARF sections after the code and
+    the ``$L__tmp<n>:`` labels that only those sections reference (inlining scopes: folding a jit helper
+    into its caller renumbers and moves them, not an instruction)."""
     cut = ptx.find(".section\t.debug")
     body = ptx if cut < 0 else ptx[:cut]
-    keep = [ln for ln in body.splitlines() if not ln.strip().startswith((".loc", ".file", "//"))]
+    keep = [
+        ln
+        for ln in body.splitlines()
+        if not ln.strip().startswith((".loc", ".file", "//")) and not re.fullmatch(r"\$L__tmp\d+:", ln.strip())
+    ]
     return "\n".join(re.sub(r"\s+$", "", ln) for ln in keep)
 
 

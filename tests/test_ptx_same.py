@@ -32,6 +32,8 @@ def test_normalized_ptx_drops_line_info_comments_and_debug_sections():
         '\t.file\t1 "a.py"\n\t.loc\t1 10 5\n\tadd.s32 \t%r1, %r2, %r3;   \n// a comment\n.section\t.debug_info\n{junk}'
     )
     assert ps.normalized_ptx(ptx) == "\tadd.s32 \t%r1, %r2, %r3;"
+    # inlining-scope labels (referenced only by the debug sections) go; branch targets stay
+    assert ps.normalized_ptx("$L__tmp3:\n$L__BB0_2:\n\tbra.uni \t$L__BB0_2;") == "$L__BB0_2:\n\tbra.uni \t$L__BB0_2;"
 
 
 def test_bad_shape_config_arch_or_commit_is_one_error_line_and_exit_2(capsys):
