@@ -28,15 +28,15 @@ Kernel design: split-K over the top-k range. Grid ``(B, cdiv(H, BLOCK_H), num_sp
 by index (page = idx // page_size), dequantizes them with the layout's scales into the dot dtype, computes
 ``q . k^T`` with ``tl.dot`` (fp32 accumulate), runs an online softmax in base 2 (``sm_scale * log2(e)`` folded
 into one multiply) and accumulates ``p . v`` where v is the same dequantized tile (MLA shares the latent
-between K and V). Both layouts run one loop, ``_sparse_mla_loop`` (``LAYOUT`` a constexpr), in column tiles.
-V3.2 works in its four 128-wide fp8 groups: each group is dequantized with its fp32 scale into its own
-``[BLOCK_T, 128]`` dot-dtype tile (fp8 -> fp32 exact, one fp32 multiply, one rounding), the four group dots
-and the 64-wide rope dot chain into one score accumulator, and one bf16 P feeds four ``[BLOCK_H, 128]`` output
-accumulators. An earlier version applied the scales to the scores and to P instead (five score accumulators,
-four scaled copies of P); it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one takes 403 us
-on the H200 (reports/campaigns/kernel_speed/candidates_1/README.md, the "kscale" file). Wgmma configs
-(``BLOCK_H >= 64``: V3.2's whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two things
-differ in V3.2's loop:
+between K and V). Both layouts run one loop in ``_sparse_mla_split_kernel`` (``LAYOUT`` a constexpr), in
+column tiles. V3.2 works in its four 128-wide fp8 groups: each group is dequantized with its fp32 scale into
+its own ``[BLOCK_T, 128]`` dot-dtype tile (fp8 -> fp32 exact, one fp32 multiply, one rounding), the four group
+dots and the 64-wide rope dot chain into one score accumulator, and one bf16 P feeds four ``[BLOCK_H, 128]``
+output accumulators. An earlier version applied the scales to the scores and to P instead (five score
+accumulators, four scaled copies of P); it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one
+takes 403 us on the H200 (reports/campaigns/kernel_speed/candidates_1/README.md, the "kscale" file). Wgmma
+configs (``BLOCK_H >= 64``: V3.2's whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two
+things differ in V3.2's loop:
 
 - the P.V dots take a second load of the same fp8 bytes: one register tile feeding both dots wants two
   dot-operand layouts, and Triton's pipeliner then leaves its load synchronous (Triton 3.6,
@@ -274,11 +274,12 @@ def _v4_pair(rows, sa, sb, j: tl.constexpr, valid, DOT_DTYPE: tl.constexpr):
     return (bits.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale).to(DOT_DTYPE)
 
 
-@triton.jit
-def _sparse_mla_loop(
-    q_row_ptrs,
-    mask_h,
-    offs_h,
+# Sizes are not specialized (B == 1, max_splits == 1 would each compile another binary): one binary per
+# config and layout keeps warm-up short and the compile inspector's binary the one that runs.
+@triton.jit(do_not_specialize=["B", "H", "topk", "max_splits"])
+def _sparse_mla_split_kernel(
+    # pointers
+    q_ptr,
     kv_u8_ptr,
     kv_bf16_ptr,
     kv_f32_ptr,
@@ -287,21 +288,34 @@ def _sparse_mla_loop(
     lse_ptr,
     part_out_ptr,
     part_lse_ptr,
-    pid_b,
-    pid_s,
-    n_splits,
+    # sizes
+    B,
     H,
     topk,
     max_splits,
     sm_scale_log2,
+    # strides (elements)
+    stride_qb,
+    stride_qh,
     stride_ib,
+    # meta-parameters
     LAYOUT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
-    # The body of _sparse_mla_split_kernel for both layouts (LAYOUT 0: V3.2, 1: V4), in column tiles: every
+    # SPLITS is the requested split count (0 = auto); the launched count is the grid's third axis.
+    pid_b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    q_row_ptrs = q_ptr + pid_b.to(tl.int64) * stride_qb + offs_h[:, None] * stride_qh
+    # Both layouts (LAYOUT 0: V3.2, 1: V4) in one loop, in column tiles: every
     # tile is dequantized into its own dot-dtype [BLOCK_T, width] tile, the QK dots of all tiles chain into
     # one score accumulator, and one P feeds one [BLOCK_H, width] output accumulator per tile of V.
     #   V3.2: four 128-wide fp8 groups, each times its fp32 scale (_dequant_group), acc0-acc3; the 64 bf16
@@ -460,75 +474,6 @@ def _sparse_mla_loop(
         tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_h)
     else:
         tl.store(part_lse_ptr + part, lse2, mask=mask_h)
-
-
-# Sizes are not specialized (B == 1, max_splits == 1 would each compile another binary): one binary per
-# config and layout keeps warm-up short and the compile inspector's binary the one that runs.
-@triton.jit(do_not_specialize=["B", "H", "topk", "max_splits"])
-def _sparse_mla_split_kernel(
-    # pointers
-    q_ptr,
-    kv_u8_ptr,
-    kv_bf16_ptr,
-    kv_f32_ptr,
-    idx_ptr,
-    out_ptr,
-    lse_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    # sizes
-    B,
-    H,
-    topk,
-    max_splits,
-    sm_scale_log2,
-    # strides (elements)
-    stride_qb,
-    stride_qh,
-    stride_ib,
-    # meta-parameters
-    LAYOUT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    SPLITS: tl.constexpr,
-):
-    # SPLITS is the requested split count (0 = auto); the launched count is the grid's third axis.
-    pid_b = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    pid_s = tl.program_id(2)
-    n_splits = tl.num_programs(2)
-
-    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < H
-    q_row_ptrs = q_ptr + pid_b.to(tl.int64) * stride_qb + offs_h[:, None] * stride_qh
-    _sparse_mla_loop(
-        q_row_ptrs,
-        mask_h,
-        offs_h,
-        kv_u8_ptr,
-        kv_bf16_ptr,
-        kv_f32_ptr,
-        idx_ptr,
-        out_ptr,
-        lse_ptr,
-        part_out_ptr,
-        part_lse_ptr,
-        pid_b,
-        pid_s,
-        n_splits,
-        H,
-        topk,
-        max_splits,
-        sm_scale_log2,
-        stride_ib,
-        LAYOUT,
-        PAGE_SIZE,
-        DOT_DTYPE,
-        BLOCK_T,
-        BLOCK_H,
-    )
 
 
 @triton.jit
