@@ -745,6 +745,13 @@ class SparseMLADecode:
         return out, lse
 
 
+def _finite_abs_max(t: torch.Tensor) -> float:
+    """The largest finite |value| of ``t`` (0.0 when none is finite; non-finite values are left to the
+    output, as on the bf16 path). Costs a device sync."""
+    a = t.abs()
+    return float(torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device)).max())
+
+
 def _check_q_fits_fp16(q: torch.Tensor, lay: CacheLayout, dot_dtype: str, configs: Any) -> None:
     """``ValueError`` naming q when a finite value of q that the chosen path multiplies in fp16 reaches
     ``F16_MAX`` (it would become inf there): every dim with ``dot_dtype="fp16"``; V3.2's 512 fp8-group dims
@@ -756,8 +763,7 @@ def _check_q_fits_fp16(q: torch.Tensor, lay: CacheLayout, dot_dtype: str, config
         dims, why = q[..., : lay.fp8_dims], "a V3.2 config with BLOCK_H < 64 multiplies q's fp8-group dims in fp16"
     else:
         return
-    a = dims.abs()
-    q_max = float(torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device)).max())
+    q_max = _finite_abs_max(dims)
     if q_max >= F16_MAX:
         raise ValueError(
             f"q: |q| reaches {q_max:g}, but {why} (|q| < {F16_MAX:g}); use bf16 and BLOCK_H >= 64 configs for this "
@@ -772,8 +778,7 @@ def _check_cache_fits_fp16(kv_cache: torch.Tensor, indices: torch.Tensor, layout
     tok = indices[indices >= 0]
     if tok.numel() == 0:
         return
-    a = dequantize_rows(kv_cache, tok, layout, page_size).abs()
-    v_max = float(torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device)).max())
+    v_max = _finite_abs_max(dequantize_rows(kv_cache, tok, layout, page_size))
     if v_max >= F16_MAX:
         raise ValueError(
             f'kv_cache: a row that indices name dequantizes to |value| {v_max:g}, but dot_dtype="fp16" multiplies '
