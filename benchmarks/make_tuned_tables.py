@@ -1,13 +1,16 @@
 """Write a tuned batch-table variant (conf/variant/<name>.yaml) from a bench_kernel.py grid.
 
     python benchmarks/make_tuned_tables.py --grid reports/campaigns/kernel_speed/grid_1/v32.csv \\
-        --family v32 --name tuned_deepseek_v32 [--out conf/variant]
+        --family v32 --name tuned_deepseek_v32 [--out conf/variant] [--tolerance 0.02]
 
 For each batch size the grid measured, the config with the lowest median latency wins (rows with an
 error or without a latency are skipped). The table's rows are those winners in batch order, each
 with ``max_batch`` = its batch size, the last row (largest batch) without it; neighbouring rows with
 the same config merge (the larger bound stays), and a table of one row is written as a single
-config. A batch between two measured sizes runs the row of the next larger measured size. The file's
+config. With ``--tolerance 0.02`` a batch size keeps the next larger row's config where the grid measured
+it within 2% of the fastest there (``keep_within``): one run's single measurements move by a few percent,
+and a table made at 0 changes rows on that noise. A batch between two measured sizes runs the row of the
+next larger measured size. The file's
 header comment names the grid, its GPU, versions, date and commit, and the measured latency of every
 row, so the table can be traced to the run that made it.
 
@@ -60,6 +63,40 @@ def best_per_batch(rows: list[dict[str, str]], family: str) -> list[dict[str, An
     ]
 
 
+def keep_within(rows: list[dict[str, str]], family: str, winners: list[dict[str, Any]], tolerance: float) -> list[dict[str, Any]]:
+    """The per-batch choices with the next larger row's config kept where it is within ``tolerance`` of the fastest.
+
+    ``winners`` as :func:`best_per_batch` returns them; ``tolerance`` a fraction (0.02: 2%). From the largest
+    measured batch size down, a batch size keeps the config chosen for the next larger one when the grid measured
+    that config there at most ``(1 + tolerance)`` times the fastest p50; otherwise its own fastest config is
+    chosen. Each choice carries its own p50 and, under ``fastest``, the winner it replaced (the same entry when it
+    is the winner). With ``tolerance`` 0 the choices are the winners. Single measurements of one run differ by a
+    few percent at small batch sizes (the same B=1 config 15.7 and 16.7 us in two runs of 2026-12-02,
+    reports/campaigns/kernel_speed/grid_5/README.md), so a table made at 0 can change rows on noise.
+
+    Raises ``ValueError`` for a negative ``tolerance``.
+    """
+    if not tolerance >= 0.0:
+        raise ValueError(f"tolerance {tolerance!r}: expected a fraction >= 0 (e.g. 0.02 for 2%)")
+    p50: dict[tuple[int, str], tuple[float, dict[str, str]]] = {}
+    for r in rows:
+        if r.get("family") != family or r.get("impl") != "triton" or r.get("error") or not r.get("latency_us_p50"):
+            continue
+        us = float(r["latency_us_p50"])
+        key = (int(r["B"]), r["config"])
+        if math.isfinite(us) and (key not in p50 or us < p50[key][0]):
+            p50[key] = (us, r)
+    chosen: list[dict[str, Any]] = []
+    for w in reversed(winners):
+        keep = chosen[0]["config"] if chosen else None
+        if keep is not None and (w["B"], keep) in p50 and p50[(w["B"], keep)][0] <= (1.0 + tolerance) * w["p50_us"]:
+            us, row = p50[(w["B"], keep)]
+            chosen.insert(0, {"B": w["B"], "config": keep, "p50_us": us, "row": row, "fastest": w})
+        else:
+            chosen.insert(0, {**w, "fastest": w})
+    return chosen
+
+
 def table_rows(winners: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The batch table's config rows from the per-batch winners (see the module docstring)."""
     rows: list[dict[str, Any]] = []
@@ -87,8 +124,16 @@ def stretched_rows(winners: list[dict[str, Any]]) -> list[str]:
     return table.coverage([w["B"] for w in winners])
 
 
-def render(name: str, family: str, grids: list[Path], winners: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
-    """The variant file's text: a provenance comment, then the yaml."""
+def render(
+    name: str,
+    family: str,
+    grids: list[Path],
+    winners: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    tolerance: float = 0.0,
+) -> str:
+    """The variant file's text: a provenance comment (each batch size's choice; the fastest config too where
+    ``--tolerance`` kept another), then the yaml."""
     r0 = winners[0]["row"]
     head = [
         f"# Batch table for {family} ({r0['layout']}, H={r0['H']}, top-k {r0['topk']}), made by",
@@ -98,7 +143,17 @@ def render(name: str, family: str, grids: list[Path], winners: list[dict[str, An
         f"torch {r0.get('torch', '?')}, Triton {r0.get('triton', '?')},",
         f"# kernel source {r0.get('kernel_source_hash', '?')}.",
     ]
-    head += [f"#   B={w['B']}: {w['config']} {w['p50_us']:.1f} us" for w in winners]
+    if tolerance:
+        head.append(
+            f"# --tolerance {tolerance:g}: a batch size keeps the next larger row's config when that config is within "
+            f"{100 * tolerance:g}% of the fastest there."
+        )
+    for w in winners:
+        line = f"#   B={w['B']}: {w['config']} {w['p50_us']:.1f} us"
+        f = w.get("fastest", w)
+        if f["config"] != w["config"]:
+            line += f" (kept within the tolerance; fastest {f['config']} {f['p50_us']:.1f} us)"
+        head.append(line)
     head.append("# A batch between two measured sizes runs the row of the next larger one (max_batch).")
     doc = {"name": name, **rows[0]} if len(rows) == 1 else {"name": name, "configs": rows}  # one row: a single config
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
@@ -111,15 +166,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family", required=True, help="bench_kernel family (v32, v32_tp8, v4_flash)")
     p.add_argument("--name", required=True, help="variant name (the file is <out>/<name>.yaml)")
     p.add_argument("--out", default="conf/variant", help="folder for the variant file (conf/variant)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        help="keep the next larger row's config at a batch size where it is within this fraction of the fastest "
+        "(e.g. 0.02; default 0: the fastest everywhere)",
+    )
     a = p.parse_args(argv)
+    if not a.tolerance >= 0.0:
+        print(f"error: --tolerance {a.tolerance}: expected a fraction >= 0 (e.g. 0.02 for 2%)", file=sys.stderr)
+        return 2
     rows: list[dict[str, str]] = []
     try:
         for g in a.grid:
             with open(g, newline="") as f:
                 rows += list(csv.DictReader(f))
-        winners = best_per_batch(rows, a.family)
+        winners = keep_within(rows, a.family, best_per_batch(rows, a.family), a.tolerance)
         warnings = stretched_rows(winners)
-        text = render(a.name, a.family, [Path(g) for g in a.grid], winners, table_rows(winners))
+        text = render(a.name, a.family, [Path(g) for g in a.grid], winners, table_rows(winners), a.tolerance)
     except OSError as e:
         print(f"error: --grid: {e}", file=sys.stderr)
         return 2

@@ -59,21 +59,79 @@ def test_one_winner_everywhere_is_written_as_a_single_config():
 
 def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
     d = "reports/campaigns/kernel_speed"
-    # grid_3: the kernel at 08ded7c (the kscale change); grids 1-2 measured the kernel before it; grid_4 (TP8)
-    # the kernel of 58e25b2, after the fp8prefetch, fp16k and combine2 steps changed TP8's code, with B=64
-    # from the final benchmark of that kernel (the grid had no B=64; step "table4"). V4-Flash:
-    # the probe of the column-tile candidate (step "v4tiles", candidates_10/call2), whose V4 loop landed
+    # grid_5 (step "table5"): eleven batch sizes on the kernel file of 8a4651a, a larger row's config kept
+    # within 2% of the fastest; the tables before it are the step's baselines (conf/baseline/*_grid3, *_grid4,
+    # *_v4tiles), each made the same way from its own grid at tolerance 0
     jobs = [
-        ("v32", "tuned_deepseek_v32", [f"{d}/grid_3/v32.csv"]),
-        ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_4/v32_tp8.csv", f"{d}/grid_4/final_bench_0446.csv"]),
-        ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/candidates_10/call2/cand_v4p3_v4_flash.csv"]),
+        ("v32", "tuned_deepseek_v32", [f"{d}/grid_5/v32.csv"], "0.02", "conf/variant"),
+        ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_5/v32_tp8.csv"], "0.02", "conf/variant"),
+        ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/grid_5/v4_flash.csv"], "0.02", "conf/variant"),
+        ("v32", "tuned_deepseek_v32_grid3", [f"{d}/grid_3/v32.csv"], "0", "conf/baseline"),
+        (
+            "v32_tp8",
+            "tuned_deepseek_v32_tp8_grid4",
+            [f"{d}/grid_4/v32_tp8.csv", f"{d}/grid_4/final_bench_0446.csv"],
+            "0",
+            "conf/baseline",
+        ),
+        (
+            "v4_flash",
+            "tuned_deepseek_v4_flash_v4tiles",
+            [f"{d}/candidates_10/call2/cand_v4p3_v4_flash.csv"],
+            "0",
+            "conf/baseline",
+        ),
     ]
-    for fam, name, grids in jobs:
+    for fam, name, grids, tol, where in jobs:
         args = ["--grid", *[str(ROOT / g) for g in grids], "--family", fam, "--name", name, "--out", str(tmp_path)]
-        assert mtt.main(args) == 0
+        assert mtt.main([*args, "--tolerance", tol]) == 0
         made = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
-        committed = yaml.safe_load((ROOT / "conf" / "variant" / f"{name}.yaml").read_text())
+        committed = yaml.safe_load((ROOT / where / f"{name}.yaml").read_text())
         assert made == committed, name
+
+
+def test_tolerance_keeps_the_larger_rows_config_only_within_it():
+    rows = [
+        _row(1, "T64_H64_w8_s1_kauto", 15.7),
+        _row(1, "T64_H64_w8_s2_kauto", 16.0),  # 1.9% slower: kept at 0.02 (the B=8 row's config)
+        _row(8, "T64_H64_w8_s2_kauto", 38.0),
+        _row(32, "T64_H64_w8_s2_kauto", 120.0),  # 5% slower than the winner: not kept
+        _row(32, "T64_H64_w8_s2_k2", 114.3),
+        _row(128, "T64_H64_w8_s2_kauto", 403.0),
+        _row(128, "T64_H64_w8_s2_k2", 450.0),
+    ]
+    winners = mtt.best_per_batch(rows, "v32")
+    assert mtt.keep_within(rows, "v32", winners, 0.0) == [{**w, "fastest": w} for w in winners]
+    kept = mtt.keep_within(rows, "v32", winners, 0.02)
+    assert [(c["B"], c["config"], c["p50_us"]) for c in kept] == [
+        (1, "T64_H64_w8_s2_kauto", 16.0),
+        (8, "T64_H64_w8_s2_kauto", 38.0),
+        (32, "T64_H64_w8_s2_k2", 114.3),
+        (128, "T64_H64_w8_s2_kauto", 403.0),
+    ]
+    assert kept[0]["fastest"]["config"] == "T64_H64_w8_s1_kauto"
+    # the B=8 row's config was kept at B=1: one row serves B <= 8
+    assert mtt.table_rows(kept)[0] == {
+        "max_batch": 8, "BLOCK_T": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2, "num_splits": "auto"
+    }
+    text = mtt.render("t", "v32", [Path("g.csv")], kept, mtt.table_rows(kept), 0.02)
+    assert "B=1: T64_H64_w8_s2_kauto 16.0 us (kept within the tolerance; fastest T64_H64_w8_s1_kauto 15.7 us)" in text
+    # a config the grid did not measure at a batch size is never kept there
+    only = [_row(1, "T64_H64_w8_s1_kauto", 15.7), _row(8, "T64_H64_w8_s2_kauto", 38.0)]
+    assert [c["config"] for c in mtt.keep_within(only, "v32", mtt.best_per_batch(only, "v32"), 0.5)] == [
+        "T64_H64_w8_s1_kauto",
+        "T64_H64_w8_s2_kauto",
+    ]
+
+
+def test_a_negative_tolerance_is_one_error_line(tmp_path, capsys):
+    grid = tmp_path / "g.csv"
+    grid.write_text("family,impl,B,config,latency_us_p50\n")
+    args = ["--grid", str(grid), "--family", "v32", "--name", "t", "--out", str(tmp_path), "--tolerance", "-0.1"]
+    assert mtt.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --tolerance -0.1"), err
+    assert not (tmp_path / "t.yaml").exists()
 
 
 def test_an_explicit_split_row_stretched_below_half_its_batch_is_named(tmp_path, capsys):
