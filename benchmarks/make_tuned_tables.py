@@ -63,7 +63,9 @@ def best_per_batch(rows: list[dict[str, str]], family: str) -> list[dict[str, An
     ]
 
 
-def keep_within(rows: list[dict[str, str]], family: str, winners: list[dict[str, Any]], tolerance: float) -> list[dict[str, Any]]:
+def keep_within(
+    rows: list[dict[str, str]], family: str, winners: list[dict[str, Any]], tolerance: float
+) -> list[dict[str, Any]]:
     """The per-batch choices with the next larger row's config kept where it is within ``tolerance`` of the fastest.
 
     ``winners`` as :func:`best_per_batch` returns them; ``tolerance`` a fraction (0.02: 2%). From the largest

@@ -48,8 +48,10 @@ things differ in V3.2's loop:
   the instructions once the gathers were prefetched; step "fp16k": 154.2 -> 133.0 us). Both operands
   are rounded less than the bf16 path's (fp16 keeps 10 mantissa bits, bf16 7), but q's values must
   lie within fp16's range (|q| < 65504; below 6.1e-5 they lose precision as subnormals), and so must
-  ``p * sc_g``: with cache scales below about 1e-5 (group maxima below ~0.005) P.V loses precision
-  (8% relative error at 1e-5 of the usual magnitudes on the interpreter, 0.5% at 1e-3).
+  ``p * sc_g``: a group scale of 65504 or more would make it inf (the launcher refuses such a cache row
+  when checks are on, ``_check_scales_fit_fp16``), and with cache scales below about 1e-5 (group maxima
+  below ~0.005) P.V loses precision (8% relative error at 1e-5 of the usual magnitudes on the
+  interpreter, 0.5% at 1e-3).
 
 V4 runs the same loop in its own column tiles: three 128-wide tiles of two 64-value fp8 groups (each half
 scaled by its ue8m0 exponent; a power-of-two scale only moves the exponent, so the bf16 dequantization is
@@ -593,15 +595,16 @@ class SparseMLADecode:
     ``check_indices`` (default True): check every index is in ``[-1, num_pages*page_size)`` before
     launching, and that q's finite values fit fp16 where the path multiplies them in fp16
     (``_check_q_fits_fp16``: ``dot_dtype="fp16"``, or a V3.2 config with ``BLOCK_H < 64``); with
-    ``dot_dtype="fp16"`` also the dequantized rows the indices name (``_check_cache_fits_fp16``). It costs
+    ``dot_dtype="fp16"`` also the dequantized rows the indices name (``_check_cache_fits_fp16``), and with a
+    V3.2 config with ``BLOCK_H < 64`` their group scales (``_check_scales_fit_fp16``). It costs
     a device sync (a min/max reduction and a copy to host, ~10-20 us) and is skipped automatically
     while a CUDA graph is being captured (a sync is illegal there); pass ``check_indices=False`` on hot
     paths whose inputs are trusted.
 
     ``dot_dtype`` is the dot operand dtype of the wgmma configs and of V4; a V3.2 config with
     ``BLOCK_H < 64`` multiplies its fp8 groups in fp16 whatever it is, so q's first 512 dims must lie
-    within fp16's range there (|q| < 65504; module docstring): ``ValueError`` naming q otherwise, when
-    checks are on.
+    within fp16's range there (|q| < 65504; module docstring), and so must the group scales of the rows it
+    reads (P times a scale is taken in fp16): ``ValueError`` naming q or kv_cache otherwise, when checks are on.
     """
 
     variant: Variant
@@ -679,6 +682,7 @@ class SparseMLADecode:
         candidates = self.variant.configs if self._tuner is not None else (chosen,)
         if check:
             _check_q_fits_fp16(q, lay, self.dot_dtype, candidates)
+            _check_scales_fit_fp16(kv_cache, indices, lay, page_size, candidates)
             if self.dot_dtype == "fp16":
                 _check_cache_fits_fp16(kv_cache, indices, layout, page_size)
         max_splits = max(
@@ -783,6 +787,29 @@ def _check_cache_fits_fp16(kv_cache: torch.Tensor, indices: torch.Tensor, layout
         raise ValueError(
             f'kv_cache: a row that indices name dequantizes to |value| {v_max:g}, but dot_dtype="fp16" multiplies '
             f'the cache in fp16 (|value| < {F16_MAX:g}); use dot_dtype="bf16" on a GPU, or a cache of smaller values'
+        )
+
+
+def _check_scales_fit_fp16(
+    kv_cache: torch.Tensor, indices: torch.Tensor, lay: CacheLayout, page_size: int, configs: Any
+) -> None:
+    """``ValueError`` naming kv_cache when a V3.2 config with ``BLOCK_H < 64`` would multiply P by a group scale
+    that reaches ``F16_MAX``: those configs take ``p * sc_g`` in fp16 (p <= 1; module docstring), where such a
+    scale becomes inf and the output non-finite, although every value fits (fp8 values below 1 times the
+    scale). Only the scales of the rows that ``indices`` names are read; non-finite scales pass (the output is
+    non-finite on every path). Costs a device sync."""
+    if lay.code != 0 or not any(c.BLOCK_H < 64 for c in configs):
+        return
+    tok = indices[indices >= 0]
+    if tok.numel() == 0:
+        return
+    rows = kv_cache.reshape(kv_cache.shape[0] * page_size, lay.token_bytes)[tok.long()]
+    scales = rows[:, lay.scale_offset : lay.scale_offset + 4 * lay.num_groups].contiguous().view(torch.float32)
+    s_max = _finite_abs_max(scales)
+    if s_max >= F16_MAX:
+        raise ValueError(
+            f"kv_cache: a row that indices name has a group scale of {s_max:g}, but a V3.2 config with BLOCK_H < 64 "
+            f"multiplies P by the group scales in fp16 (scale < {F16_MAX:g}); use BLOCK_H >= 64 configs for this cache"
         )
 
 

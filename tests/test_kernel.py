@@ -239,6 +239,28 @@ def test_a_cache_beyond_fp16_is_refused_where_dot_dtype_fp16_multiplies_it():
     smd.SparseMLADecode(cfg, dot_dtype="fp16")(*args)
 
 
+def test_a_group_scale_beyond_fp16_is_refused_where_a_config_scales_p_in_fp16():
+    # V3.2 configs with BLOCK_H < 64 multiply P (<= 1) by each token's group scale in fp16 (module docstring):
+    # a scale of 1e5 with fp8 values of 0.5 (a value of 5e4, within fp16) made p * scale inf and the output
+    # non-finite without a word, where a BLOCK_H >= 64 config returns the right output
+    inp = smd.make_inputs("deepseek_v32", 1, 16, 16, 64, 128, DEVICE, seed=3)
+    tok = inp["indices"][0, 5].item()
+    rows = inp["kv_cache"].view(-1, 656)  # V3.2 tokens are contiguous 656-byte rows
+    rows[tok, :128] = 0x30  # e4m3 0.5
+    rows[tok, 512:516] = torch.tensor([1.0e5], dtype=torch.float32).view(torch.uint8).to(rows.device)
+    args = (inp["q"], inp["kv_cache"], inp["indices"], inp["layout"], inp["page_size"], inp["sm_scale"])
+    fp16_cfg = Variant("t", (LaunchConfig(16, 16, 4, 2, 1),))
+    with pytest.raises(ValueError, match=r"kv_cache: a row that indices name has a group scale of 100000, but a V3.2"):
+        smd.SparseMLADecode(fp16_cfg, dot_dtype="fp16")(*args)
+    out, _ = smd.SparseMLADecode(fp16_cfg, dot_dtype="fp16", check_indices=False)(*args)  # unchecked: what it guards
+    assert not torch.isfinite(out.float()).all()
+    ref, _ = smd.sparse_mla_decode_ref(*args)
+    out64, _ = smd.SparseMLADecode(Variant("t", (LaunchConfig(16, 64, 4, 2, 1),)), dot_dtype="fp16")(*args)
+    assert torch.isfinite(ref).all() and torch.isfinite(out64.float()).all()
+    inp["indices"][0, 5] = -1  # no index names the row: runs
+    smd.SparseMLADecode(fp16_cfg, dot_dtype="fp16")(*args)
+
+
 @pytest.mark.parametrize(
     "field,config",
     [

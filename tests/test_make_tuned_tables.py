@@ -112,7 +112,12 @@ def test_tolerance_keeps_the_larger_rows_config_only_within_it():
     assert kept[0]["fastest"]["config"] == "T64_H64_w8_s1_kauto"
     # the B=8 row's config was kept at B=1: one row serves B <= 8
     assert mtt.table_rows(kept)[0] == {
-        "max_batch": 8, "BLOCK_T": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2, "num_splits": "auto"
+        "max_batch": 8,
+        "BLOCK_T": 64,
+        "BLOCK_H": 64,
+        "num_warps": 8,
+        "num_stages": 2,
+        "num_splits": "auto",
     }
     text = mtt.render("t", "v32", [Path("g.csv")], kept, mtt.table_rows(kept), 0.02)
     assert "B=1: T64_H64_w8_s2_kauto 16.0 us (kept within the tolerance; fastest T64_H64_w8_s1_kauto 15.7 us)" in text
