@@ -18,9 +18,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TMP = Path(tempfile.mkdtemp(prefix="bench_inspect_"))
-os.environ.pop("TRITON_INTERPRET", None)
-os.environ["TRITON_CACHE_DIR"] = str(TMP / "triton")
+# Run as a script: a fresh temp folder, its Triton cache and the real JIT (interpreter mode cannot compile), set
+# before triton is imported. An import (a test) leaves the process environment alone: dropping
+# TRITON_INTERPRET there switched the rest of a test session off the interpreter (stages/build.py once did).
+TMP = Path(tempfile.mkdtemp(prefix="bench_inspect_")) if __name__ == "__main__" else None
+if TMP is not None:
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ["TRITON_CACHE_DIR"] = str(TMP / "triton")
 sys.path.insert(0, str(ROOT))
 
 from kernelcamp.inspect import cli as ki  # noqa: E402 - its namespace has what this script uses

@@ -7,6 +7,8 @@
 #    (benchmarks/make_tuned_tables.py); 2. each table against the config it replaces, as a queued DVC
 #    experiment run by `kernelcamp sweep` (kernel A/B decision, interval, params and lock);
 #    3. everything packed into OUT/kernel_speed.tgz.
+# It replays the first steps at the commit they ran from (dd85e38): at a later commit it would overwrite the
+# tables made since (each conf/variant/tuned_*.yaml names its grid; later steps run kernel_speed_step.sh).
 set -uo pipefail
 out=${1:?usage: kernel_speed_campaign.sh OUT}
 mkdir -p "$out"

@@ -1,25 +1,32 @@
-"""Write a tuned batch-table variant (conf/variant/<name>.yaml) from a bench_kernel.py grid.
+"""Write a tuned batch-table variant (conf/variant/<name>.yaml) from bench_kernel.py grids.
 
-    python benchmarks/make_tuned_tables.py --grid reports/campaigns/kernel_speed/grid_1/v32.csv \\
-        --family v32 --name tuned_deepseek_v32 [--out conf/variant] [--tolerance 0.02]
+    python benchmarks/make_tuned_tables.py --grid reports/campaigns/kernel_speed/grid_5/v32.csv \\
+        --family v32 --name tuned_deepseek_v32 --tolerance 0.02 [--out conf/variant]
 
-For each batch size the grid measured, the config with the lowest median latency wins (rows with an
-error or without a latency are skipped). The table's rows are those winners in batch order, each
-with ``max_batch`` = its batch size, the last row (largest batch) without it; neighbouring rows with
-the same config merge (the larger bound stays), and a table of one row is written as a single
-config. With ``--tolerance 0.02`` a batch size keeps the next larger row's config where the grid measured
-it within 2% of the fastest there (``keep_within``): one run's single measurements move by a few percent,
-and a table made at 0 changes rows on that noise. A batch between two measured sizes runs the row of the
-next larger measured size. The file's
-header comment names the grid, its GPU, versions, date and commit, and the measured latency of every
-row, so the table can be traced to the run that made it.
+(the committed tables: each table's header names its grid and tolerance; step "table5" in
+reports/campaigns/kernel_speed/README.md). For each batch size the grids measured, the config with the
+lowest median latency wins (rows with an error or without a latency are skipped; a config measured at one
+batch size in several --grid files counts with its lowest p50). The table's rows are those winners in
+batch order, each with ``max_batch`` = its batch size, the last row (largest batch) without it;
+neighbouring rows with the same config merge (the larger bound stays), and a table of one row is written
+as a single config. A batch between two measured sizes runs the row of the next larger measured size.
+
+``--tolerance 0.02`` keeps, at a batch size, the config of the next larger row where the grid measured it
+within 2% of the fastest there (``keep_within``), so that differences the grid cannot resolve do not add
+rows (one run's single measurements differ by up to ~6% at B=1 and by 1-2% elsewhere: grid_5/README.md).
+The file's header comment names the grids, their GPU, versions, date and kernel hash, the tolerance, and
+the measured latency of every choice (and of the fastest config where another was kept), so the table can
+be traced to the run that made it.
 
 A row with an explicit split count launches ``B * cdiv(H, BLOCK_H) * splits`` programs, so the count that
 won at its measured batch size can leave most SMs idle at a batch half that size, which the row also runs
 (grid_4's TP8 B=128 winner, 2 splits, ran B=64 in 99.4 us where 4 splits took 71.5 us:
 reports/campaigns/kernel_speed/README.md, step "table4"). Each such row whose range reaches half its
 measured batch size or less is named in a ``warning:`` line on stderr (``Variant.coverage``, as the
-benchmark's report names them); the table is still written. """
+benchmark's report names them); the table is still written. Bad input (an unreadable or foreign grid, a
+family it lacks, a tolerance outside [0, 1), an --out that cannot be written) is one ``error:`` line and
+exit status 2, and no file is written.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +40,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernelcamp.cli import UsageParser  # noqa: E402
+from kernelcamp.errors import KernelcampError  # noqa: E402
 from kernelcamp.variant import parse_variant  # noqa: E402
 
 LAUNCH = ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages")
@@ -51,7 +60,8 @@ def best_per_batch(rows: list[dict[str, str]], family: str) -> list[dict[str, An
     timed = [r for r in rows if r.get("family") == family and r.get("impl") == "triton" and r.get("latency_us_p50")]
     timed = [r for r in timed if not r.get("error") and math.isfinite(float(r["latency_us_p50"]))]
     if not timed:
-        raise ValueError(f"no timed triton rows of family {family!r} in the grid")
+        have = sorted({r.get("family") or "?" for r in rows if r.get("impl") == "triton"})
+        raise ValueError(f"no timed triton rows of family {family!r} in the grid (families there: {have})")
     best: dict[int, dict[str, str]] = {}
     for r in timed:
         B = int(r["B"])
@@ -72,14 +82,17 @@ def keep_within(
     measured batch size down, a batch size keeps the config chosen for the next larger one when the grid measured
     that config there at most ``(1 + tolerance)`` times the fastest p50; otherwise its own fastest config is
     chosen. Each choice carries its own p50 and, under ``fastest``, the winner it replaced (the same entry when it
-    is the winner). With ``tolerance`` 0 the choices are the winners. Single measurements of one run differ by a
-    few percent at small batch sizes (the same B=1 config 15.7 and 16.7 us in two runs of 2026-12-02,
-    reports/campaigns/kernel_speed/grid_5/README.md), so a table made at 0 can change rows on noise.
+    is the winner). With ``tolerance`` 0 the choices are the winners, ties included. One run's single
+    measurements differ by 1-2% between neighbouring configs that a repeat cannot tell apart (and by up to ~6%
+    at B=1: the same config 15.7 and 16.7 us in two runs of 2026-12-02,
+    reports/campaigns/kernel_speed/grid_5/README.md), so a table made at 0 adds rows on such differences.
 
-    Raises ``ValueError`` for a negative ``tolerance``.
+    Raises ``ValueError`` for a ``tolerance`` outside [0, 1) (1 would be 100%).
     """
-    if not tolerance >= 0.0:
-        raise ValueError(f"tolerance {tolerance!r}: expected a fraction >= 0 (e.g. 0.02 for 2%)")
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"tolerance {tolerance!r}: expected a fraction in [0, 1) (e.g. 0.02 for 2%)")
+    if tolerance == 0.0:
+        return [{**w, "fastest": w} for w in winners]
     p50: dict[tuple[int, str], tuple[float, dict[str, str]]] = {}
     for r in rows:
         if r.get("family") != family or r.get("impl") != "triton" or r.get("error") or not r.get("latency_us_p50"):
@@ -116,7 +129,8 @@ def table_rows(winners: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def stretched_rows(winners: list[dict[str, Any]]) -> list[str]:
     """What the grid leaves unmeasured of the table it makes: ``Variant.coverage`` of the table made from
-    ``winners`` (as :func:`best_per_batch` returns them) at the grid's batch sizes. One line per row whose
+    ``winners`` (the per-batch choices, as :func:`best_per_batch` or :func:`keep_within` return them) at the
+    grid's batch sizes. One line per row whose
     explicit split count also runs batch sizes at or below half the smallest measured one in its range (a
     table of one row, a single config, included)."""
     rows = table_rows(winners)
@@ -124,6 +138,22 @@ def stretched_rows(winners: list[dict[str, Any]]) -> list[str]:
         {"name": "grid_table", **rows[0]} if len(rows) == 1 else {"name": "grid_table", "configs": rows}
     )
     return table.coverage([w["B"] for w in winners])
+
+
+def _field(row: dict[str, str], key: str) -> str:
+    """A provenance field of a grid row, "?" where the row lacks it (a short or old CSV row)."""
+    return row.get(key) or "?"
+
+
+def _tolerance(text: str) -> float:
+    """argparse type of --tolerance: a fraction in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a fraction in [0, 1), e.g. 0.02 for 2%")
+    return value
 
 
 def render(
@@ -140,16 +170,17 @@ def render(
     head = [
         f"# Batch table for {family} ({r0['layout']}, H={r0['H']}, top-k {r0['topk']}), made by",
         "# benchmarks/make_tuned_tables.py from " + " + ".join(g.as_posix() for g in grids) + ":",
-        "# the fastest grid config at each measured batch size (p50, CUDA-graph replays, L2 flushed).",
-        f"# Measured {r0.get('measured_at', '?')[:10]} on {r0.get('gpu_name', '?')}, driver {r0.get('driver', '?')}, "
-        f"torch {r0.get('torch', '?')}, Triton {r0.get('triton', '?')},",
-        f"# kernel source {r0.get('kernel_source_hash', '?')}.",
+        "# the fastest grid config at each measured batch size (p50, CUDA-graph replays, L2 flushed)"
+        + (
+            f",\n# or the next larger row's config where it is within {100 * tolerance:g}% of the fastest there "
+            f"(--tolerance {tolerance:g})."
+            if tolerance
+            else "."
+        ),
+        f"# Measured {_field(r0, 'measured_at')[:10]} on {_field(r0, 'gpu_name')}, driver {_field(r0, 'driver')}, "
+        f"torch {_field(r0, 'torch')}, Triton {_field(r0, 'triton')},",
+        f"# kernel source {_field(r0, 'kernel_source_hash')}.",
     ]
-    if tolerance:
-        head.append(
-            f"# --tolerance {tolerance:g}: a batch size keeps the next larger row's config when that config is within "
-            f"{100 * tolerance:g}% of the fastest there."
-        )
     for w in winners:
         line = f"#   B={w['B']}: {w['config']} {w['p50_us']:.1f} us"
         f = w.get("fastest", w)
@@ -163,22 +194,27 @@ def render(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--grid", required=True, nargs="+", help="kernel_bench.csv file(s) from bench_kernel.py")
+    p = UsageParser(
+        prog="make_tuned_tables.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--grid",
+        required=True,
+        nargs="+",
+        help="bench_kernel.py CSV file(s) (its kernel_bench.csv; the campaign's grids are grid_<n>/<family>.csv)",
+    )
     p.add_argument("--family", required=True, help="bench_kernel family (v32, v32_tp8, v4_flash)")
     p.add_argument("--name", required=True, help="variant name (the file is <out>/<name>.yaml)")
     p.add_argument("--out", default="conf/variant", help="folder for the variant file (conf/variant)")
     p.add_argument(
         "--tolerance",
-        type=float,
+        type=_tolerance,
         default=0.0,
-        help="keep the next larger row's config at a batch size where it is within this fraction of the fastest "
-        "(e.g. 0.02; default 0: the fastest everywhere)",
+        metavar="FRACTION",
+        help="keep the next larger row's config at a batch size where the grid measured it within this fraction "
+        "of the fastest there, in [0, 1): 0.02 is 2%% (default 0: the fastest everywhere)",
     )
     a = p.parse_args(argv)
-    if not a.tolerance >= 0.0:
-        print(f"error: --tolerance {a.tolerance}: expected a fraction >= 0 (e.g. 0.02 for 2%)", file=sys.stderr)
-        return 2
     rows: list[dict[str, str]] = []
     try:
         for g in a.grid:
@@ -190,15 +226,22 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"error: --grid: {e}", file=sys.stderr)
         return 2
-    except (KeyError, IndexError, ValueError) as e:  # a missing column, a label without _k<splits>, a bad number
+    # a missing column, a label without _k<splits>, a bad number, a config the variant rules refuse, a broken CSV
+    except (KeyError, IndexError, ValueError, TypeError, KernelcampError, csv.Error) as e:
         what = f"column {e} missing" if isinstance(e, KeyError) else str(e) or type(e).__name__
-        print(f"error: --grid {' '.join(a.grid)}: not a bench_kernel.py grid ({what})", file=sys.stderr)
+        print(f"error: --grid {' '.join(a.grid)}: not a usable bench_kernel.py grid ({what})", file=sys.stderr)
+        return 2
+    out = Path(a.out) / f"{a.name}.yaml"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(out)
+    except OSError as e:
+        print(f"error: --out {a.out}: cannot write {out} ({e.strerror or e})", file=sys.stderr)
         return 2
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
-    out = Path(a.out) / f"{a.name}.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
     print(f"wrote {out}: " + ", ".join(f"B={w['B']} {w['config']} {w['p50_us']:.1f} us" for w in winners))
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import yaml
 
 from kernelcamp.variant import parse_variant
@@ -129,57 +130,73 @@ def test_tolerance_keeps_the_larger_rows_config_only_within_it():
     ]
 
 
-def test_a_negative_tolerance_is_one_error_line(tmp_path, capsys):
+@pytest.mark.parametrize("bad", ["-0.1", "1", "2", "inf", "nan", "abc"])
+def test_a_tolerance_outside_0_1_is_one_error_line(tmp_path, capsys, bad):
+    # 2 meant as 2% would silently be 200% (TP8 B=1 then ran 2 splits at 88 us where the fastest took 11)
     grid = tmp_path / "g.csv"
     grid.write_text("family,impl,B,config,latency_us_p50\n")
-    args = ["--grid", str(grid), "--family", "v32", "--name", "t", "--out", str(tmp_path), "--tolerance", "-0.1"]
-    assert mtt.main(args) == 2
+    args = ["--grid", str(grid), "--family", "v32", "--name", "t", "--out", str(tmp_path), f"--tolerance={bad}"]
+    with pytest.raises(SystemExit) as e:
+        mtt.main(args)
+    assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: --tolerance -0.1"), err
+    assert len(err) == 1 and err[0].startswith("error: argument --tolerance: ") and "[0, 1)" in err[0], err
     assert not (tmp_path / "t.yaml").exists()
 
 
-def test_an_explicit_split_row_stretched_below_half_its_batch_is_named(tmp_path, capsys):
-    # grid_4's TP8 table without B=64 ran B=64 on the B=128 winner's 2 splits: 99.4 us against 71.5 with 4
+def test_a_tie_at_tolerance_0_is_the_fastest_and_the_header_says_what_was_kept():
     rows = [
-        _row(1, "T64_H16_w8_s2_kauto", 11.0),
-        _row(32, "T32_H16_w4_s3_k8", 42.3),
-        _row(128, "T32_H16_w4_s3_k2", 127.3),
+        _row(1, "T64_H64_w8_s1_kauto", 10.0),
+        _row(1, "T64_H64_w8_s2_kauto", 10.0),
+        _row(8, "T64_H64_w8_s2_kauto", 30.0),
     ]
-    warns = mtt.stretched_rows(mtt.best_per_batch(rows, "v32"))
-    assert warns == [
-        "row T32_H16_w4_s3_k8_b32 runs B=2-32 with 8 splits at each, measured at B=32 only: B=2-16 (half of B=32 "
-        "or less) is not measured",
-        "row T32_H16_w4_s3_k2 runs B>=33 with 2 splits at each, measured at B=128 only: B=33-64 (half of B=128 or "
-        "less) is not measured",
-    ]
-    assert mtt.stretched_rows(mtt.best_per_batch([*rows, _row(64, "T32_H16_w4_s3_k4", 71.5)], "v32"))[1:] == []
-    # one explicit-split config winning everywhere is a single config that runs every batch size
-    only = mtt.best_per_batch([_row(128, "T32_H16_w4_s3_k2", 127.3)], "v32")
-    assert mtt.stretched_rows(only) == [
-        "row T32_H16_w4_s3_k2 runs B>=1 with 2 splits at each, measured at B=128 only: B=1-64 (half of B=128 or "
-        "less) is not measured"
-    ]
-    grid = tmp_path / "g.csv"
-    with grid.open("w", newline="") as f:
-        import csv
-
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    assert mtt.main(["--grid", str(grid), "--family", "v32", "--name", "t", "--out", str(tmp_path)]) == 0
-    err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and all(line.startswith("warning: row T32_H16_w4_s3_k") for line in err)
-    assert (tmp_path / "t.yaml").exists()
+    winners = mtt.best_per_batch(rows, "v32")
+    assert mtt.keep_within(rows, "v32", winners, 0.0) == [{**w, "fastest": w} for w in winners]
+    assert "kept within" not in mtt.render("t", "v32", [Path("g.csv")], winners, mtt.table_rows(winners))
+    text = mtt.render("t", "v32", [Path("g.csv")], winners, mtt.table_rows(winners), 0.02)
+    assert "or the next larger row's config where it is within 2% of the fastest there (--tolerance 0.02)." in text
 
 
-def test_a_nan_latency_never_wins_and_a_bad_grid_is_one_error_line(tmp_path, capsys):
-    rows = [_row(1, "T16_H16_w4_s2_kauto", float("nan")), _row(1, "T32_H16_w4_s2_kauto", 10.0)]
-    assert [w["config"] for w in mtt.best_per_batch(rows, "v32")] == ["T32_H16_w4_s2_kauto"]
-    bad = tmp_path / "bad.csv"
-    bad.write_text("family,impl,B,config,latency_us_p50\nv32,triton,1,T16_H16_w4_s2_kauto,5\n")
-    for grid in (bad, tmp_path / "missing.csv"):
-        assert mtt.main(["--grid", str(grid), "--family", "v32", "--name", "t", "--out", str(tmp_path)]) == 2
+def test_foreign_grids_and_an_unwritable_out_are_one_error_line_each(tmp_path, capsys):
+    import csv
+
+    def write(name, rows):
+        path = tmp_path / name
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        return path
+
+    good = write("good.csv", [_row(1, "T64_H64_w8_s1_kauto", 10.0, measured_at="2026-12-02T07:05:23Z")])
+    cases = [
+        # a block size the variant rules refuse (a KernelcampError, once a traceback)
+        (["--grid", str(write("b48.csv", [_row(1, "T48_H64_w8_s1_kauto", 10.0)]))], "error: --grid"),
+        # a family the grid lacks names the families it has
+        (["--grid", str(good), "--family", "v4_flash"], "families there: ['v32']"),
+        # --out is a file (once a FileExistsError traceback)
+        (["--grid", str(good), "--out", str(good)], f"error: --out {good}: cannot write"),
+    ]
+    for extra, want in cases:
+        args = ["--family", "v32", "--name", "t", "--out", str(tmp_path / "out"), *extra]
+        assert mtt.main(args) == 2, extra
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("error: --grid"), err
-    assert not (tmp_path / "t.yaml").exists()
+        assert len(err) == 1 and err[0].startswith("error: ") and want in err[0], err
+    assert not (tmp_path / "out").exists()
+    # a grid row without provenance columns (an old or short CSV) renders "?" instead of failing
+    assert (
+        mtt.main(
+            [
+                "--grid",
+                str(write("bare.csv", [_row(1, "T64_H64_w8_s1_kauto", 10.0)])),
+                "--family",
+                "v32",
+                "--name",
+                "t",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
+    assert "# Measured ? on ?" in (tmp_path / "out" / "t.yaml").read_text()
