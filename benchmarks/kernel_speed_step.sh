@@ -8,8 +8,11 @@
 # (conf/experiment/kernel_speed_<STEP>_<SHAPE>.yaml), runs the queue with `kernelcamp sweep` on GPU 0,
 # collects each experiment's report, records, params and lock into
 # reports/campaigns/kernel_speed/<STEP>_<SHAPE>/ (the sweep's log in <STEP>_sweep/) and packs them
-# into OUT/<STEP>.tgz at exit, so a cut run still returns what finished. SWEEP_TIMEOUT_S (default
-# 150 per shape) bounds the sweep. (kernel_speed_kscale.sh is the same run, written for step "kscale".)
+# into OUT/<STEP>.tgz at exit. SWEEP_TIMEOUT_S (default 150 per shape) bounds the sweep. The collection runs
+# at exit too (bash's EXIT trap, also on the TERM of an outer `timeout`), so a cut run still returns the
+# experiments that finished: step "splitd" lost a finished one when the call's timeout ended the script
+# between the sweep and the collection. Give the device call's timeout SWEEP_TIMEOUT_S plus about 30 s per
+# shape for the collection. (kernel_speed_kscale.sh is the same run, written for step "kscale".)
 set -uo pipefail
 usage="usage: kernel_speed_step.sh OUT STEP SHAPE [SHAPE ...]"
 [ $# -ge 3 ] || { echo "$usage" >&2; exit 2; }
@@ -29,19 +32,42 @@ mkdir -p "$out"
 source benchmarks/device_env.sh || exit 1
 export TRITON_CACHE_DIR=/tmp/triton-cache
 dest=reports/campaigns/kernel_speed
-trap 'tar czf "$out/$step.tgz" $dest/${step}_* 2>/dev/null' EXIT
-echo "repo at $(git rev-parse HEAD)"
 stamp=$(date -u +%Y%m%dT%H%M%S)
+queued=()
+finish() {
+  # every queued experiment that finished: its report, records, params and lock, and its queue log; then the pack
+  trap - EXIT TERM INT
+  for n in ${queued[@]+"${queued[@]}"}; do
+    python -m kernelcamp.cli campaign collect "ks-$step-$n-$stamp" "$dest/${step}_$n" || echo "collect: $n not finished"
+    dvc queue logs "ks-$step-$n-$stamp" > "$dest/${step}_sweep/$n.log" 2>&1 || true
+    grep -h -i -E "decision|faster|slower|equivalent|inconclusive" "$dest/${step}_$n/report.md" 2>/dev/null | head -6
+  done
+  tar czf "$out/$step.tgz" $dest/${step}_* 2>/dev/null
+}
+on_signal() {
+  # an outer timeout's TERM reaches this shell, not the sweep (its `timeout` runs in its own process group):
+  # stop the sweep as its own timeout would, wait for it to stop its servers, then collect (finish, at exit)
+  echo "kernel_speed_step.sh: stopped by a signal; stopping the sweep, collecting what finished" >&2
+  if [ -n "${sweep_pid:-}" ]; then
+    kill -TERM "$sweep_pid" 2>/dev/null
+    wait "$sweep_pid" 2>/dev/null
+  fi
+  exit 143
+}
+trap finish EXIT
+trap on_signal TERM INT
+echo "repo at $(git rev-parse HEAD)"
+mkdir -p "$dest/${step}_sweep"
 for n in "$@"; do
   dvc exp run --queue -n "ks-$step-$n-$stamp" -S "experiment=kernel_speed_${step}_$n" || exit 1
+  queued+=("$n")
 done
 start=$(date +%s)
-mkdir -p "$dest/${step}_sweep"
-timeout -s TERM "${SWEEP_TIMEOUT_S:-$((150 * $#))}" python -m kernelcamp.cli sweep --gpus 0 --poll 10 2>&1 \
-  | while IFS= read -r line; do echo "$(( $(date +%s) - start ))s $line"; done | tee "$dest/${step}_sweep/sweep.log"
+# in the background with `wait`, so that a signal's trap runs at once (bash defers it past a foreground command)
+timeout -s TERM "${SWEEP_TIMEOUT_S:-$((150 * $#))}" python -m kernelcamp.cli sweep --gpus 0 --poll 10 \
+  > >(while IFS= read -r line; do echo "$(( $(date +%s) - start ))s $line"; done | tee "$dest/${step}_sweep/sweep.log") \
+  2>&1 &
+sweep_pid=$!
+wait "$sweep_pid"
+sweep_pid=
 echo "sweep ended after $(( $(date +%s) - start )) s"
-for n in "$@"; do
-  python -m kernelcamp.cli campaign collect "ks-$step-$n-$stamp" "$dest/${step}_$n" || echo "collect: $n not finished"
-  dvc queue logs "ks-$step-$n-$stamp" > "$dest/${step}_sweep/$n.log" 2>&1 || true
-  grep -h -i -E "decision|faster|slower|equivalent|inconclusive" "$dest/${step}_$n/report.md" 2>/dev/null | head -6
-done
