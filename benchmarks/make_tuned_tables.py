@@ -130,9 +130,8 @@ def table_rows(winners: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def stretched_rows(winners: list[dict[str, Any]]) -> list[str]:
     """What the grid leaves unmeasured of the table it makes: ``Variant.coverage`` of the table made from
     ``winners`` (the per-batch choices, as :func:`best_per_batch` or :func:`keep_within` return them) at the
-    grid's batch sizes. One line per row whose
-    explicit split count also runs batch sizes at or below half the smallest measured one in its range (a
-    table of one row, a single config, included)."""
+    grid's batch sizes. One line per row whose explicit split count also runs batch sizes at or below half the
+    smallest measured one in its range (a table of one row, a single config, included)."""
     rows = table_rows(winners)
     table = parse_variant(
         {"name": "grid_table", **rows[0]} if len(rows) == 1 else {"name": "grid_table", "configs": rows}
