@@ -12,19 +12,25 @@
 # ncu is on the machine) at those points, one launch each (benchmarks/ncu_one_launch.py): the report,
 # its details page and its per-SASS-instruction source page (CSV) under OUT/w/ncu/; NCU_MODS
 # (space-separated) narrows the modules profiled.
-# Everything is tee'd under OUT and packed into OUT/probe.tar.gz at exit, so a cut run still returns
-# what it measured.
+# Everything is tee'd under OUT and packed into OUT/probe.tar.gz after every measurement and at exit, so a
+# cut run still returns what it measured, even one killed outright (no trap runs then) or ended while an inner
+# `timeout`, in its own process group, holds off the EXIT trap.
 set -u
 OUT=${1:?usage: kernel_candidates_probe.sh OUT MODULE [MODULE ...]}
 shift
 mkdir -p "$OUT/w"
 W="$OUT/w"
-trap 'tar -czf "$OUT/probe.tar.gz" -C "$W" . 2>/dev/null' EXIT
+pack() {  # OUT/probe.tar.gz from what OUT/w holds now, through a temporary name (a cut tar leaves the last one)
+  tar -czf "$OUT/.probe.tar.gz.tmp" -C "$W" . 2>/dev/null  # exit 1 when a log grew while read: still complete
+  [ -s "$OUT/.probe.tar.gz.tmp" ] && mv -f "$OUT/.probe.tar.gz.tmp" "$OUT/probe.tar.gz"
+}
+trap pack EXIT
 export TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv | tee "$W/gpu.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$W/gpu.txt"
 date -u +%FT%TZ | tee -a "$W/gpu.txt"
 sha256sum kernels/*.py | tee -a "$W/gpu.txt"
+pack
 
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "${NCU_RUNS:-}" ]; then
@@ -46,6 +52,7 @@ if [ -n "${NCU_RUNS:-}" ]; then
         "$NCU" --import "$W/ncu/$name.ncu-rep" --page source --csv --print-source sass > "$W/ncu/$name.sass.csv" 2>&1
         grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy" \
           "$W/ncu/$name.txt" | sed "s/^/$name /" | head -8
+        pack
       done
     done
   fi
@@ -64,6 +71,7 @@ for fam in v32 v32_tp8 v4_flash; do
     timeout ${GRID_TIMEOUT:-75} python3 benchmarks/bench_kernel.py --module "$mod" --out "$W/$name/$fam" --families $fam \
       --batches "${BATCHES:-1,8,32,64,128}" --configs "$cfgs" --no-ref --check --precompile-jobs 12 2>&1 \
       | tee "$W/$name/$fam.log" | grep -v "precompile" | tail -2
+    pack
   done
 done
 timeout ${TEST_TIMEOUT:-120} python3 -m pytest -q -m gpu tests/test_kernel_gpu.py 2>&1 | tee "$W/gpu_tests.log" | tail -3

@@ -219,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         for g in a.grid:
             with open(g, newline="") as f:
                 rows += list(csv.DictReader(f))
+        have = sorted({r.get("family") or "?" for r in rows if r.get("impl") == "triton"})
+        if have and a.family not in have:
+            print(f"error: --family {a.family}: the grid has no rows of it (families there: {have})", file=sys.stderr)
+            return 2
         winners = keep_within(rows, a.family, best_per_batch(rows, a.family), a.tolerance)
         warnings = stretched_rows(winners)
         text = render(a.name, a.family, [Path(g) for g in a.grid], winners, table_rows(winners), a.tolerance)

@@ -173,7 +173,10 @@ def test_foreign_grids_and_an_unwritable_out_are_one_error_line_each(tmp_path, c
         # a block size the variant rules refuse (a KernelcampError, once a traceback)
         (["--grid", str(write("b48.csv", [_row(1, "T48_H64_w8_s1_kauto", 10.0)]))], "error: --grid"),
         # a family the grid lacks names the families it has
-        (["--grid", str(good), "--family", "v4_flash"], "families there: ['v32']"),
+        (
+            ["--grid", str(good), "--family", "v4_flash"],
+            "error: --family v4_flash: the grid has no rows of it (families there: ['v32'])",
+        ),
         # --out is a file (once a FileExistsError traceback)
         (["--grid", str(good), "--out", str(good)], f"error: --out {good}: cannot write"),
     ]
