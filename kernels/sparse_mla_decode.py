@@ -803,9 +803,7 @@ def _check_scales_fit_fp16(
     tok = indices[indices >= 0]
     if tok.numel() == 0:
         return
-    rows = kv_cache.reshape(kv_cache.shape[0] * page_size, lay.token_bytes)[tok.long()]
-    scales = rows[:, lay.scale_offset : lay.scale_offset + 4 * lay.num_groups].contiguous().view(torch.float32)
-    s_max = _finite_abs_max(scales)
+    s_max = _finite_abs_max(_row_parts(kv_cache, tok, lay, page_size)[1])
     if s_max >= F16_MAX:
         raise ValueError(
             f"kv_cache: a row that indices name has a group scale of {s_max:g}, but a V3.2 config with BLOCK_H < 64 "
@@ -889,10 +887,12 @@ def quantize_kv_cache(latent: torch.Tensor, layout: str, page_size: int) -> torc
     return torch.cat([data, scales], dim=1).contiguous()
 
 
-def dequantize_rows(kv_cache: torch.Tensor, tokens: torch.Tensor, layout: str, page_size: int) -> torch.Tensor:
-    """Dequantize the cache rows of the global token ids ``tokens`` (any shape, all valid) to fp32
-    ``[*tokens.shape, d_qk]``. Gathers only those rows (cheap for a top-k of a large cache)."""
-    lay = get_layout(layout)
+def _row_parts(
+    kv_cache: torch.Tensor, tokens: torch.Tensor, lay: CacheLayout, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The parts of the cache rows of the global token ids ``tokens`` (any shape, all valid), gathering only
+    those rows: fp8 values as fp32 ``[*tokens.shape, fp8_dims]``, group scales as fp32 ``[..., num_groups]``
+    (V4's ue8m0 exponents decoded, e = 0 as 0.0) and rope values as bf16 ``[..., rope_dims]``."""
     tokens = tokens.long()
     num_pages = kv_cache.shape[0]
     if lay.scale_row_bytes == 0:
@@ -908,6 +908,14 @@ def dequantize_rows(kv_cache: torch.Tensor, tokens: torch.Tensor, layout: str, p
         e = srow[..., : lay.num_groups].to(torch.int32)
         scale = torch.where(e > 0, torch.exp2((e - 127).float()), torch.zeros_like(e, dtype=torch.float32))
         rope = data[..., lay.rope_offset : lay.rope_offset + 2 * lay.rope_dims].contiguous().view(torch.bfloat16)
+    return fp8, scale, rope
+
+
+def dequantize_rows(kv_cache: torch.Tensor, tokens: torch.Tensor, layout: str, page_size: int) -> torch.Tensor:
+    """Dequantize the cache rows of the global token ids ``tokens`` (any shape, all valid) to fp32
+    ``[*tokens.shape, d_qk]``. Gathers only those rows (cheap for a top-k of a large cache)."""
+    lay = get_layout(layout)
+    fp8, scale, rope = _row_parts(kv_cache, tokens, lay, page_size)
     nope = (fp8.unflatten(-1, (lay.num_groups, lay.group_size)) * scale.unsqueeze(-1)).flatten(-2)
     return torch.cat([nope, rope.float()], dim=-1)
 
