@@ -31,11 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if __name__ == "__main__":  # cross-compiling needs the real JIT; an import (a test) leaves the environment alone
     os.environ.pop("TRITON_INTERPRET", None)
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
-from kernelcamp.inspect.compile import read_cubin, tool_path  # noqa: E402
+from kernelcamp.inspect.compile import compile_spec, read_cubin, tool_path  # noqa: E402
 from kernelcamp.variant import LaunchConfig  # noqa: E402
 
 CONFIGS = ["T32_H64_w8_s1", "T16_H64_w8_s1", "T32_H16_w8_s2", "T16_H16_w4_s2"]
@@ -130,13 +127,8 @@ def main() -> None:
         for label in labels:
             cfg = parse(label)
             spec = compile_specs(layout, H, topk, cfg, batch=128)[0]
-            src = ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs)
             try:
-                k = triton.compile(
-                    src,
-                    target=GPUTarget("cuda", a.arch, 32),
-                    options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
-                )
+                k = compile_spec(spec, a.arch)
             except Exception as e:  # noqa: BLE001
                 print(f"| {fam} | {label} | error: {str(e).strip().splitlines()[-1][:100]} |")
                 continue

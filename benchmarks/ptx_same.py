@@ -32,11 +32,9 @@ if __name__ == "__main__":
     # script: an importer, e.g. a test session on the interpreter, keeps its environment)
     os.environ.pop("TRITON_INTERPRET", None)
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from kernelcamp.errors import KernelcampError  # noqa: E402
+from kernelcamp.inspect.compile import compile_spec  # noqa: E402
 from kernelcamp.kernel_rev import import_kernel_rev  # noqa: E402
 from kernelcamp.variant import LaunchConfig  # noqa: E402
 
@@ -63,12 +61,7 @@ def split_kernel_ptx(module, shape: str, config: LaunchConfig, arch: int) -> str
     """The normalized PTX of ``module``'s split-K kernel for ``shape`` and ``config``, for ``sm<arch>``."""
     layout, heads, topk = SHAPES[shape]
     spec = module.compile_specs(layout, heads, topk, config, batch=BATCH)[0]
-    k = triton.compile(
-        ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
-        target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": config.num_warps, "num_stages": config.num_stages},
-    )
-    return normalized_ptx(k.asm["ptx"])
+    return normalized_ptx(compile_spec(spec, arch).asm["ptx"])
 
 
 def _side(rev: str | None, module: str):

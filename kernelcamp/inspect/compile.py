@@ -404,15 +404,30 @@ def short_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"[:400]
 
 
+def compile_spec(spec: KernelSpecLike, arch: int) -> Any:
+    """``triton.compile`` of ``spec`` for ``sm<arch>`` in this process, with the ptxas that ``arch`` needs
+    (``ptxas_for``): the inspector's compile child, ``benchmarks/compile_figures.py`` and
+    ``benchmarks/ptx_same.py``. The process must have imported triton without ``TRITON_INTERPRET`` (the
+    inspector compiles in a child process for that reason). Returns Triton's compiled kernel (``.asm``:
+    ``ptx``, ``cubin``, ...; ``.metadata``); raises what Triton raises when it does not compile."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = ASTSource(as_jit(spec.fn), dict(spec.signature), dict(spec.constexprs), getattr(spec, "attrs", None))
+    with ptxas_for(arch):
+        return triton.compile(
+            src,
+            target=GPUTarget("cuda", arch, 32),
+            options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
+        )
+
+
 def _compile_one(spec: KernelSpecLike, arch: int) -> tuple[dict, bytes | None]:
     """Compile in this process (the compile child); figures (without ``cached``) and the cubin.
 
     Spill figures need the ptxas log: run with ``TRITON_DUMP_PTXAS_LOG=1`` and
     ``TRITON_ALWAYS_COMPILE=1`` (``_child_main`` sets both)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     t0 = time.perf_counter()
     cubin = None
     figures: dict[str, Any] = dict.fromkeys(FIGURES)
@@ -421,14 +436,9 @@ def _compile_one(spec: KernelSpecLike, arch: int) -> tuple[dict, bytes | None]:
     log = io.StringIO()
     try:
         check_target_env(arch)
-        src = ASTSource(as_jit(spec.fn), dict(spec.signature), dict(spec.constexprs), getattr(spec, "attrs", None))
         # Triton prints the whole PTX to stdout when ptxas fails, and the ptxas -v log: keep both here.
-        with ptxas_for(arch), contextlib.redirect_stdout(log):
-            compiled = triton.compile(
-                src,
-                target=GPUTarget("cuda", arch, 32),
-                options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
-            )
+        with contextlib.redirect_stdout(log):
+            compiled = compile_spec(spec, arch)
     except Exception as e:  # noqa: BLE001 - any compiler failure becomes a row error
         error = short_error(e)
         unreadable = dict.fromkeys(FIGURES, "did not compile")
