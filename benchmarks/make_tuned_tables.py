@@ -52,16 +52,31 @@ def _splits(label: str) -> int | str:
     return "auto" if k == "auto" else int(k)
 
 
+def _families(rows: list[dict[str, str]]) -> list[str]:
+    """The families of the grid's Triton rows, sorted ("?" for a row without one)."""
+    return sorted({r.get("family") or "?" for r in rows if r.get("impl") == "triton"})
+
+
+def _timed_rows(rows: list[dict[str, str]], family: str) -> list[dict[str, str]]:
+    """The Triton rows of ``family`` with a finite p50 and no error, in grid order: the rows that can win."""
+    timed = [r for r in rows if r.get("family") == family and r.get("impl") == "triton" and r.get("latency_us_p50")]
+    return [r for r in timed if not r.get("error") and math.isfinite(float(r["latency_us_p50"]))]
+
+
+def _check_tolerance(tolerance: float) -> None:
+    """``ValueError`` unless ``tolerance`` is a fraction in [0, 1) (1 would be 100%; nan and inf are refused)."""
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"tolerance {tolerance!r}: expected a fraction in [0, 1) (e.g. 0.02 for 2%)")
+
+
 def best_per_batch(rows: list[dict[str, str]], family: str) -> list[dict[str, Any]]:
     """The fastest config per batch size of ``family``: ``[{B, config, p50_us, row}]`` sorted by B.
 
     Raises ``ValueError`` when the grid has no timed row of ``family``.
     """
-    timed = [r for r in rows if r.get("family") == family and r.get("impl") == "triton" and r.get("latency_us_p50")]
-    timed = [r for r in timed if not r.get("error") and math.isfinite(float(r["latency_us_p50"]))]
+    timed = _timed_rows(rows, family)
     if not timed:
-        have = sorted({r.get("family") or "?" for r in rows if r.get("impl") == "triton"})
-        raise ValueError(f"no timed triton rows of family {family!r} in the grid (families there: {have})")
+        raise ValueError(f"no timed triton rows of family {family!r} in the grid (families there: {_families(rows)})")
     best: dict[int, dict[str, str]] = {}
     for r in timed:
         B = int(r["B"])
@@ -89,17 +104,14 @@ def keep_within(
 
     Raises ``ValueError`` for a ``tolerance`` outside [0, 1) (1 would be 100%).
     """
-    if not 0.0 <= tolerance < 1.0:
-        raise ValueError(f"tolerance {tolerance!r}: expected a fraction in [0, 1) (e.g. 0.02 for 2%)")
+    _check_tolerance(tolerance)
     if tolerance == 0.0:
         return [{**w, "fastest": w} for w in winners]
     p50: dict[tuple[int, str], tuple[float, dict[str, str]]] = {}
-    for r in rows:
-        if r.get("family") != family or r.get("impl") != "triton" or r.get("error") or not r.get("latency_us_p50"):
-            continue
+    for r in _timed_rows(rows, family):
         us = float(r["latency_us_p50"])
         key = (int(r["B"]), r["config"])
-        if math.isfinite(us) and (key not in p50 or us < p50[key][0]):
+        if key not in p50 or us < p50[key][0]:
             p50[key] = (us, r)
     chosen: list[dict[str, Any]] = []
     for w in reversed(winners):
@@ -148,10 +160,9 @@ def _tolerance(text: str) -> float:
     """argparse type of --tolerance: a fraction in [0, 1)."""
     try:
         value = float(text)
+        _check_tolerance(value)
     except ValueError:
-        value = float("nan")
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a fraction in [0, 1), e.g. 0.02 for 2%")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a fraction in [0, 1), e.g. 0.02 for 2%") from None
     return value
 
 
@@ -219,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         for g in a.grid:
             with open(g, newline="") as f:
                 rows += list(csv.DictReader(f))
-        have = sorted({r.get("family") or "?" for r in rows if r.get("impl") == "triton"})
+        have = _families(rows)
         if have and a.family not in have:
             print(f"error: --family {a.family}: the grid has no rows of it (families there: {have})", file=sys.stderr)
             return 2
