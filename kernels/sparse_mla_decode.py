@@ -74,6 +74,14 @@ outputs and base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them b
 (b, h) row and column slice (rows split by column only while twice as many programs still fit two per SM:
 ``_combine_block_d``).
 
+Split-D (V3.2): where a launch's grid leaves at least half the SMs idle (B=1: 64 programs at H=128, 32 at TP8's
+H=16), the grid's second axis also splits V's 512 columns into ``SPLIT_D`` parts of 128-column groups
+(``resolve_split_d``). Every part computes the same scores, softmax and LSE (the same instructions on the same
+inputs); each accumulates P.V for its groups only, on its own load of those groups (as the mma v2 path's
+second load), and stores its columns; part 0 stores the LSE. A program's partial-output store, 28% of the
+stall samples of V3.2 B=1 in Nsight Compute (reports/campaigns/kernel_speed/candidates_10/), halves. At one
+part the binary is the same as without the split (benchmarks/ptx_same.py).
+
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
 
@@ -186,6 +194,14 @@ COMBINE_SPLIT_D = True
 COMBINE_MIN_BLOCK_D = 64
 COMBINE_PROGRAMS_PER_SM = 2
 
+# Split-D of the split kernel (V3.2 only): while a launch's grid has at most half as many programs as SMs, the
+# programs also split V's 512 columns in two (up to SPLIT_D_MAX parts of 128-column groups): twice the programs,
+# each accumulating, and storing, half the output columns (resolve_split_d). At B=1 V3.2 runs 64 programs
+# (H=128, BLOCK_H 64, 32 splits) on 132 SMs, and Nsight Compute put 28% of a program's stall samples in storing
+# its 128 KB of partial outputs (reports/campaigns/kernel_speed/candidates_10/). Every part computes the same
+# scores and softmax. Launches through the autotuner (a config list) keep one part.
+SPLIT_D_MAX = 4
+
 
 def get_layout(layout: str) -> CacheLayout:
     """The ``CacheLayout`` named ``layout``; ``ValueError`` naming the known layouts otherwise."""
@@ -219,6 +235,16 @@ def resolve_num_splits(
         cap = max(1, min(AUTO_MAX_SPLITS, tiles // AUTO_MIN_TILES))
         return max(1, min(num_sms // max(ctas, 1), cap))
     return max(1, min(int(num_splits), tiles))
+
+
+def resolve_split_d(layout_code: int, programs: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
+    """Parts of V's columns per (b, head block, split) for a launch of ``programs`` programs (SPLIT_D_MAX above):
+    1 for V4 (``layout_code`` 1); for V3.2 doubled while twice the programs still fit ``num_sms`` and the part
+    stays at least one 128-column group. E.g. 132 SMs: 64 programs -> 2, 32 -> 4, 128 -> 1."""
+    parts = 1
+    while layout_code == 0 and parts < SPLIT_D_MAX and 2 * programs * parts <= num_sms:
+        parts *= 2
+    return parts
 
 
 def _splits_code(num_splits: int | str) -> int:
@@ -307,10 +333,17 @@ def _sparse_mla_split_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     SPLITS: tl.constexpr,
+    SPLIT_D: tl.constexpr,
 ):
-    # SPLITS is the requested split count (0 = auto); the launched count is the grid's third axis.
+    # SPLITS is the requested split count (0 = auto); the launched count is the grid's third axis. SPLIT_D > 1
+    # (V3.2 only, resolve_split_d): the grid's second axis also splits V's 512 columns into SPLIT_D parts, and
+    # a program accumulates and stores only its part (every part computes the same scores, softmax and LSE).
     pid_b = tl.program_id(0)
-    pid_h = tl.program_id(1)
+    if SPLIT_D == 1:
+        pid_h = tl.program_id(1)
+    else:
+        pid_h = tl.program_id(1) // SPLIT_D
+        pid_d = tl.program_id(1) % SPLIT_D
     pid_s = tl.program_id(2)
     n_splits = tl.num_programs(2)
 
@@ -434,7 +467,25 @@ def _sparse_mla_split_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if LAYOUT == 0 and BLOCK_H < 64:
+        if LAYOUT == 0 and SPLIT_D > 1:
+            # this program's 4 / SPLIT_D groups of V on their own loads (a second load of the same bytes, L1/L2
+            # hits, as at BLOCK_H < 64 below) and their own scale loads: group pid_d * NV + j into acc_j
+            NV: tl.constexpr = 4 // SPLIT_D
+            g0 = pid_d * NV
+            va = tl.load(rows + g0 * G, mask=valid[:, None], other=0, eviction_policy="evict_last")
+            sa = tl.load(sc_ptr + g0, mask=valid, other=0.0, eviction_policy="evict_last")
+            if BLOCK_H < 64:
+                acc0 = tl.dot((p * sa[None, :]).to(tl.float16), _fp8_to_f16(va), acc0 * alpha[:, None])
+            else:
+                acc0 = tl.dot(p.to(DOT_DTYPE), _dequant_group(va, sa, DOT_DTYPE), acc0 * alpha[:, None])
+            if NV == 2:
+                vb = tl.load(rows + (g0 + 1) * G, mask=valid[:, None], other=0, eviction_policy="evict_last")
+                sb = tl.load(sc_ptr + g0 + 1, mask=valid, other=0.0, eviction_policy="evict_last")
+                if BLOCK_H < 64:
+                    acc1 = tl.dot((p * sb[None, :]).to(tl.float16), _fp8_to_f16(vb), acc1 * alpha[:, None])
+                else:
+                    acc1 = tl.dot(p.to(DOT_DTYPE), _dequant_group(vb, sb, DOT_DTYPE), acc1 * alpha[:, None])
+        elif LAYOUT == 0 and BLOCK_H < 64:
             # P.V on its own load of the fp8 bytes (a second load of the same bytes, L1/L2 hits). One register
             # tile feeding both dots needs two dot-operand layouts, and Triton's pipeliner (AssignLatencies.cpp,
             # canHaveSharedEncoding) then leaves the load out: the fp8 gathers were synchronous LDGs, the top
@@ -464,18 +515,28 @@ def _sparse_mla_split_kernel(
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     bh = pid_b.to(tl.int64) * H + offs_h
     part = bh * max_splits + pid_s
-    _store_rows(out_ptr, part_out_ptr, bh, part, 0, acc0 * inv_l[:, None], mask_h, n_splits, 512, G)
-    _store_rows(out_ptr, part_out_ptr, bh, part, G, acc1 * inv_l[:, None], mask_h, n_splits, 512, G)
-    _store_rows(out_ptr, part_out_ptr, bh, part, 2 * G, acc2 * inv_l[:, None], mask_h, n_splits, 512, G)
-    if LAYOUT == 0:
-        _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G, acc3 * inv_l[:, None], mask_h, n_splits, 512, G)
+    if LAYOUT == 0 and SPLIT_D > 1:
+        # this program's columns of the rows; part 0 stores the LSE that every part computed alike
+        NVG: tl.constexpr = (4 // SPLIT_D) * G
+        c0 = pid_d * NVG
+        _store_rows(out_ptr, part_out_ptr, bh, part, c0, acc0 * inv_l[:, None], mask_h, n_splits, 512, G)
+        if SPLIT_D == 2:
+            _store_rows(out_ptr, part_out_ptr, bh, part, c0 + G, acc1 * inv_l[:, None], mask_h, n_splits, 512, G)
+        mask_lse = mask_h & (pid_d == 0)
     else:
-        _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G, acc3 * inv_l[:, None], mask_h, n_splits, 512, E)
-        _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G + E, acc4 * inv_l[:, None], mask_h, n_splits, 512, E)
+        _store_rows(out_ptr, part_out_ptr, bh, part, 0, acc0 * inv_l[:, None], mask_h, n_splits, 512, G)
+        _store_rows(out_ptr, part_out_ptr, bh, part, G, acc1 * inv_l[:, None], mask_h, n_splits, 512, G)
+        _store_rows(out_ptr, part_out_ptr, bh, part, 2 * G, acc2 * inv_l[:, None], mask_h, n_splits, 512, G)
+        if LAYOUT == 0:
+            _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G, acc3 * inv_l[:, None], mask_h, n_splits, 512, G)
+        else:
+            _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G, acc3 * inv_l[:, None], mask_h, n_splits, 512, E)
+            _store_rows(out_ptr, part_out_ptr, bh, part, 3 * G + E, acc4 * inv_l[:, None], mask_h, n_splits, 512, E)
+        mask_lse = mask_h
     if n_splits == 1:
-        tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_h)
+        tl.store(lse_ptr + bh, lse2 * 0.6931471805599453, mask=mask_lse)
     else:
-        tl.store(part_lse_ptr + part, lse2, mask=mask_h)
+        tl.store(part_lse_ptr + part, lse2, mask=mask_lse)
 
 
 @triton.jit
@@ -699,7 +760,7 @@ class SparseMLADecode:
         def grid(meta: dict[str, Any]) -> tuple[int, int, int]:
             req = "auto" if meta["SPLITS"] == 0 else meta["SPLITS"]
             n = resolve_num_splits(req, B, H, topk, meta["BLOCK_H"], meta["BLOCK_T"], num_sms)
-            return (B, triton.cdiv(H, meta["BLOCK_H"]), n)
+            return (B, triton.cdiv(H, meta["BLOCK_H"]) * meta["SPLIT_D"], n)
 
         args = (
             q,
@@ -723,11 +784,18 @@ class SparseMLADecode:
         meta = {"LAYOUT": lay.code, "PAGE_SIZE": page_size, "DOT_DTYPE": _DOT_DTYPES[self.dot_dtype]}
         if self._tuner is None:
             cfg = chosen
+            n_chosen = resolve_num_splits(cfg.num_splits, B, H, topk, cfg.BLOCK_H, cfg.BLOCK_T, num_sms)
+            split_d = resolve_split_d(lay.code, B * triton.cdiv(H, cfg.BLOCK_H) * n_chosen, num_sms)
             _sparse_mla_split_kernel[grid](
-                *args, **meta, **_triton_config(cfg).kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages
+                *args,
+                **meta,
+                **_triton_config(cfg).kwargs,
+                SPLIT_D=split_d,
+                num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages,
             )
         else:
-            self._tuner[grid](*args, **meta)
+            self._tuner[grid](*args, **meta, SPLIT_D=1)  # one part: the grid is the config's, chosen by timing
             cfg = self._config_of(self._tuner.best_config)
         self.last_config = cfg
         self.launches += 1
@@ -1104,6 +1172,7 @@ def compile_specs(
     if dot_dtype not in _DOT_DTYPES:
         raise ValueError(f"dot_dtype={dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
     fn = _compilable(_sparse_mla_split_kernel)
+    n = resolve_num_splits(config.num_splits, batch, num_heads, topk, config.BLOCK_H, config.BLOCK_T)
     split_types = {
         "q_ptr": "*bf16",
         "kv_u8_ptr": "*u8",
@@ -1130,8 +1199,8 @@ def compile_specs(
         "BLOCK_T": config.BLOCK_T,
         "BLOCK_H": config.BLOCK_H,
         "SPLITS": _splits_code(config.num_splits),
+        "SPLIT_D": resolve_split_d(lay.code, batch * triton.cdiv(num_heads, config.BLOCK_H) * n),
     }
-    n = resolve_num_splits(config.num_splits, batch, num_heads, topk, config.BLOCK_H, config.BLOCK_T)
     comb_types = {
         "part_out_ptr": "*fp32",
         "part_lse_ptr": "*fp32",

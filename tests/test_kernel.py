@@ -160,6 +160,33 @@ def test_combine_splits_columns_only_when_rows_leave_sms_idle():
     assert [smd._combine_block_d(r, 512, 132) for r in rows] == [64, 64, 64, 128, 128, 256, 256, 256, 512, 512]
 
 
+def test_split_d_rule():
+    # V3.2 only; doubled while twice the programs fit the SMs, at most 4 parts of 128 columns
+    assert [smd.resolve_split_d(0, p, 132) for p in (1, 33, 34, 64, 66, 67, 128)] == [4, 4, 2, 2, 2, 1, 1]
+    assert smd.resolve_split_d(1, 1, 132) == 1  # V4 keeps its columns together
+
+
+@pytest.mark.parametrize(
+    "config", [LaunchConfig(16, 16, 4, 2, 1), LaunchConfig(16, 16, 4, 2, 4), LaunchConfig(16, 64, 4, 2, 3)]
+)
+@pytest.mark.parametrize("split_d_max", [1, 2, 4])
+def test_v32_split_d_parts_give_the_same_output(config, split_d_max, monkeypatch):
+    # each part computes the same scores and softmax and stores its own columns (part 0 the LSE); BLOCK_H 16 is
+    # the mma v2 path (fp16 groups, scales on P), 64 the wgmma one; one split writes the output directly
+    monkeypatch.setattr(smd, "SPLIT_D_MAX", split_d_max)
+    inp = smd.make_inputs("deepseek_v32", 2, 16, 40, 64, 256, DEVICE, seed=11, empty_fraction=0.2)
+    inp["indices"][1] = -1  # an all-empty row: zeros and -inf in every part
+    n = smd.resolve_num_splits(config.num_splits, 2, 16, 40, config.BLOCK_H, config.BLOCK_T)
+    assert smd.resolve_split_d(0, 2 * smd.triton.cdiv(16, config.BLOCK_H) * n) == split_d_max
+    out, lse = _launch(inp, config)
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == float("-inf"))
+    _assert_close(inp, out, lse)
+    monkeypatch.setattr(smd, "SPLIT_D_MAX", 1)
+    out1, lse1 = _launch(inp, config)
+    torch.testing.assert_close(out.float(), out1.float(), atol=0, rtol=0)
+    torch.testing.assert_close(lse, lse1, atol=0, rtol=0)
+
+
 def test_auto_splits_rule():
     # one program per SM at small batch, 1 split once the grid fills the GPU
     assert smd.resolve_num_splits("auto", 1, 128, 2048, 16, 16, 132) == 16
