@@ -139,12 +139,14 @@ def table_rows(winners: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def stretched_rows(winners: list[dict[str, Any]]) -> list[str]:
+def stretched_rows(winners: list[dict[str, Any]], rows: list[dict[str, Any]] | None = None) -> list[str]:
     """What the grid leaves unmeasured of the table it makes: ``Variant.coverage`` of the table made from
     ``winners`` (the per-batch choices, as :func:`best_per_batch` or :func:`keep_within` return them) at the
     grid's batch sizes. One line per row whose explicit split count also runs batch sizes at or below half the
-    smallest measured one in its range (a table of one row, a single config, included)."""
-    rows = table_rows(winners)
+    smallest measured one in its range (a table of one row, a single config, included). ``rows``: the table,
+    where the caller already has ``table_rows(winners)`` (it is computed from ``winners`` otherwise)."""
+    if rows is None:
+        rows = table_rows(winners)
     table = parse_variant(
         {"name": "grid_table", **rows[0]} if len(rows) == 1 else {"name": "grid_table", "configs": rows}
     )
@@ -235,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --family {a.family}: the grid has no rows of it (families there: {have})", file=sys.stderr)
             return 2
         winners = keep_within(rows, a.family, best_per_batch(rows, a.family), a.tolerance)
-        warnings = stretched_rows(winners)
-        text = render(a.name, a.family, [Path(g) for g in a.grid], winners, table_rows(winners), a.tolerance)
+        table = table_rows(winners)
+        warnings = stretched_rows(winners, table)
+        text = render(a.name, a.family, [Path(g) for g in a.grid], winners, table, a.tolerance)
     except OSError as e:
         print(f"error: --grid: {e}", file=sys.stderr)
         return 2

@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import tarfile
 from pathlib import Path
+
+from stubbin import stub_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,12 +36,8 @@ fi
 
 
 def _stubs(tmp_path: Path) -> dict[str, str]:
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    for name, text in {"python3": PY, "python": PY, "nvidia-smi": "#!/usr/bin/env bash\necho 'NVIDIA stub'\n"}.items():
-        (bin_ / name).write_text(text)
-        (bin_ / name).chmod((bin_ / name).stat().st_mode | stat.S_IEXEC)
-    return {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "STUB_PIDS": str(tmp_path / "pids")}
+    stubs = {"python3": PY, "python": PY, "nvidia-smi": "#!/usr/bin/env bash\necho 'NVIDIA stub'\n"}
+    return stub_env(tmp_path, stubs, STUB_PIDS=str(tmp_path / "pids"))
 
 
 def _run_killed(cmd: list[str], cwd: Path, env: dict[str, str], tmp_path: Path) -> int:

@@ -7,12 +7,12 @@ stubs on PATH in a copy of the script's tree: the sweep never ends, `campaign co
 
 from __future__ import annotations
 
-import os
 import shutil
-import stat
 import subprocess
 import tarfile
 from pathlib import Path
+
+from stubbin import stub_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,17 +37,7 @@ def _tree(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     (tree / "conf" / "experiment").mkdir(parents=True)
     for shape in ("a", "b"):
         (tree / "conf" / "experiment" / f"kernel_speed_st_{shape}.yaml").write_text("# stub\n")
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    for name, text in STUBS.items():
-        (bin_ / name).write_text(text)
-        (bin_ / name).chmod((bin_ / name).stat().st_mode | stat.S_IEXEC)
-    env = {
-        **os.environ,
-        "PATH": f"{bin_}:{os.environ['PATH']}",
-        "SWEEP_TIMEOUT_S": "60",
-        "SWEEP_PID_FILE": str(tmp_path / "sweep.pid"),
-    }
+    env = stub_env(tmp_path, STUBS, SWEEP_TIMEOUT_S="60", SWEEP_PID_FILE=str(tmp_path / "sweep.pid"))
     return tree, env
 
 
