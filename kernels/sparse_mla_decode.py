@@ -29,19 +29,10 @@ by index (page = idx // page_size), dequantizes them with the layout's scales in
 ``q . k^T`` with ``tl.dot`` (fp32 accumulate), runs an online softmax in base 2 (``sm_scale * log2(e)`` folded
 into one multiply) and accumulates ``p . v`` where v is the same dequantized tile (MLA shares the latent
 between K and V). Both layouts run one loop in ``_sparse_mla_split_kernel`` (``LAYOUT`` a constexpr), in
-column tiles. V3.2 works in its four 128-wide fp8 groups: each group is dequantized with its scale into its
-own ``[BLOCK_T, 128]`` fp16 tile (fp8 -> fp16 exact, two values per conversion, times the scale rounded to
-fp16, one fp16 rounding: ``_dequant_group``), the four group dots (q's groups in fp16) and the 64-wide rope
-dot (in the dot dtype) chain into one score accumulator, and one fp16 P feeds four ``[BLOCK_H, 128]`` output
-accumulators. Until campaign step "f16dq" the groups were dequantized in fp32 into bf16 (fp8 -> fp32, one
-fp32 multiply, one rounding to bf16) with q's groups and P in bf16: about three instructions a value where
-fp16 takes about one; cross-compiled for sm90 the loop of T64_H64_w8_s1 went from 1463 to 1048 SASS
-instructions (and its 56 bytes of spills to none), T64_H64_w8_s2 from 1595 to 1256 (8 bytes of spills where
-there were none; ``benchmarks/compile_figures.py``). fp16 keeps 10 mantissa bits where bf16 keeps 7, but
-V3.2's q (its 512 group dims), its group scales and the dequantized values must lie within fp16's range
-(< 65504; the launcher refuses inputs that do not, ``_check_q_fits_fp16``, ``_check_scales_fit_fp16``), and
-group scales below 6.1e-5 (group maxima below about 0.027) are fp16 subnormals that keep fewer bits (a
-scale of 1e-6 keeps 4). An earlier version applied the scales to the scores and to P instead (five score
+column tiles. V3.2 works in its four 128-wide fp8 groups: each group is dequantized with its fp32 scale into
+its own ``[BLOCK_T, 128]`` dot-dtype tile (fp8 -> fp32 exact, one fp32 multiply, one rounding), the four group
+dots and the 64-wide rope dot chain into one score accumulator, and one bf16 P feeds four ``[BLOCK_H, 128]``
+output accumulators. An earlier version applied the scales to the scores and to P instead (five score
 accumulators, four scaled copies of P); it spilled at BLOCK_T = 64 and ran V3.2 B=128 in 587 us where this one
 takes 403 us on the H200 (reports/campaigns/kernel_speed/candidates_1/README.md, the "kscale" file). Wgmma
 configs (``BLOCK_H >= 64``: V3.2's whole table) run that loop. At ``BLOCK_H < 64`` (mma v2: TP8's H=16) two
@@ -55,7 +46,7 @@ things differ in V3.2's loop:
   scales go to the results instead: ``s += sc_g * (q_g . k8_g)`` with q's groups in fp16, and
   ``out_g += (p * sc_g) . k8_g`` with the scaled P in fp16 (the dequantization was the largest part of
   the instructions once the gathers were prefetched; step "fp16k": 154.2 -> 133.0 us). Both operands
-  are rounded less than a bf16 path's (fp16 keeps 10 mantissa bits, bf16 7), but q's values must
+  are rounded less than the bf16 path's (fp16 keeps 10 mantissa bits, bf16 7), but q's values must
   lie within fp16's range (|q| < 65504; below 6.1e-5 they lose precision as subnormals), and so must
   ``p * sc_g``: a group scale of 65504 or more would make it inf (the launcher refuses such a cache row
   when checks are on, ``_check_scales_fit_fp16``), and with cache scales below about 1e-5 (group maxima
@@ -283,11 +274,10 @@ def _store_rows(out_ptr, part_out_ptr, bh, part, col0, o, mask_h, n_splits, D: t
 
 
 @triton.jit
-def _dequant_group(bits, scale):
-    # [BLOCK_T, G] uint8 bits of fp8 e4m3 and the [BLOCK_T] fp32 group scale of each token -> fp8 * scale in
-    # fp16: the fp8 values exact in fp16 (cvt.rn.f16x2.e4m3x2, two per instruction), the scale rounded to fp16,
-    # one fp16 multiply (step "f16dq"; fp8 -> fp32 -> x scale -> bf16 before, about 3 instructions a value)
-    return bits.to(tl.float8e4nv, bitcast=True).to(tl.float16) * scale.to(tl.float16)[:, None]
+def _dequant_group(bits, scale, DOT_DTYPE: tl.constexpr):
+    # [BLOCK_T, G] uint8 bits of fp8 e4m3 and the [BLOCK_T] fp32 group scale of each token ->
+    # fp8 * scale in the dot dtype (exact fp8 -> fp32, one fp32 multiply, one rounding)
+    return (bits.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(DOT_DTYPE)
 
 
 @triton.jit
@@ -377,17 +367,17 @@ def _sparse_mla_split_kernel(
     offs_e = tl.arange(0, E)
     if LAYOUT == 0:
         PAGE_BYTES: tl.constexpr = PAGE_SIZE * 656
-        # the fp8 groups' dots in fp16 on both paths (mma v2: exact fp16 groups, scales on scores and P;
-        # wgmma: fp16 dequantized groups, _dequant_group), P.V with P in fp16; the rope dot in the dot dtype
-        PV_DTYPE: tl.constexpr = tl.float16
-        q0 = tl.load(q_row_ptrs + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(tl.float16)
-        q1 = tl.load(q_row_ptrs + G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(tl.float16)
-        q2 = tl.load(q_row_ptrs + 2 * G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(tl.float16)
-        q3 = tl.load(q_row_ptrs + 3 * G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(tl.float16)
+        if BLOCK_H < 64:
+            QG_DTYPE: tl.constexpr = tl.float16  # mma v2: fp8 groups as exact fp16, scales on scores and P
+        else:
+            QG_DTYPE: tl.constexpr = DOT_DTYPE
+        q0 = tl.load(q_row_ptrs + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
+        q1 = tl.load(q_row_ptrs + G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
+        q2 = tl.load(q_row_ptrs + 2 * G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
+        q3 = tl.load(q_row_ptrs + 3 * G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(QG_DTYPE)
         q_rope = tl.load(q_row_ptrs + 4 * G + offs_e[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
     else:
         PAGE_BYTES: tl.constexpr = PAGE_SIZE * 584
-        PV_DTYPE: tl.constexpr = DOT_DTYPE
         q0 = tl.load(q_row_ptrs + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
         q1 = tl.load(q_row_ptrs + G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
         q2 = tl.load(q_row_ptrs + 2 * G + offs_g[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
@@ -437,10 +427,10 @@ def _sparse_mla_split_kernel(
                 qk += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
                 qk += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
             else:
-                k0 = _dequant_group(tl.load(rows, mask=valid[:, None], other=0), sc0)
-                k1 = _dequant_group(tl.load(rows + G, mask=valid[:, None], other=0), sc1)
-                k2 = _dequant_group(tl.load(rows + 2 * G, mask=valid[:, None], other=0), sc2)
-                k3 = _dequant_group(tl.load(rows + 3 * G, mask=valid[:, None], other=0), sc3)
+                k0 = _dequant_group(tl.load(rows, mask=valid[:, None], other=0), sc0, DOT_DTYPE)
+                k1 = _dequant_group(tl.load(rows + G, mask=valid[:, None], other=0), sc1, DOT_DTYPE)
+                k2 = _dequant_group(tl.load(rows + 2 * G, mask=valid[:, None], other=0), sc2, DOT_DTYPE)
+                k3 = _dequant_group(tl.load(rows + 3 * G, mask=valid[:, None], other=0), sc3, DOT_DTYPE)
                 # one accumulator chain: the group scales are already in k0..k3
                 qk = tl.dot(q_rope, tl.trans(k_rope))
                 qk = tl.dot(q0, tl.trans(k0), qk)
@@ -487,14 +477,14 @@ def _sparse_mla_split_kernel(
             if BLOCK_H < 64:
                 acc0 = tl.dot((p * sa[None, :]).to(tl.float16), _fp8_to_f16(va), acc0 * alpha[:, None])
             else:
-                acc0 = tl.dot(p.to(tl.float16), _dequant_group(va, sa), acc0 * alpha[:, None])
+                acc0 = tl.dot(p.to(DOT_DTYPE), _dequant_group(va, sa, DOT_DTYPE), acc0 * alpha[:, None])
             if NV == 2:
                 vb = tl.load(rows + (g0 + 1) * G, mask=valid[:, None], other=0, eviction_policy="evict_last")
                 sb = tl.load(sc_ptr + g0 + 1, mask=valid, other=0.0, eviction_policy="evict_last")
                 if BLOCK_H < 64:
                     acc1 = tl.dot((p * sb[None, :]).to(tl.float16), _fp8_to_f16(vb), acc1 * alpha[:, None])
                 else:
-                    acc1 = tl.dot(p.to(tl.float16), _dequant_group(vb, sb), acc1 * alpha[:, None])
+                    acc1 = tl.dot(p.to(DOT_DTYPE), _dequant_group(vb, sb, DOT_DTYPE), acc1 * alpha[:, None])
         elif LAYOUT == 0 and BLOCK_H < 64:
             # P.V on its own load of the fp8 bytes (a second load of the same bytes, L1/L2 hits). One register
             # tile feeding both dots needs two dot-operand layouts, and Triton's pipeliner (AssignLatencies.cpp,
@@ -511,7 +501,7 @@ def _sparse_mla_split_kernel(
             acc2 = tl.dot((p * sc2[None, :]).to(tl.float16), v2, acc2 * alpha[:, None])
             acc3 = tl.dot((p * sc3[None, :]).to(tl.float16), v3, acc3 * alpha[:, None])
         else:
-            pb = p.to(PV_DTYPE)
+            pb = p.to(DOT_DTYPE)
             acc0 = tl.dot(pb, k0, acc0 * alpha[:, None])
             acc1 = tl.dot(pb, k1, acc1 * alpha[:, None])
             acc2 = tl.dot(pb, k2, acc2 * alpha[:, None])
@@ -665,17 +655,17 @@ class SparseMLADecode:
 
     ``check_indices`` (default True): check every index is in ``[-1, num_pages*page_size)`` before
     launching, and that q's finite values fit fp16 where the path multiplies them in fp16
-    (``_check_q_fits_fp16``: ``dot_dtype="fp16"``, or V3.2's group dims); with ``dot_dtype="fp16"`` also the
-    dequantized rows the indices name (``_check_cache_fits_fp16``), and on V3.2 their group scales and, with a
-    ``BLOCK_H >= 64`` config, their fp16 dequantized groups (``_check_scales_fit_fp16``). It costs
+    (``_check_q_fits_fp16``: ``dot_dtype="fp16"``, or a V3.2 config with ``BLOCK_H < 64``); with
+    ``dot_dtype="fp16"`` also the dequantized rows the indices name (``_check_cache_fits_fp16``), and with a
+    V3.2 config with ``BLOCK_H < 64`` their group scales (``_check_scales_fit_fp16``). It costs
     a device sync (a min/max reduction and a copy to host, ~10-20 us) and is skipped automatically
     while a CUDA graph is being captured (a sync is illegal there); pass ``check_indices=False`` on hot
     paths whose inputs are trusted.
 
-    ``dot_dtype`` is the dot operand dtype of V4 and of V3.2's rope dot; V3.2 multiplies its fp8 groups in
-    fp16 whatever it is, so q's first 512 dims must lie within fp16's range (|q| < 65504; module docstring),
-    and so must the group scales of the rows it reads and, on ``BLOCK_H >= 64`` configs, their dequantized
-    values: ``ValueError`` naming q or kv_cache otherwise, when checks are on.
+    ``dot_dtype`` is the dot operand dtype of the wgmma configs and of V4; a V3.2 config with
+    ``BLOCK_H < 64`` multiplies its fp8 groups in fp16 whatever it is, so q's first 512 dims must lie
+    within fp16's range there (|q| < 65504; module docstring), and so must the group scales of the rows it
+    reads (P times a scale is taken in fp16): ``ValueError`` naming q or kv_cache otherwise, when checks are on.
     """
 
     variant: Variant
@@ -837,19 +827,19 @@ def _finite_abs_max(t: torch.Tensor) -> float:
 def _check_q_fits_fp16(q: torch.Tensor, lay: CacheLayout, dot_dtype: str, configs: Any) -> None:
     """``ValueError`` naming q when a finite value of q that the chosen path multiplies in fp16 reaches
     ``F16_MAX`` (it would become inf there): every dim with ``dot_dtype="fp16"``; V3.2's 512 fp8-group dims
-    on every config (module docstring). ``configs`` is kept for the callers' one signature. Non-finite values
-    pass, as on the bf16 path (the output is non-finite either way). Costs a device sync."""
+    with a ``BLOCK_H < 64`` config (module docstring). Non-finite values pass, as on the bf16 path (the
+    output is non-finite either way). Costs a device sync."""
     if dot_dtype == "fp16":
         dims, why = q, 'dot_dtype="fp16" multiplies q in fp16'
-    elif lay.code == 0:
-        dims, why = q[..., : lay.fp8_dims], "V3.2 multiplies q's fp8-group dims in fp16"
+    elif lay.code == 0 and any(c.BLOCK_H < 64 for c in configs):
+        dims, why = q[..., : lay.fp8_dims], "a V3.2 config with BLOCK_H < 64 multiplies q's fp8-group dims in fp16"
     else:
         return
     q_max = _finite_abs_max(dims)
     if q_max >= F16_MAX:
         raise ValueError(
-            f"q: |q| reaches {q_max:g}, but {why} (|q| < {F16_MAX:g}); scale q down and sm_scale up by the same "
-            "factor"
+            f"q: |q| reaches {q_max:g}, but {why} (|q| < {F16_MAX:g}); use bf16 and BLOCK_H >= 64 configs for this "
+            "input, or scale q down and sm_scale up by the same factor"
         )
 
 
@@ -871,39 +861,22 @@ def _check_cache_fits_fp16(kv_cache: torch.Tensor, indices: torch.Tensor, layout
 def _check_scales_fit_fp16(
     kv_cache: torch.Tensor, indices: torch.Tensor, lay: CacheLayout, page_size: int, configs: Any
 ) -> None:
-    """``ValueError`` naming kv_cache when V3.2 would take a finite part of a row that ``indices`` names to inf
-    or NaN in fp16 (module docstring): every V3.2 config rounds the group scales to fp16 (``BLOCK_H < 64``
-    multiplies P, at most 1, by them; ``BLOCK_H >= 64`` the fp8 values, in ``_dequant_group``), so a scale of
-    ``F16_MAX`` or more fails although every value may fit (fp8 values below 1 times the scale); with a
-    ``BLOCK_H >= 64`` config also a dequantized value whose fp16 product (fp8 times the fp16 scale, as the kernel
-    rounds it) overflows. Only the rows that ``indices`` names are read; non-finite scales pass (the output is
+    """``ValueError`` naming kv_cache when a V3.2 config with ``BLOCK_H < 64`` would multiply P by a group scale
+    that reaches ``F16_MAX``: those configs take ``p * sc_g`` in fp16 (p <= 1; module docstring), where such a
+    scale becomes inf and the output non-finite, although every value fits (fp8 values below 1 times the
+    scale). Only the scales of the rows that ``indices`` names are read; non-finite scales pass (the output is
     non-finite on every path). Costs a device sync."""
-    if lay.code != 0:
+    if lay.code != 0 or not any(c.BLOCK_H < 64 for c in configs):
         return
     tok = indices[indices >= 0]
     if tok.numel() == 0:
         return
-    fp8, scale, _ = _row_parts(kv_cache, tok, lay, page_size)
-    s_max = _finite_abs_max(scale)
+    s_max = _finite_abs_max(_row_parts(kv_cache, tok, lay, page_size)[1])
     if s_max >= F16_MAX:
         raise ValueError(
-            f"kv_cache: a row that indices name has a group scale of {s_max:g}, but V3.2 rounds the group scales "
-            f"to fp16 (scale < {F16_MAX:g}); requantize the cache with smaller scales"
+            f"kv_cache: a row that indices name has a group scale of {s_max:g}, but a V3.2 config with BLOCK_H < 64 "
+            f"multiplies P by the group scales in fp16 (scale < {F16_MAX:g}); use BLOCK_H >= 64 configs for this cache"
         )
-    if any(c.BLOCK_H >= 64 for c in configs):
-        # each group's largest |fp8| (exact in fp16) times its scale: the group's largest product, as the kernel
-        # rounds it (fp16 multiply) and exactly (fp32); [tokens, groups], not the whole rows
-        amax = fp8.abs().unflatten(-1, (lay.num_groups, lay.group_size)).amax(-1)
-        wide = amax * scale
-        half = amax.half() * scale.half()
-        over = torch.isfinite(wide) & ~torch.isfinite(half)
-        if bool(over.any()):
-            v_max = float(wide[over].abs().max())
-            raise ValueError(
-                f"kv_cache: a row that indices name dequantizes to |value| {v_max:g}, but V3.2's BLOCK_H >= 64 "
-                f"configs dequantize the fp8 groups in fp16 (|value| < {F16_MAX:g}); requantize the cache with "
-                "smaller values"
-            )
 
 
 def _combine_block_d(rows: int, d_v: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
