@@ -8,11 +8,13 @@
 # (conf/experiment/kernel_speed_<STEP>_<SHAPE>.yaml), runs the queue with `kernelcamp sweep` on GPU 0,
 # collects each experiment's report, records, params and lock into
 # reports/campaigns/kernel_speed/<STEP>_<SHAPE>/ (the sweep's log in <STEP>_sweep/) and packs them
-# into OUT/<STEP>.tgz at exit. SWEEP_TIMEOUT_S (default 150 per shape) bounds the sweep. The collection runs
+# into OUT/<STEP>.tgz at exit. SWEEP_TIMEOUT_S (default 270 per shape: one experiment took 181-188 s on a
+# fresh machine and more than 230 s for TP8's seven-row table, step "splitd") bounds the sweep. The collection runs
 # at exit too (bash's EXIT trap, also on the TERM of an outer `timeout`), so a cut run still returns the
 # experiments that finished: step "splitd" lost a finished one when the call's timeout ended the script
 # between the sweep and the collection. Give the device call's timeout SWEEP_TIMEOUT_S plus about 30 s per
-# shape for the collection. (kernel_speed_kscale.sh is the same run, written for step "kscale".)
+# shape for the collection: a device call of at most 600 s holds one shape safely, two only with a smaller
+# SWEEP_TIMEOUT_S. (kernel_speed_kscale.sh is the same run, written for step "kscale".)
 set -uo pipefail
 usage="usage: kernel_speed_step.sh OUT STEP SHAPE [SHAPE ...]"
 [ $# -ge 3 ] || { echo "$usage" >&2; exit 2; }
@@ -64,7 +66,7 @@ for n in "$@"; do
 done
 start=$(date +%s)
 # in the background with `wait`, so that a signal's trap runs at once (bash defers it past a foreground command)
-timeout -s TERM "${SWEEP_TIMEOUT_S:-$((150 * $#))}" python -m kernelcamp.cli sweep --gpus 0 --poll 10 \
+timeout -s TERM "${SWEEP_TIMEOUT_S:-$((270 * $#))}" python -m kernelcamp.cli sweep --gpus 0 --poll 10 \
   > >(while IFS= read -r line; do echo "$(( $(date +%s) - start ))s $line"; done | tee "$dest/${step}_sweep/sweep.log") \
   2>&1 &
 sweep_pid=$!
