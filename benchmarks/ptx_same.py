@@ -2,7 +2,7 @@
 against another (or the working tree), per shape and config, cross-compiled without a GPU.
 
     env -u TRITON_INTERPRET python benchmarks/ptx_same.py REV_A [REV_B] [--configs T64_H64_w8_s2_kauto,...]
-        [--shapes v32,v32_tp8,v4] [--arch 90] [--module kernels.sparse_mla_decode]
+        [--shapes v32,v32_tp8,v4] [--arch 90] [--module kernels.sparse_mla_decode] [--batch 128]
 
 REV_B defaults to the working tree's file. Each side's file is imported as ``baseline.kernel_rev``
 imports it (``kernelcamp.kernel_rev``: written once into the repo's git-ignored
@@ -40,7 +40,10 @@ from kernelcamp.variant import LaunchConfig  # noqa: E402
 
 SHAPES = {"v32": ("deepseek_v32", 128, 2048), "v32_tp8": ("deepseek_v32", 16, 2048), "v4": ("deepseek_v4", 64, 512)}
 CONFIGS = "T64_H64_w8_s2_kauto,T64_H64_w8_s1_kauto,T32_H16_w4_s3_k4,T64_H32_w8_s2_kauto,T32_H16_w4_s2_kauto"
-BATCH = 128  # the combine's specialization depends on it, the split kernel's does not ("auto" is resolved at launch)
+# The batch size the specs are built for: the split kernel's binary depends on it only through its split-D parts
+# (kernels.sparse_mla_decode.resolve_split_d: V3.2 launches that leave half the SMs idle, e.g. B=1); at 128 every
+# shape runs one part. --batch 1 compares the small-batch binaries.
+BATCH = 128
 
 
 def normalized_ptx(ptx: str) -> str:
@@ -57,10 +60,10 @@ def normalized_ptx(ptx: str) -> str:
     return "\n".join(re.sub(r"\s+$", "", ln) for ln in keep)
 
 
-def split_kernel_ptx(module, shape: str, config: LaunchConfig, arch: int) -> str:
-    """The normalized PTX of ``module``'s split-K kernel for ``shape`` and ``config``, for ``sm<arch>``."""
+def split_kernel_ptx(module, shape: str, config: LaunchConfig, arch: int, batch: int = BATCH) -> str:
+    """The normalized PTX of ``module``'s split-K kernel for ``shape`` and ``config`` at ``batch``, for ``sm<arch>``."""
     layout, heads, topk = SHAPES[shape]
-    spec = module.compile_specs(layout, heads, topk, config, batch=BATCH)[0]
+    spec = module.compile_specs(layout, heads, topk, config, batch=batch)[0]
     return normalized_ptx(compile_spec(spec, arch).asm["ptx"])
 
 
@@ -80,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--arch", type=int, default=90, help="compute capability to compile for (default 90)")
     p.add_argument("--module", default="kernels.sparse_mla_decode", help="the kernel module (default that one)")
+    p.add_argument(
+        "--batch", type=int, default=BATCH, help=f"batch size the binaries are built for (default {BATCH}; 1: split-D)"
+    )
     a = p.parse_args(argv)
     names = [a.rev_a, a.rev_b or "working tree"]
     try:
@@ -90,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
         if not shapes or any(s not in SHAPES for s in shapes):
             raise KernelcampError(f"--shapes {a.shapes!r}: expected a comma-separated list of {', '.join(SHAPES)}")
+        if a.batch < 1:
+            raise KernelcampError(f"--batch {a.batch}: expected a batch size >= 1")
         if a.arch < 80:
             raise KernelcampError(f"--arch {a.arch}: expected a compute capability >= 80 (e.g. 90 for sm90)")
         sides = []
@@ -107,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             ptx = []
             for name, m in zip(names, sides, strict=True):
                 try:
-                    ptx.append(split_kernel_ptx(m, shape, c, a.arch))
+                    ptx.append(split_kernel_ptx(m, shape, c, a.arch, a.batch))
                 except Exception as e:  # noqa: BLE001 - a config that does not compile there is one line, exit 2
                     root = e
                     while root.__cause__ is not None:  # Triton's CompilationError wraps the reason

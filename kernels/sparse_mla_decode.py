@@ -240,11 +240,33 @@ def resolve_num_splits(
 def resolve_split_d(layout_code: int, programs: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
     """Parts of V's columns per (b, head block, split) for a launch of ``programs`` programs (SPLIT_D_MAX above):
     1 for V4 (``layout_code`` 1); for V3.2 doubled while twice the programs still fit ``num_sms`` and the part
-    stays at least one 128-column group. E.g. 132 SMs: 64 programs -> 2, 32 -> 4, 128 -> 1."""
+    stays at least one 128-column group (at most 4 parts, whatever SPLIT_D_MAX says: the kernel splits V3.2's
+    four groups). E.g. 132 SMs: 64 programs -> 2, 32 -> 4, 128 -> 1."""
     parts = 1
-    while layout_code == 0 and parts < SPLIT_D_MAX and 2 * programs * parts <= num_sms:
+    while layout_code == 0 and 2 * parts <= min(SPLIT_D_MAX, 4) and 2 * programs * parts <= num_sms:
         parts *= 2
     return parts
+
+
+def _split_d_batches(
+    layout_code: int, config: LaunchConfig, num_heads: int, topk: int, num_sms: int = DEFAULT_NUM_SMS
+) -> dict[int, int]:
+    """``{split-D parts: the smallest batch size that launches them}`` for the part counts above 1 that
+    ``config`` launches at batch sizes 1 up to its ``max_batch`` (the loop stops once a launch fills half the
+    SMs: from there on it launches one part); empty for V4. A table row runs only from the previous row's bound
+    up, so this can name parts that the row never launches."""
+    found: dict[int, int] = {}
+    b = 1
+    while b <= (config.max_batch or 1 << 30):
+        n = resolve_num_splits(config.num_splits, b, num_heads, topk, config.BLOCK_H, config.BLOCK_T, num_sms)
+        programs = b * triton.cdiv(num_heads, config.BLOCK_H) * n
+        if 2 * programs > num_sms:
+            break
+        parts = resolve_split_d(layout_code, programs, num_sms)
+        if parts > 1:
+            found.setdefault(parts, b)
+        b += 1
+    return found
 
 
 def _splits_code(num_splits: int | str) -> int:
@@ -303,7 +325,8 @@ def _v4_pair(rows, sa, sb, j: tl.constexpr, valid, DOT_DTYPE: tl.constexpr):
 
 
 # Sizes are not specialized (B == 1, max_splits == 1 would each compile another binary): one binary per
-# config and layout keeps warm-up short and the compile inspector's binary the one that runs.
+# config, layout and split-D part count (resolve_split_d; at most three, the small batch sizes' only) keeps
+# warm-up short; compile_specs(..., all_split_d=True) names each one the config can launch, for the inspector.
 @triton.jit(do_not_specialize=["B", "H", "topk", "max_splits"])
 def _sparse_mla_split_kernel(
     # pointers
@@ -1161,11 +1184,18 @@ def compile_specs(
     dot_dtype: str = "bf16",
     batch: int = 64,
     page_size: int = 64,
+    all_split_d: bool = False,
 ) -> list[KernelSpec]:
     """The split-K kernel and the combine kernel as compiled for ``config`` at this shape.
 
-    ``num_splits="auto"`` is resolved for ``batch`` on an H200-sized grid (132 SMs); the combine
-    spec is returned even when that resolves to one split (then it does not run).
+    ``num_splits="auto"`` and the split-D parts (``resolve_split_d``) are resolved for ``batch`` on an
+    H200-sized grid (132 SMs); the combine spec is returned even when that resolves to one split (then it
+    does not run). With ``all_split_d`` (the compile inspector's choice) the list also holds, after those two,
+    the split kernel with each other split-D part count the config launches at some batch size from 1 to its
+    ``max_batch`` (V3.2 only; named ``sparse_mla_split_d2`` / ``_d4``): a table row for small batch sizes runs
+    those binaries, not the one at ``batch`` (a row that starts above batch 1 may be given one it never runs:
+    the inspector's fit check then covers more binaries, never fewer). ``ValueError`` for a config or dot dtype
+    the kernel refuses.
     """
     lay = get_layout(layout)
     _check_config(config)
@@ -1213,7 +1243,7 @@ def compile_specs(
     # the launch values of the specialized ints, for contiguous q [B, H, d_qk] and indices [B, topk]
     # (B, H, topk and max_splits are do_not_specialize in the split kernel)
     strides = {"stride_qb": num_heads * lay.d_qk, "stride_qh": lay.d_qk, "stride_ib": topk}
-    return [
+    specs = [
         _spec("sparse_mla_split", fn, split_types, split_const, config.num_warps, config.num_stages, strides),
         _spec(
             "sparse_mla_combine",
@@ -1225,6 +1255,15 @@ def compile_specs(
             {"n_splits": n, "max_splits": n},
         ),
     ]
+    if all_split_d and lay.code == 0:
+        for parts in sorted(set(_split_d_batches(lay.code, config, num_heads, topk)) - {split_const["SPLIT_D"]}):
+            const = {**split_const, "SPLIT_D": parts}
+            specs.append(
+                _spec(
+                    f"sparse_mla_split_d{parts}", fn, split_types, const, config.num_warps, config.num_stages, strides
+                )
+            )
+    return specs
 
 
 def kernel_source_hash() -> str:

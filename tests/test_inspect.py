@@ -796,8 +796,14 @@ def launch_specialization_mismatches(layout: str, H: int, topk: int, B: int, lab
         m._sparse_mla_combine_kernel = real["sparse_mla_combine"]
     specs = {s.name: s for s in m.compile_specs(layout, H, topk, cfg, batch=B)}
     bad = []
-    for name, (fn, args, _kw) in calls.items():
+    for name, (fn, args, kw) in calls.items():
         spec, dns = specs[name], set(getattr(fn, "do_not_specialize", []) or [])
+        # the constexprs and launch options the launch passed by keyword (SPLIT_D among them: the split-D binary
+        # a small batch runs is another binary) against the spec's
+        for a, v in kw.items():
+            want = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}.get(a, spec.constexprs.get(a, "absent"))
+            if want != v:
+                bad.append(f"{name}.{a}: launch {v!r}, compile_specs {want!r}")
         dns = {fn.arg_names[a] if isinstance(a, int) else a for a in dns}
         for i, (a, v) in enumerate(zip(fn.arg_names, args, strict=False)):  # constexprs come as kwargs
             kind, attr = native_specialize_impl(BaseBackend, v, False, a not in dns, True)
@@ -816,10 +822,36 @@ def launch_specialization_mismatches(layout: str, H: int, topk: int, B: int, lab
 @pytest.mark.parametrize(
     "layout,H,topk,B,label",
     [
-        ("deepseek_v32", 128, 2048, 1, "T64_H64_w8_s2_kauto"),  # 32 splits: the combine runs
+        ("deepseek_v32", 128, 2048, 1, "T64_H64_w8_s2_kauto"),  # 32 splits: the combine runs; 2 split-D parts
+        ("deepseek_v32", 16, 2048, 1, "T64_H16_w8_s2_kauto"),  # TP8 B=1: 4 split-D parts, the mma v2 path
         ("deepseek_v4", 64, 100, 2, "T32_H16_w4_s2_kauto"),  # top-k 100: stride_ib not a multiple of 16
     ],
 )
 def test_compile_specs_specialize_like_a_launch(layout, H, topk, B, label):
     bad = in_child(f"T.launch_specialization_mismatches({layout!r}, {H}, {topk}, {B}, {label!r})")
     assert bad == []
+
+
+def test_specs_for_workload_asks_for_every_split_d_binary_where_the_module_can_name_them():
+    # the build stage inspected each V3.2 row at one batch size: the split-D binaries small batches launch went
+    # unchecked. A module whose compile_specs takes all_split_d gets it; an older one (a kernel_rev, a candidate
+    # file) is called as before
+    seen = []
+
+    class New:
+        @staticmethod
+        def compile_specs(layout, num_heads, topk, config, dot_dtype="bf16", batch=64, all_split_d=False):
+            seen.append(("new", all_split_d))
+            return []
+
+    class Old:
+        @staticmethod
+        def compile_specs(layout, num_heads, topk, config, dot_dtype="bf16", batch=64):
+            seen.append(("old", None))
+            return []
+
+    wl = {"layout": "deepseek_v32", "num_heads": 128, "topk": 2048}
+    cfg = LaunchConfig(64, 64, 8, 1, "auto")
+    kf.specs_for_workload(New, wl)(cfg)
+    kf.specs_for_workload(Old, wl)(cfg)
+    assert seen == [("new", True), ("old", None)]

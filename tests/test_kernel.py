@@ -166,6 +166,56 @@ def test_split_d_rule():
     assert smd.resolve_split_d(1, 1, 132) == 1  # V4 keeps its columns together
 
 
+def test_split_d_is_capped_at_the_four_groups(monkeypatch):
+    # a SPLIT_D_MAX of 8 launched SPLIT_D=8: 4 // 8 = 0 groups per part, an output of garbage without a word;
+    # 3 gave 4 parts. The parts are a power of two of at most V3.2's four 128-column groups
+    monkeypatch.setattr(smd, "SPLIT_D_MAX", 8)
+    assert smd.resolve_split_d(0, 1, 132) == 4
+    monkeypatch.setattr(smd, "SPLIT_D_MAX", 3)
+    assert smd.resolve_split_d(0, 1, 132) == 2
+
+
+def test_split_d_batches_name_each_binary_a_config_launches():
+    # {parts: the smallest batch size launching them}, from batch 1 up to the row's max_batch
+    L = LaunchConfig
+    assert smd._split_d_batches(0, L(64, 64, 8, 1, "auto", max_batch=16), 128, 2048) == {2: 1}
+    assert smd._split_d_batches(0, L(64, 16, 8, 3, "auto", max_batch=8), 16, 2048) == {4: 1, 2: 2}
+    assert smd._split_d_batches(0, L(64, 16, 8, 2, "auto", max_batch=1), 16, 2048) == {4: 1}
+    assert smd._split_d_batches(0, L(32, 16, 4, 3, 2), 16, 2048) == {4: 1, 2: 17}  # 2 splits: 4 parts to B=16
+    assert smd._split_d_batches(0, L(32, 16, 4, 3, 2, max_batch=8), 16, 2048) == {4: 1}
+    assert smd._split_d_batches(1, L(32, 16, 4, 2, "auto", max_batch=2), 64, 512) == {}  # V4: one part
+
+
+_SPLIT_D_SPECS = """
+import json
+from kernelcamp.variant import LaunchConfig as L
+from kernels.sparse_mla_decode import compile_specs
+def names(*a, **k):
+    return [[s.name, s.constexprs.get("SPLIT_D")] for s in compile_specs(*a, **k)]
+print(json.dumps([
+    names("deepseek_v32", 128, 2048, L(64, 64, 8, 1, "auto", max_batch=16), all_split_d=True),
+    names("deepseek_v32", 16, 2048, L(64, 16, 8, 3, "auto", max_batch=8), all_split_d=True),
+    names("deepseek_v32", 16, 2048, L(64, 16, 8, 2, "auto", max_batch=1), batch=1, all_split_d=True),
+    names("deepseek_v32", 128, 2048, L(64, 64, 8, 1, "auto", max_batch=16)),
+    names("deepseek_v4", 64, 512, L(32, 16, 4, 2, "auto", max_batch=2), all_split_d=True),
+]))
+"""
+
+
+def test_compile_specs_name_every_split_d_binary_for_the_inspector():
+    # the build stage inspected each row at batch 64 only, the one-part binary: V3.2's B <= 16 row runs 2 parts
+    # at B=1 (224 registers, no spills, where the inspected binary showed 255 and spills) and TP8's B=1 row never
+    # runs the inspected binary at all (4 parts). all_split_d adds the binaries the small batch sizes launch
+    r = _without_interpreter(_SPLIT_D_SPECS)
+    assert r.returncode == 0, r.stderr[-2000:]
+    v32_b16, tp8_b8, tp8_b1, plain, v4 = json.loads(r.stdout.strip().splitlines()[-1])
+    split, comb = ["sparse_mla_split", 1], ["sparse_mla_combine", None]
+    assert v32_b16 == [split, comb, ["sparse_mla_split_d2", 2]]
+    assert tp8_b8 == [split, comb, ["sparse_mla_split_d2", 2], ["sparse_mla_split_d4", 4]]
+    assert tp8_b1 == [["sparse_mla_split", 4], comb]  # at batch 1 the first spec is the 4-part binary itself
+    assert plain == [split, comb] and v4 == [split, comb]
+
+
 @pytest.mark.parametrize(
     "config", [LaunchConfig(16, 16, 4, 2, 1), LaunchConfig(16, 16, 4, 2, 4), LaunchConfig(16, 64, 4, 2, 3)]
 )

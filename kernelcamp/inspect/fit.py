@@ -5,6 +5,7 @@ x target; and the kernel module whose ``compile_specs`` name the kernels of a co
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -220,12 +221,15 @@ def check_compile_specs(module: Any) -> Any:
 
 def specs_for_workload(module: Any, workload: Mapping[str, Any], dot_dtype: str = "bf16") -> SpecsFor:
     """``config -> module.compile_specs(layout, num_heads, topk, config, dot_dtype)`` at the workload's
-    full shape (compile cost and figures do not depend on the batch size)."""
+    shape, with ``all_split_d=True`` where the module's ``compile_specs`` takes it: the split kernel at its
+    default batch and, for V3.2, each other split-D binary the config can launch at small batch sizes (the
+    ones a B=1 row runs; ``kernels.sparse_mla_decode.resolve_split_d``), so that every binary is checked."""
     for f in ("layout", "num_heads", "topk"):
         if f not in workload:
             raise KernelcampError(f"workload lacks {f!r}: see conf/workload/deepseek_v4_flash.yaml")
     layout, heads, topk = workload["layout"], int(workload["num_heads"]), int(workload["topk"])
-    return lambda cfg: module.compile_specs(layout, heads, topk, cfg, dot_dtype=dot_dtype)
+    extra = {"all_split_d": True} if "all_split_d" in inspect.signature(module.compile_specs).parameters else {}
+    return lambda cfg: module.compile_specs(layout, heads, topk, cfg, dot_dtype=dot_dtype, **extra)
 
 
 def module_source_hash(module: Any) -> str | None:
