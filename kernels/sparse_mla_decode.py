@@ -249,14 +249,19 @@ def resolve_split_d(layout_code: int, programs: int, num_sms: int = DEFAULT_NUM_
 
 
 def _split_d_batches(
-    layout_code: int, config: LaunchConfig, num_heads: int, topk: int, num_sms: int = DEFAULT_NUM_SMS
+    layout_code: int,
+    config: LaunchConfig,
+    num_heads: int,
+    topk: int,
+    num_sms: int = DEFAULT_NUM_SMS,
+    min_batch: int = 1,
 ) -> dict[int, int]:
     """``{split-D parts: the smallest batch size that launches them}`` for the part counts above 1 that
-    ``config`` launches at batch sizes 1 up to its ``max_batch`` (the loop stops once a launch fills half the
-    SMs: from there on it launches one part); empty for V4. A table row runs only from the previous row's bound
-    up, so this can name parts that the row never launches."""
+    ``config`` launches at batch sizes ``min_batch`` up to its ``max_batch`` (a table row's range: from the
+    previous row's bound + 1; the loop stops once a launch fills half the SMs, from where it launches one
+    part); empty for V4."""
     found: dict[int, int] = {}
-    b = 1
+    b = max(1, min_batch)
     while b <= (config.max_batch or 1 << 30):
         n = resolve_num_splits(config.num_splits, b, num_heads, topk, config.BLOCK_H, config.BLOCK_T, num_sms)
         programs = b * triton.cdiv(num_heads, config.BLOCK_H) * n
@@ -1185,17 +1190,17 @@ def compile_specs(
     batch: int = 64,
     page_size: int = 64,
     all_split_d: bool = False,
+    min_batch: int = 1,
 ) -> list[KernelSpec]:
     """The split-K kernel and the combine kernel as compiled for ``config`` at this shape.
 
     ``num_splits="auto"`` and the split-D parts (``resolve_split_d``) are resolved for ``batch`` on an
     H200-sized grid (132 SMs); the combine spec is returned even when that resolves to one split (then it
     does not run). With ``all_split_d`` (the compile inspector's choice) the list also holds, after those two,
-    the split kernel with each other split-D part count the config launches at some batch size from 1 to its
-    ``max_batch`` (V3.2 only; named ``sparse_mla_split_d2`` / ``_d4``): a table row for small batch sizes runs
-    those binaries, not the one at ``batch`` (a row that starts above batch 1 may be given one it never runs:
-    the inspector's fit check then covers more binaries, never fewer). ``ValueError`` for a config or dot dtype
-    the kernel refuses.
+    the split kernel with each other split-D part count the config launches at some batch size from
+    ``min_batch`` (a table row's first, default 1) to its ``max_batch`` (V3.2 only; named ``sparse_mla_split_d2``
+    / ``_d4``): a table row for small batch sizes runs those binaries, not the one at ``batch``. ``ValueError``
+    for a config or dot dtype the kernel refuses.
     """
     lay = get_layout(layout)
     _check_config(config)
@@ -1256,7 +1261,8 @@ def compile_specs(
         ),
     ]
     if all_split_d and lay.code == 0:
-        for parts in sorted(set(_split_d_batches(lay.code, config, num_heads, topk)) - {split_const["SPLIT_D"]}):
+        reach = _split_d_batches(lay.code, config, num_heads, topk, min_batch=min_batch)
+        for parts in sorted(set(reach) - {split_const["SPLIT_D"]}):
             const = {**split_const, "SPLIT_D": parts}
             specs.append(
                 _spec(

@@ -96,7 +96,9 @@ def main() -> int:
         also_names.append(run_as)  # benchmark restricts the variants to what this target keeps
     also = [load_target(name) for name in also_names]
     modules = {role: kf.check_compile_specs(spec.kernel_module(role)) for role in variants}
-    specs_for = {r: kf.specs_for_workload(m, params["workload"], spec.kernel.dot_dtype) for r, m in modules.items()}
+    specs_for = {
+        r: kf.specs_for_workload(m, params["workload"], spec.kernel.dot_dtype, variants[r]) for r, m in modules.items()
+    }
     report = build_report(variants, target, also, specs_for, progress=lambda m: print(m, file=sys.stderr))
     hashes = spec.hashes()
     for role, s in report["roles"].items():  # the kernel each role compiled: its rev and source hash

@@ -693,6 +693,28 @@ def test_cli_bad_target_is_one_line(capsys):
     assert len(err) == 1 and err[0].startswith("error: unknown target")
 
 
+def test_cli_composes_a_group_file_with_its_own_defaults(capsys, monkeypatch):
+    # conf/workload/deepseek_v32_tp8.yaml is deepseek_v32 (its defaults list) with 16 heads: read as a bare YAML
+    # file it lacked the layout, and `kernelcamp inspect --workload deepseek_v32_tp8` stopped with "workload lacks
+    # 'layout'". The CLI now composes a chosen file as DVC composes params.yaml (Hydra)
+    from kernelcamp.targets import conf_dir
+
+    wl = ki_cli._load_group(conf_dir(), "workload", "deepseek_v32_tp8")
+    assert (wl["name"], wl["layout"], wl["num_heads"], wl["topk"]) == ("deepseek_v32_tp8", "deepseek_v32", 16, 2048)
+    base = ki_cli._load_group(conf_dir(), "baseline", "bt16_w4")  # a baseline file has a defaults list too
+    assert base["name"] == "bt16_w4" and base["BLOCK_T"] == 16
+    with pytest.raises(KernelcampError, match=r"no workload named 'nope': choose one of \[.*'deepseek_v32_tp8'"):
+        ki_cli._load_group(conf_dir(), "workload", "nope")
+    # through the CLI (the compiles stubbed out: the specs are built for the composed workload, then nothing runs)
+    asked = []
+    monkeypatch.setattr(
+        ki_cli, "inspect_configs", lambda configs, targets, specs_for, **kw: asked.append(configs) or []
+    )
+    rc = cli.main(["inspect", "--variant", "bt16_w4", "--workload", "deepseek_v32_tp8", "--target", "sm90", "--quiet"])
+    err = capsys.readouterr().err
+    assert "lacks" not in err and asked and rc in (0, 1), err
+
+
 # ----------------------------------------------------------------------------------------------
 # Live readout on the GPU (H200, sm90): the loaded kernel's figures equal the cross-compiled ones
 
@@ -850,8 +872,28 @@ def test_specs_for_workload_asks_for_every_split_d_binary_where_the_module_can_n
             seen.append(("old", None))
             return []
 
+    class Newer:
+        @staticmethod
+        def compile_specs(layout, num_heads, topk, config, dot_dtype="bf16", all_split_d=False, min_batch=1):
+            seen.append(("newer", all_split_d, min_batch))
+            return []
+
     wl = {"layout": "deepseek_v32", "num_heads": 128, "topk": 2048}
     cfg = LaunchConfig(64, 64, 8, 1, "auto")
     kf.specs_for_workload(New, wl)(cfg)
     kf.specs_for_workload(Old, wl)(cfg)
     assert seen == [("new", True), ("old", None)]
+    # a batch table: each row's range starts after the previous row's max_batch, so a row is asked only for the
+    # binaries of its own batch sizes (the B >= 97 row of V3.2's table never runs B=1's two column parts)
+    rows = (
+        LaunchConfig(64, 64, 8, 1, "auto", max_batch=16),
+        LaunchConfig(64, 64, 8, 2, 2, max_batch=32),
+        LaunchConfig(64, 64, 8, 2, "auto"),
+    )
+    table = Variant("t", rows, (), is_list=True)
+    assert table.is_table
+    seen.clear()
+    specs_for = kf.specs_for_workload(Newer, wl, variant=table)
+    for c in rows:
+        specs_for(c)
+    assert seen == [("newer", True, 1), ("newer", True, 17), ("newer", True, 33)]

@@ -184,6 +184,9 @@ def test_split_d_batches_name_each_binary_a_config_launches():
     assert smd._split_d_batches(0, L(32, 16, 4, 3, 2), 16, 2048) == {4: 1, 2: 17}  # 2 splits: 4 parts to B=16
     assert smd._split_d_batches(0, L(32, 16, 4, 3, 2, max_batch=8), 16, 2048) == {4: 1}
     assert smd._split_d_batches(1, L(32, 16, 4, 2, "auto", max_batch=2), 64, 512) == {}  # V4: one part
+    # a table row's range starts after the previous row's bound: TP8's B <= 8 row runs B 2-8, never 4 parts
+    assert smd._split_d_batches(0, L(64, 16, 8, 3, "auto", max_batch=8), 16, 2048, min_batch=2) == {2: 2}
+    assert smd._split_d_batches(0, L(32, 16, 4, 3, 2), 16, 2048, min_batch=97) == {}
 
 
 _SPLIT_D_SPECS = """
@@ -195,6 +198,7 @@ def names(*a, **k):
 print(json.dumps([
     names("deepseek_v32", 128, 2048, L(64, 64, 8, 1, "auto", max_batch=16), all_split_d=True),
     names("deepseek_v32", 16, 2048, L(64, 16, 8, 3, "auto", max_batch=8), all_split_d=True),
+    names("deepseek_v32", 16, 2048, L(64, 16, 8, 3, "auto", max_batch=8), all_split_d=True, min_batch=2),
     names("deepseek_v32", 16, 2048, L(64, 16, 8, 2, "auto", max_batch=1), batch=1, all_split_d=True),
     names("deepseek_v32", 128, 2048, L(64, 64, 8, 1, "auto", max_batch=16)),
     names("deepseek_v4", 64, 512, L(32, 16, 4, 2, "auto", max_batch=2), all_split_d=True),
@@ -208,10 +212,11 @@ def test_compile_specs_name_every_split_d_binary_for_the_inspector():
     # runs the inspected binary at all (4 parts). all_split_d adds the binaries the small batch sizes launch
     r = _without_interpreter(_SPLIT_D_SPECS)
     assert r.returncode == 0, r.stderr[-2000:]
-    v32_b16, tp8_b8, tp8_b1, plain, v4 = json.loads(r.stdout.strip().splitlines()[-1])
+    v32_b16, tp8_b8, tp8_b8_from2, tp8_b1, plain, v4 = json.loads(r.stdout.strip().splitlines()[-1])
     split, comb = ["sparse_mla_split", 1], ["sparse_mla_combine", None]
     assert v32_b16 == [split, comb, ["sparse_mla_split_d2", 2]]
     assert tp8_b8 == [split, comb, ["sparse_mla_split_d2", 2], ["sparse_mla_split_d4", 4]]
+    assert tp8_b8_from2 == [split, comb, ["sparse_mla_split_d2", 2]]  # as the table's B 2-8 row: no 4 parts
     assert tp8_b1 == [["sparse_mla_split", 4], comb]  # at batch 1 the first spec is the 4-part binary itself
     assert plain == [split, comb] and v4 == [split, comb]
 

@@ -33,6 +33,26 @@ def _load_yaml(path: Path) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
 
 
+def _load_group(conf: Path, group: str, choice: str) -> dict:
+    """The ``group`` section of the config that ``conf/config.yaml`` composes with ``group=choice``, as DVC
+    composes params.yaml (Hydra: a group file's own ``defaults`` list applied, e.g. conf/workload/
+    deepseek_v32_tp8.yaml on deepseek_v32). ``KernelcampError`` naming the choices for a missing file, one line
+    for one Hydra cannot compose."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    _load_yaml(conf / group / f"{choice}.yaml")  # a missing file: the one-line error with the choices
+    try:
+        with initialize_config_dir(config_dir=str(conf.resolve()), version_base=None):
+            cfg = compose(config_name="config", overrides=[f"{group}={choice}"])
+    except (HydraException, OmegaConfBaseException) as e:
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise KernelcampError(f"conf/{group}/{choice}.yaml: {first}") from None
+    return OmegaConf.to_container(cfg[group], resolve=True)
+
+
 def render_table(rows: Sequence[dict], summaries: Sequence[dict], file: Any = None) -> None:
     """Readable table (rich) with dead configs highlighted, then each target's summary."""
     from rich.console import Console
@@ -135,12 +155,12 @@ def main(args: argparse.Namespace) -> int:
 
         def group(name: str, chosen: str | None, default: str | None) -> Any:
             if chosen:
-                return _load_yaml(conf / name / f"{chosen}.yaml")
+                return _load_group(conf, name, chosen)
             if name in params:
                 return params[name]
             if default is None:
                 raise KernelcampError(f"give --{name} (a file in conf/{name}/) or --params params.yaml")
-            return _load_yaml(conf / name / f"{default}.yaml")
+            return _load_group(conf, name, default)
 
         variant = parse_variant(group("variant", args.variant, None))
         workload = group("workload", args.workload, "deepseek_v4_flash")
@@ -153,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
             else [load_target("sm90")]
         )
         module = kernel_module(kernel)
-        specs_for = specs_for_workload(module, workload, kernel.get("dot_dtype", "bf16"))
+        specs_for = specs_for_workload(module, workload, kernel.get("dot_dtype", "bf16"), variant)
         progress = None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
         rows = inspect_configs(
             variant.configs,

@@ -219,17 +219,37 @@ def check_compile_specs(module: Any) -> Any:
     return module
 
 
-def specs_for_workload(module: Any, workload: Mapping[str, Any], dot_dtype: str = "bf16") -> SpecsFor:
+def specs_for_workload(
+    module: Any, workload: Mapping[str, Any], dot_dtype: str = "bf16", variant: Variant | None = None
+) -> SpecsFor:
     """``config -> module.compile_specs(layout, num_heads, topk, config, dot_dtype)`` at the workload's
     shape, with ``all_split_d=True`` where the module's ``compile_specs`` takes it: the split kernel at its
     default batch and, for V3.2, each other split-D binary the config can launch at small batch sizes (the
-    ones a B=1 row runs; ``kernels.sparse_mla_decode.resolve_split_d``), so that every binary is checked."""
+    ones a B=1 row runs; ``kernels.sparse_mla_decode.resolve_split_d``), so that every binary is checked. With
+    ``variant`` a batch table, each row's batch range starts after the previous row's ``max_batch``
+    (``min_batch``), so a row is given only the binaries it launches. ``KernelcampError`` when the workload
+    lacks layout, num_heads or topk."""
     for f in ("layout", "num_heads", "topk"):
         if f not in workload:
             raise KernelcampError(f"workload lacks {f!r}: see conf/workload/deepseek_v4_flash.yaml")
     layout, heads, topk = workload["layout"], int(workload["num_heads"]), int(workload["topk"])
-    extra = {"all_split_d": True} if "all_split_d" in inspect.signature(module.compile_specs).parameters else {}
-    return lambda cfg: module.compile_specs(layout, heads, topk, cfg, dot_dtype=dot_dtype, **extra)
+    takes = inspect.signature(module.compile_specs).parameters
+    first: dict[LaunchConfig, int] = {}
+    if variant is not None and variant.is_table:
+        lo = 1
+        for c in variant.configs:
+            first.setdefault(c, lo)
+            lo = (c.max_batch or lo) + 1
+
+    def specs(cfg: LaunchConfig) -> Any:
+        extra: dict[str, Any] = {}
+        if "all_split_d" in takes:
+            extra["all_split_d"] = True
+            if "min_batch" in takes:
+                extra["min_batch"] = first.get(cfg, 1)
+        return module.compile_specs(layout, heads, topk, cfg, dot_dtype=dot_dtype, **extra)
+
+    return specs
 
 
 def module_source_hash(module: Any) -> str | None:
