@@ -256,20 +256,19 @@ def _split_d_batches(
     num_sms: int = DEFAULT_NUM_SMS,
     min_batch: int = 1,
 ) -> dict[int, int]:
-    """``{split-D parts: the smallest batch size that launches them}`` for the part counts above 1 that
-    ``config`` launches at batch sizes ``min_batch`` up to its ``max_batch`` (a table row's range: from the
-    previous row's bound + 1; the loop stops once a launch fills half the SMs, from where it launches one
-    part); empty for V4."""
+    """``{split-D parts: the smallest batch size that launches them}`` over the batch sizes ``min_batch`` to
+    ``config.max_batch`` (a table row's range: from the previous row's bound + 1; unbounded without a
+    ``max_batch``) on ``num_sms`` SMs: every split-kernel binary the config launches there, one part included
+    (V4: only that). The walk stops at the first batch size whose launch fills half the SMs: from there on
+    every launch has one part."""
     found: dict[int, int] = {}
     b = max(1, min_batch)
     while b <= (config.max_batch or 1 << 30):
         n = resolve_num_splits(config.num_splits, b, num_heads, topk, config.BLOCK_H, config.BLOCK_T, num_sms)
         programs = b * triton.cdiv(num_heads, config.BLOCK_H) * n
+        found.setdefault(resolve_split_d(layout_code, programs, num_sms), b)
         if 2 * programs > num_sms:
             break
-        parts = resolve_split_d(layout_code, programs, num_sms)
-        if parts > 1:
-            found.setdefault(parts, b)
         b += 1
     return found
 
@@ -1191,23 +1190,26 @@ def compile_specs(
     page_size: int = 64,
     all_split_d: bool = False,
     min_batch: int = 1,
+    num_sms: int = DEFAULT_NUM_SMS,
 ) -> list[KernelSpec]:
     """The split-K kernel and the combine kernel as compiled for ``config`` at this shape.
 
-    ``num_splits="auto"`` and the split-D parts (``resolve_split_d``) are resolved for ``batch`` on an
-    H200-sized grid (132 SMs); the combine spec is returned even when that resolves to one split (then it
-    does not run). With ``all_split_d`` (the compile inspector's choice) the list also holds, after those two,
-    the split kernel with each other split-D part count the config launches at some batch size from
-    ``min_batch`` (a table row's first, default 1) to its ``max_batch`` (V3.2 only; named ``sparse_mla_split_d2``
-    / ``_d4``): a table row for small batch sizes runs those binaries, not the one at ``batch``. ``ValueError``
-    for a config or dot dtype the kernel refuses.
+    ``num_splits="auto"``, the split-D parts (``resolve_split_d``) and the combine's slices are resolved for
+    ``batch`` on a grid of ``num_sms`` SMs (default an H200's 132); the combine spec is returned even when that
+    resolves to one split (then it does not run). With ``all_split_d`` (the compile inspector's choice, for a
+    single config or a batch-table row; an autotune list launches one part) the split kernel comes once for each
+    split-D part count the config launches at batch sizes ``min_batch`` to its ``max_batch``
+    (``_split_d_batches``; named ``sparse_mla_split`` for one part, ``sparse_mla_split_d2`` / ``_d4``), followed
+    by the combine at ``batch``: a row for small batch sizes runs those binaries, not the one at ``batch``. The
+    combine's own specialization still follows ``batch`` only. ``ValueError`` for a config or dot dtype the
+    kernel refuses.
     """
     lay = get_layout(layout)
     _check_config(config)
     if dot_dtype not in _DOT_DTYPES:
         raise ValueError(f"dot_dtype={dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
     fn = _compilable(_sparse_mla_split_kernel)
-    n = resolve_num_splits(config.num_splits, batch, num_heads, topk, config.BLOCK_H, config.BLOCK_T)
+    n = resolve_num_splits(config.num_splits, batch, num_heads, topk, config.BLOCK_H, config.BLOCK_T, num_sms)
     split_types = {
         "q_ptr": "*bf16",
         "kv_u8_ptr": "*u8",
@@ -1234,7 +1236,7 @@ def compile_specs(
         "BLOCK_T": config.BLOCK_T,
         "BLOCK_H": config.BLOCK_H,
         "SPLITS": _splits_code(config.num_splits),
-        "SPLIT_D": resolve_split_d(lay.code, batch * triton.cdiv(num_heads, config.BLOCK_H) * n),
+        "SPLIT_D": resolve_split_d(lay.code, batch * triton.cdiv(num_heads, config.BLOCK_H) * n, num_sms),
     }
     comb_types = {
         "part_out_ptr": "*fp32",
@@ -1244,7 +1246,11 @@ def compile_specs(
         "n_splits": "i32",
         "max_splits": "i32",
     }
-    comb_const = {"D_V": lay.d_v, "BLOCK_S": _block_s(n), "BLOCK_D": _combine_block_d(batch * num_heads, lay.d_v)}
+    comb_const = {
+        "D_V": lay.d_v,
+        "BLOCK_S": _block_s(n),
+        "BLOCK_D": _combine_block_d(batch * num_heads, lay.d_v, num_sms),
+    }
     # the launch values of the specialized ints, for contiguous q [B, H, d_qk] and indices [B, topk]
     # (B, H, topk and max_splits are do_not_specialize in the split kernel)
     strides = {"stride_qb": num_heads * lay.d_qk, "stride_qh": lay.d_qk, "stride_ib": topk}
@@ -1260,15 +1266,21 @@ def compile_specs(
             {"n_splits": n, "max_splits": n},
         ),
     ]
-    if all_split_d and lay.code == 0:
-        reach = _split_d_batches(lay.code, config, num_heads, topk, min_batch=min_batch)
-        for parts in sorted(set(reach) - {split_const["SPLIT_D"]}):
-            const = {**split_const, "SPLIT_D": parts}
-            specs.append(
-                _spec(
-                    f"sparse_mla_split_d{parts}", fn, split_types, const, config.num_warps, config.num_stages, strides
-                )
+    if all_split_d:
+        reach = _split_d_batches(lay.code, config, num_heads, topk, num_sms, min_batch)
+        split = [
+            _spec(
+                "sparse_mla_split" if parts == 1 else f"sparse_mla_split_d{parts}",
+                fn,
+                split_types,
+                {**split_const, "SPLIT_D": parts},
+                config.num_warps,
+                config.num_stages,
+                strides,
             )
+            for parts in sorted(reach)
+        ]
+        specs = [*split, specs[1]] if split else specs
     return specs
 
 

@@ -713,6 +713,14 @@ def test_cli_composes_a_group_file_with_its_own_defaults(capsys, monkeypatch):
     rc = cli.main(["inspect", "--variant", "bt16_w4", "--workload", "deepseek_v32_tp8", "--target", "sm90", "--quiet"])
     err = capsys.readouterr().err
     assert "lacks" not in err and asked and rc in (0, 1), err
+    # a choice file that composes no section of its group is one line, not a traceback
+    bad = conf_dir() / "workload" / "zz_global_only.yaml"
+    bad.write_text("# @package _global_\nfoo: 1\n")
+    try:
+        with pytest.raises(KernelcampError, match=r"zz_global_only"):  # Hydra refuses it first: one line
+            ki_cli._load_group(conf_dir(), "workload", "zz_global_only")
+    finally:
+        bad.unlink()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -856,33 +864,43 @@ def test_compile_specs_specialize_like_a_launch(layout, H, topk, B, label):
 
 def test_specs_for_workload_asks_for_every_split_d_binary_where_the_module_can_name_them():
     # the build stage inspected each V3.2 row at one batch size: the split-D binaries small batches launch went
-    # unchecked. A module whose compile_specs takes all_split_d gets it; an older one (a kernel_rev, a candidate
-    # file) is called as before
+    # unchecked. A single config or a table row gets all_split_d, its row's min_batch and the target's SM count
+    # where the module's compile_specs takes them; an autotune list (it launches one part), no variant, or an
+    # older module (a kernel_rev file, a candidate) is called as before
     seen = []
-
-    class New:
-        @staticmethod
-        def compile_specs(layout, num_heads, topk, config, dot_dtype="bf16", batch=64, all_split_d=False):
-            seen.append(("new", all_split_d))
-            return []
 
     class Old:
         @staticmethod
         def compile_specs(layout, num_heads, topk, config, dot_dtype="bf16", batch=64):
-            seen.append(("old", None))
+            seen.append(("old",))
             return []
 
-    class Newer:
+    class New:
         @staticmethod
-        def compile_specs(layout, num_heads, topk, config, dot_dtype="bf16", all_split_d=False, min_batch=1):
-            seen.append(("newer", all_split_d, min_batch))
+        def compile_specs(
+            layout, num_heads, topk, config, dot_dtype="bf16", all_split_d=False, min_batch=1, num_sms=132
+        ):
+            seen.append(("new", all_split_d, min_batch, num_sms))
             return []
 
     wl = {"layout": "deepseek_v32", "num_heads": 128, "topk": 2048}
     cfg = LaunchConfig(64, 64, 8, 1, "auto")
-    kf.specs_for_workload(New, wl)(cfg)
-    kf.specs_for_workload(Old, wl)(cfg)
-    assert seen == [("new", True), ("old", None)]
+    single = Variant("s", (cfg,))
+    sm120 = load_target("sm120")
+    kf.specs_for_workload(Old, wl, variant=single)(cfg)
+    kf.specs_for_workload(New, wl)(cfg)  # no variant
+    kf.specs_for_workload(New, wl, variant=single)(cfg)
+    kf.specs_for_workload(New, wl, variant=single)(cfg, target=sm120)
+    autotune = Variant("a", (cfg, LaunchConfig(64, 64, 8, 2, "auto")), (), is_list=True)
+    assert not autotune.is_table
+    kf.specs_for_workload(New, wl, variant=autotune)(cfg)
+    assert seen == [
+        ("old",),
+        ("new", False, 1, 132),
+        ("new", True, 1, 132),
+        ("new", True, 1, sm120.num_sms),
+        ("new", False, 1, 132),
+    ]
     # a batch table: each row's range starts after the previous row's max_batch, so a row is asked only for the
     # binaries of its own batch sizes (the B >= 97 row of V3.2's table never runs B=1's two column parts)
     rows = (
@@ -893,7 +911,11 @@ def test_specs_for_workload_asks_for_every_split_d_binary_where_the_module_can_n
     table = Variant("t", rows, (), is_list=True)
     assert table.is_table
     seen.clear()
-    specs_for = kf.specs_for_workload(Newer, wl, variant=table)
+    specs_for = kf.specs_for_workload(New, wl, variant=table)
     for c in rows:
         specs_for(c)
-    assert seen == [("newer", True, 1), ("newer", True, 17), ("newer", True, 33)]
+    assert seen == [("new", True, 1, 132), ("new", True, 17, 132), ("new", True, 33, 132)]
+    # inspect_configs hands each target to a specs_for that takes it
+    seen.clear()
+    kf.inspect_configs([cfg], [sm120], kf.specs_for_workload(New, wl, variant=single))
+    assert seen == [("new", True, 1, sm120.num_sms)]

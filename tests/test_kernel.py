@@ -176,17 +176,21 @@ def test_split_d_is_capped_at_the_four_groups(monkeypatch):
 
 
 def test_split_d_batches_name_each_binary_a_config_launches():
-    # {parts: the smallest batch size launching them}, from batch 1 up to the row's max_batch
+    # {parts: the smallest batch size launching them}, over a row's range: one part included where it runs
     L = LaunchConfig
-    assert smd._split_d_batches(0, L(64, 64, 8, 1, "auto", max_batch=16), 128, 2048) == {2: 1}
-    assert smd._split_d_batches(0, L(64, 16, 8, 3, "auto", max_batch=8), 16, 2048) == {4: 1, 2: 2}
-    assert smd._split_d_batches(0, L(64, 16, 8, 2, "auto", max_batch=1), 16, 2048) == {4: 1}
-    assert smd._split_d_batches(0, L(32, 16, 4, 3, 2), 16, 2048) == {4: 1, 2: 17}  # 2 splits: 4 parts to B=16
+    assert smd._split_d_batches(0, L(64, 64, 8, 1, "auto", max_batch=16), 128, 2048) == {2: 1, 1: 2}
+    assert smd._split_d_batches(0, L(64, 16, 8, 3, "auto", max_batch=8), 16, 2048) == {4: 1, 2: 2, 1: 3}
+    assert smd._split_d_batches(0, L(64, 16, 8, 2, "auto", max_batch=1), 16, 2048) == {4: 1}  # never one part
+    assert smd._split_d_batches(0, L(32, 16, 4, 3, 2), 16, 2048) == {4: 1, 2: 17, 1: 34}  # 2 splits
     assert smd._split_d_batches(0, L(32, 16, 4, 3, 2, max_batch=8), 16, 2048) == {4: 1}
-    assert smd._split_d_batches(1, L(32, 16, 4, 2, "auto", max_batch=2), 64, 512) == {}  # V4: one part
+    assert smd._split_d_batches(1, L(32, 16, 4, 2, "auto", max_batch=2), 64, 512) == {1: 1}  # V4: one part
     # a table row's range starts after the previous row's bound: TP8's B <= 8 row runs B 2-8, never 4 parts
-    assert smd._split_d_batches(0, L(64, 16, 8, 3, "auto", max_batch=8), 16, 2048, min_batch=2) == {2: 2}
-    assert smd._split_d_batches(0, L(32, 16, 4, 3, 2), 16, 2048, min_batch=97) == {}
+    assert smd._split_d_batches(0, L(64, 16, 8, 3, "auto", max_batch=8), 16, 2048, min_batch=2) == {2: 2, 1: 3}
+    assert smd._split_d_batches(0, L(32, 16, 4, 3, 2), 16, 2048, min_batch=97) == {1: 97}
+    # the SM count matters: V3.2's B 17-32 row (2 splits) runs 2 parts from B=17 to 23 on 188 SMs, none on 132
+    row = L(64, 64, 8, 2, 2, max_batch=32)
+    assert smd._split_d_batches(0, row, 128, 2048, 132, min_batch=17) == {1: 17}
+    assert smd._split_d_batches(0, row, 128, 2048, 188, min_batch=17) == {2: 17, 1: 24}
 
 
 _SPLIT_D_SPECS = """
@@ -199,7 +203,8 @@ print(json.dumps([
     names("deepseek_v32", 128, 2048, L(64, 64, 8, 1, "auto", max_batch=16), all_split_d=True),
     names("deepseek_v32", 16, 2048, L(64, 16, 8, 3, "auto", max_batch=8), all_split_d=True),
     names("deepseek_v32", 16, 2048, L(64, 16, 8, 3, "auto", max_batch=8), all_split_d=True, min_batch=2),
-    names("deepseek_v32", 16, 2048, L(64, 16, 8, 2, "auto", max_batch=1), batch=1, all_split_d=True),
+    names("deepseek_v32", 16, 2048, L(64, 16, 8, 2, "auto", max_batch=1), all_split_d=True),
+    names("deepseek_v32", 128, 2048, L(64, 64, 8, 2, 2, max_batch=32), all_split_d=True, min_batch=17, num_sms=188),
     names("deepseek_v32", 128, 2048, L(64, 64, 8, 1, "auto", max_batch=16)),
     names("deepseek_v4", 64, 512, L(32, 16, 4, 2, "auto", max_batch=2), all_split_d=True),
 ]))
@@ -209,15 +214,18 @@ print(json.dumps([
 def test_compile_specs_name_every_split_d_binary_for_the_inspector():
     # the build stage inspected each row at batch 64 only, the one-part binary: V3.2's B <= 16 row runs 2 parts
     # at B=1 (224 registers, no spills, where the inspected binary showed 255 and spills) and TP8's B=1 row never
-    # runs the inspected binary at all (4 parts). all_split_d adds the binaries the small batch sizes launch
+    # runs the inspected binary at all (4 parts). all_split_d lists the split kernel once per part count the row
+    # launches in its range (min_batch to max_batch, on num_sms SMs), then the combine
     r = _without_interpreter(_SPLIT_D_SPECS)
     assert r.returncode == 0, r.stderr[-2000:]
-    v32_b16, tp8_b8, tp8_b8_from2, tp8_b1, plain, v4 = json.loads(r.stdout.strip().splitlines()[-1])
+    v32_b16, tp8_b8, tp8_b8_from2, tp8_b1, v32_b32_sm120, plain, v4 = json.loads(r.stdout.strip().splitlines()[-1])
     split, comb = ["sparse_mla_split", 1], ["sparse_mla_combine", None]
-    assert v32_b16 == [split, comb, ["sparse_mla_split_d2", 2]]
-    assert tp8_b8 == [split, comb, ["sparse_mla_split_d2", 2], ["sparse_mla_split_d4", 4]]
-    assert tp8_b8_from2 == [split, comb, ["sparse_mla_split_d2", 2]]  # as the table's B 2-8 row: no 4 parts
-    assert tp8_b1 == [["sparse_mla_split", 4], comb]  # at batch 1 the first spec is the 4-part binary itself
+    d2, d4 = ["sparse_mla_split_d2", 2], ["sparse_mla_split_d4", 4]
+    assert v32_b16 == [split, d2, comb]
+    assert tp8_b8 == [split, d2, d4, comb]
+    assert tp8_b8_from2 == [split, d2, comb]  # as the table's B 2-8 row: no 4 parts
+    assert tp8_b1 == [d4, comb]  # the B=1 row runs only the 4-part binary
+    assert v32_b32_sm120 == [split, d2, comb]  # on 188 SMs B 17-23 leave half of them idle
     assert plain == [split, comb] and v4 == [split, comb]
 
 

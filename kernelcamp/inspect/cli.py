@@ -34,23 +34,20 @@ def _load_yaml(path: Path) -> dict:
 
 
 def _load_group(conf: Path, group: str, choice: str) -> dict:
-    """The ``group`` section of the config that ``conf/config.yaml`` composes with ``group=choice``, as DVC
-    composes params.yaml (Hydra: a group file's own ``defaults`` list applied, e.g. conf/workload/
-    deepseek_v32_tp8.yaml on deepseek_v32). ``KernelcampError`` naming the choices for a missing file, one line
-    for one Hydra cannot compose."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    """The ``group`` section of the params.yaml that ``dvc exp run -S {group}={choice}`` would compose
+    (``kernelcamp.compose``: DVC's own Hydra call, so a file's ``defaults`` list applies, e.g.
+    conf/workload/deepseek_v32_tp8.yaml on deepseek_v32, and so does a git-ignored conf/local/ file).
+    ``KernelcampError``: a missing file (naming the choices), a composition Hydra refuses, or a file that
+    composes no ``group`` section (e.g. one written as ``@package _global_``)."""
+    import yaml
+
+    from kernelcamp.compose import compose_text
 
     _load_yaml(conf / group / f"{choice}.yaml")  # a missing file: the one-line error with the choices
-    try:
-        with initialize_config_dir(config_dir=str(conf.resolve()), version_base=None):
-            cfg = compose(config_name="config", overrides=[f"{group}={choice}"])
-    except (HydraException, OmegaConfBaseException) as e:
-        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        raise KernelcampError(f"conf/{group}/{choice}.yaml: {first}") from None
-    return OmegaConf.to_container(cfg[group], resolve=True)
+    section = (yaml.safe_load(compose_text(conf.parent, [f"{group}={choice}"])) or {}).get(group)
+    if not isinstance(section, dict):
+        raise KernelcampError(f"conf/{group}/{choice}.yaml composes no `{group}` section: is it `@package _global_`?")
+    return section
 
 
 def render_table(rows: Sequence[dict], summaries: Sequence[dict], file: Any = None) -> None:

@@ -42,6 +42,16 @@ def _fit(fig: dict, target: Target, config_is_list: bool, num_warps: int) -> tup
     return True, None  # a figure that could not be read is named in `unreadable`, not guessed
 
 
+def _specs_at(specs_for: SpecsFor, cfg: LaunchConfig, target: Target) -> Any:
+    """``specs_for(cfg, target=target)`` where it takes the target (its binaries can depend on the SM count,
+    :func:`specs_for_workload`), else ``specs_for(cfg)``."""
+    try:
+        takes_target = "target" in inspect.signature(specs_for).parameters
+    except (TypeError, ValueError):  # a callable without a signature
+        takes_target = False
+    return specs_for(cfg, target=target) if takes_target else specs_for(cfg)
+
+
 def inspect_configs(
     configs: Sequence[LaunchConfig],
     targets: Sequence[Target],
@@ -71,7 +81,7 @@ def inspect_configs(
     for target in targets:
         for i, cfg in enumerate(configs):
             try:
-                built.append((target, i, cfg, list(specs_for(cfg))))
+                built.append((target, i, cfg, list(_specs_at(specs_for, cfg, target))))
             except Exception as e:  # noqa: BLE001 - the kernel module rejects the config
                 msg = f"config {cfg.label()} cannot be built: {short_error(e)}"
                 if strict:
@@ -222,31 +232,36 @@ def check_compile_specs(module: Any) -> Any:
 def specs_for_workload(
     module: Any, workload: Mapping[str, Any], dot_dtype: str = "bf16", variant: Variant | None = None
 ) -> SpecsFor:
-    """``config -> module.compile_specs(layout, num_heads, topk, config, dot_dtype)`` at the workload's
-    shape, with ``all_split_d=True`` where the module's ``compile_specs`` takes it: the split kernel at its
-    default batch and, for V3.2, each other split-D binary the config can launch at small batch sizes (the
-    ones a B=1 row runs; ``kernels.sparse_mla_decode.resolve_split_d``), so that every binary is checked. With
-    ``variant`` a batch table, each row's batch range starts after the previous row's ``max_batch``
-    (``min_batch``), so a row is given only the binaries it launches. ``KernelcampError`` when the workload
-    lacks layout, num_heads or topk."""
+    """``(config, target=None) -> module.compile_specs(layout, num_heads, topk, config, dot_dtype)`` at the
+    workload's shape. With ``variant`` a single config or a batch table, and where the module's
+    ``compile_specs`` takes them, it also asks for ``all_split_d`` (the split kernel once per split-D part count
+    the config launches: V3.2's small batch sizes run other binaries than the large ones,
+    ``kernels.sparse_mla_decode.resolve_split_d``), the row's ``min_batch`` (after the previous row's
+    ``max_batch``) and the target's ``num_sms``, so that each split-kernel binary a row launches there is
+    checked, and no other. An autotune list launches one part: its configs get the one binary, as does
+    everything when ``variant`` is None or the module predates these arguments (a ``kernel_rev`` file).
+    ``KernelcampError`` when the workload lacks layout, num_heads or topk."""
     for f in ("layout", "num_heads", "topk"):
         if f not in workload:
             raise KernelcampError(f"workload lacks {f!r}: see conf/workload/deepseek_v4_flash.yaml")
     layout, heads, topk = workload["layout"], int(workload["num_heads"]), int(workload["topk"])
     takes = inspect.signature(module.compile_specs).parameters
+    per_row = variant is not None and (variant.single or variant.is_table) and "all_split_d" in takes
     first: dict[LaunchConfig, int] = {}
-    if variant is not None and variant.is_table:
+    if per_row and variant.is_table:
         lo = 1
         for c in variant.configs:
             first.setdefault(c, lo)
             lo = (c.max_batch or lo) + 1
 
-    def specs(cfg: LaunchConfig) -> Any:
+    def specs(cfg: LaunchConfig, target: Target | None = None) -> Any:
         extra: dict[str, Any] = {}
-        if "all_split_d" in takes:
+        if per_row:
             extra["all_split_d"] = True
             if "min_batch" in takes:
                 extra["min_batch"] = first.get(cfg, 1)
+            if "num_sms" in takes and target is not None:
+                extra["num_sms"] = target.num_sms
         return module.compile_specs(layout, heads, topk, cfg, dot_dtype=dot_dtype, **extra)
 
     return specs
