@@ -248,6 +248,16 @@ def resolve_split_d(layout_code: int, programs: int, num_sms: int = DEFAULT_NUM_
     return parts
 
 
+def _launch_grid(
+    layout_code: int, config: LaunchConfig, B: int, num_heads: int, topk: int, num_sms: int = DEFAULT_NUM_SMS
+) -> tuple[int, int, int]:
+    """``(splits, programs before split-D, split-D parts)`` of the split kernel launched for ``config`` at batch
+    size ``B``: the one place the launcher, ``compile_specs`` and ``_split_d_batches`` resolve them."""
+    n = resolve_num_splits(config.num_splits, B, num_heads, topk, config.BLOCK_H, config.BLOCK_T, num_sms)
+    programs = B * triton.cdiv(num_heads, config.BLOCK_H) * n
+    return n, programs, resolve_split_d(layout_code, programs, num_sms)
+
+
 def _split_d_batches(
     layout_code: int,
     config: LaunchConfig,
@@ -264,9 +274,8 @@ def _split_d_batches(
     found: dict[int, int] = {}
     b = max(1, min_batch)
     while b <= (config.max_batch or 1 << 30):
-        n = resolve_num_splits(config.num_splits, b, num_heads, topk, config.BLOCK_H, config.BLOCK_T, num_sms)
-        programs = b * triton.cdiv(num_heads, config.BLOCK_H) * n
-        found.setdefault(resolve_split_d(layout_code, programs, num_sms), b)
+        _, programs, parts = _launch_grid(layout_code, config, b, num_heads, topk, num_sms)
+        found.setdefault(parts, b)
         if 2 * programs > num_sms:
             break
         b += 1
@@ -811,8 +820,7 @@ class SparseMLADecode:
         meta = {"LAYOUT": lay.code, "PAGE_SIZE": page_size, "DOT_DTYPE": _DOT_DTYPES[self.dot_dtype]}
         if self._tuner is None:
             cfg = chosen
-            n_chosen = resolve_num_splits(cfg.num_splits, B, H, topk, cfg.BLOCK_H, cfg.BLOCK_T, num_sms)
-            split_d = resolve_split_d(lay.code, B * triton.cdiv(H, cfg.BLOCK_H) * n_chosen, num_sms)
+            split_d = _launch_grid(lay.code, cfg, B, H, topk, num_sms)[2]
             _sparse_mla_split_kernel[grid](
                 *args,
                 **meta,
@@ -1209,7 +1217,7 @@ def compile_specs(
     if dot_dtype not in _DOT_DTYPES:
         raise ValueError(f"dot_dtype={dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
     fn = _compilable(_sparse_mla_split_kernel)
-    n = resolve_num_splits(config.num_splits, batch, num_heads, topk, config.BLOCK_H, config.BLOCK_T, num_sms)
+    n, _, split_d = _launch_grid(lay.code, config, batch, num_heads, topk, num_sms)
     split_types = {
         "q_ptr": "*bf16",
         "kv_u8_ptr": "*u8",
@@ -1236,7 +1244,6 @@ def compile_specs(
         "BLOCK_T": config.BLOCK_T,
         "BLOCK_H": config.BLOCK_H,
         "SPLITS": _splits_code(config.num_splits),
-        "SPLIT_D": resolve_split_d(lay.code, batch * triton.cdiv(num_heads, config.BLOCK_H) * n, num_sms),
     }
     comb_types = {
         "part_out_ptr": "*fp32",
@@ -1254,8 +1261,22 @@ def compile_specs(
     # the launch values of the specialized ints, for contiguous q [B, H, d_qk] and indices [B, topk]
     # (B, H, topk and max_splits are do_not_specialize in the split kernel)
     strides = {"stride_qb": num_heads * lay.d_qk, "stride_qh": lay.d_qk, "stride_ib": topk}
+    parts = [split_d]  # the binary at ``batch``; with all_split_d, those of the row's whole batch range
+    if all_split_d:
+        parts = sorted(_split_d_batches(lay.code, config, num_heads, topk, num_sms, min_batch)) or parts
     specs = [
-        _spec("sparse_mla_split", fn, split_types, split_const, config.num_warps, config.num_stages, strides),
+        _spec(
+            "sparse_mla_split" if d == 1 or not all_split_d else f"sparse_mla_split_d{d}",
+            fn,
+            split_types,
+            {**split_const, "SPLIT_D": d},
+            config.num_warps,
+            config.num_stages,
+            strides,
+        )
+        for d in parts
+    ]
+    specs.append(
         _spec(
             "sparse_mla_combine",
             _compilable(_sparse_mla_combine_kernel),
@@ -1264,23 +1285,8 @@ def compile_specs(
             4,
             1,
             {"n_splits": n, "max_splits": n},
-        ),
-    ]
-    if all_split_d:
-        reach = _split_d_batches(lay.code, config, num_heads, topk, num_sms, min_batch)
-        split = [
-            _spec(
-                "sparse_mla_split" if parts == 1 else f"sparse_mla_split_d{parts}",
-                fn,
-                split_types,
-                {**split_const, "SPLIT_D": parts},
-                config.num_warps,
-                config.num_stages,
-                strides,
-            )
-            for parts in sorted(reach)
-        ]
-        specs = [*split, specs[1]] if split else specs
+        )
+    )
     return specs
 
 
