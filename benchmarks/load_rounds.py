@@ -12,9 +12,11 @@ the loads of each round. ``--rev`` takes the kernel file at a git commit instead
 ``baseline.kernel_rev`` imports it). Exit status 0; 1 when ``--max-rounds`` is given and a launch waits through more
 rounds; 2 on bad input (one ``error:`` line).
 
-What it is for: the combine is a few loads and a weighted sum, so its time is its memory round trips. Campaign step
-"combineload" (reports/campaigns/kernel_speed/README.md) found ptxas issuing a program's partial outputs a few at a
-time, each batch after the one before was used: 7 rounds at V3.2 B=1, 14 at B=2.
+What it found, and what that was worth: ptxas issues a combine program's partial outputs a few at a time, each batch
+after the one before was used (7 rounds at V3.2 B=1, 14 at B=2, with the LSEs loaded first and 4 warps). Campaign
+step "combineload" (reports/campaigns/kernel_speed/combineload_sweep/README.md) brought every table row to one round,
+and the combine did not get faster: the other programs on an SM hide one program's round trips. A count of rounds is
+a fact about the schedule, not a prediction of time; measure before acting on one.
 """
 
 from __future__ import annotations

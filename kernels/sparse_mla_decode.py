@@ -193,14 +193,6 @@ DEFAULT_NUM_SMS = 132  # H200; used only when no GPU is present (interpreter run
 COMBINE_SPLIT_D = True
 COMBINE_MIN_BLOCK_D = 64
 COMBINE_PROGRAMS_PER_SM = 2
-# Warps of one combine program. The combine is a chain of memory round trips, so what counts is how many of
-# them: a program's partial outputs ([BLOCK_S, BLOCK_D] fp32) should all be in flight at once. With 4 warps
-# and the LSEs loaded first, ptxas issued them a few at a time, each batch after the last was used: 7 serial
-# rounds of loads at V3.2 B=1 (32 splits, 256-wide slices), 14 at B=2, 7 at TP8 B=16. Loading the partials
-# first and giving the program 8 warps (at most 64 values per thread) issues every load of a program in one
-# round at every table row's tile (BLOCK_S <= 32; benchmarks/load_rounds.py counts them in the sm90 SASS;
-# tests/test_load_rounds.py).
-COMBINE_NUM_WARPS = 8
 
 # Split-D of the split kernel (V3.2 only): while a launch's grid has at most half as many programs as SMs, the
 # programs also split V's 512 columns in two (up to SPLIT_D_MAX parts of 128-column groups): twice the programs,
@@ -605,16 +597,14 @@ def _sparse_mla_combine_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_s = offs_s < n_splits
-    # the partial outputs before the LSEs: all of them in flight while the LSEs' max and weights are computed
-    # (loaded after the LSEs they went out a few at a time: COMBINE_NUM_WARPS above)
-    o_s = tl.load(
-        part_out_ptr + (bh * max_splits + offs_s)[:, None] * D_V + offs_d[None, :], mask=mask_s[:, None], other=0.0
-    )
     lse_s = tl.load(part_lse_ptr + bh * max_splits + offs_s, mask=mask_s, other=float("-inf"))
     lse_max = tl.max(lse_s, 0)
     lse_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     w = tl.exp2(lse_s - lse_safe)
     w_sum = tl.sum(w, 0)
+    o_s = tl.load(
+        part_out_ptr + (bh * max_splits + offs_s)[:, None] * D_V + offs_d[None, :], mask=mask_s[:, None], other=0.0
+    )
     acc = tl.sum(o_s * w[:, None], 0)
     has = w_sum > 0.0
     o = acc / tl.where(has, w_sum, 1.0)
@@ -857,7 +847,7 @@ class SparseMLADecode:
                 D_V=lay.d_v,
                 BLOCK_S=_block_s(n_splits),
                 BLOCK_D=block_d,
-                num_warps=COMBINE_NUM_WARPS,
+                num_warps=4,
             )
         return out, lse
 
@@ -1292,7 +1282,7 @@ def compile_specs(
             _compilable(_sparse_mla_combine_kernel),
             comb_types,
             comb_const,
-            COMBINE_NUM_WARPS,
+            4,
             1,
             {"n_splits": n, "max_splits": n},
         )
