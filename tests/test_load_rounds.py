@@ -14,8 +14,6 @@ lr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lr)
 
 
-
-
 def _sass(*instrs: str) -> str:
     return "\n".join(f"        /*{16 * i:04x}*/                   {s} ;  /* 0x000 */" for i, s in enumerate(instrs))
 
