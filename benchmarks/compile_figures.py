@@ -2,12 +2,16 @@
 shared bytes and SASS instruction counts (whole kernel and the main loop body).
 
     env -u TRITON_INTERPRET python benchmarks/compile_figures.py [--arch 90] [--dump DIR] [--module MOD]
-        [--configs T32_H16_w4_s3,...] [--shapes v32,v4,v32_tp8]
+        [--configs T32_H16_w4_s3,...] [--shapes v32,v4,v32_tp8] [--batch 128]
 
 ``--module``: a kernel module with the API of kernels.sparse_mla_decode (default that one), e.g. a
 candidate copied next to it. A module that does not import or lacks ``compile_specs``, a config label
 that does not parse or that the kernel refuses, or an unknown shape is one ``error:`` line and exit
 status 2, before any compile.
+
+``--batch``: the batch size the split kernel is built for (default 128). It changes the binary only through V3.2's
+split-D parts (``resolve_split_d``: a launch that leaves half the SMs idle, e.g. B=1 or 2, splits V's columns);
+``--batch 1`` gives the binaries V3.2's and TP8's small-batch rows launch.
 
 "local B" is the per-thread local memory of the cubin (cuobjdump STACK + LOCAL, what the driver
 reports as the local size; kernelcamp.inspect's ``local_bytes``), not ptxas's "spill stores".
@@ -71,9 +75,11 @@ def sass_counts(cubin: bytes) -> tuple[int, int, str]:
     return total, best, text
 
 
-def check_args(module: str, configs: str, shapes: str) -> tuple[object, list[str], list[str]]:
+def check_args(module: str, configs: str, shapes: str, batch: int = 128) -> tuple[object, list[str], list[str]]:
     """(the module's ``compile_specs``, config labels, shape names) from the command line, before any
     compile; ``ValueError`` naming the bad one and what is expected."""
+    if batch < 1:
+        raise ValueError(f"--batch {batch}: expected a batch size >= 1")
     hint = "give e.g. kernels.sparse_mla_decode"
     if not module.strip() or module.startswith("."):
         raise ValueError(f"--module {module!r}: expected an absolute module name; {hint}")
@@ -100,7 +106,7 @@ def check_args(module: str, configs: str, shapes: str) -> tuple[object, list[str
         for fam, layout, H, topk in SHAPES:
             if fam in names:
                 try:  # the kernel's own config check (powers of two, warps, stages), without compiling
-                    mod.compile_specs(layout, H, topk, cfg, batch=128)
+                    mod.compile_specs(layout, H, topk, cfg, batch=batch)
                 except ValueError as e:
                     raise ValueError(f"--configs {label!r}: {e}") from None
     return mod.compile_specs, labels, names
@@ -113,12 +119,14 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma list of labels like T32_H16_w4_s3")
     ap.add_argument("--shapes", default="v32,v4,v32_tp8", help="comma list of v32, v4, v32_tp8")
     ap.add_argument("--module", default="kernels.sparse_mla_decode", help="kernel module with compile_specs")
+    ap.add_argument("--batch", type=int, default=128, help="batch size the split kernel is built for (default 128)")
     a = ap.parse_args()
     try:
-        compile_specs, labels, shapes = check_args(a.module, a.configs, a.shapes)
+        compile_specs, labels, shapes = check_args(a.module, a.configs, a.shapes, a.batch)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    print(f"sm{a.arch}, the split kernel as launched at batch {a.batch}\n")
     print("| shape | config | regs | local B | shared B | SASS total | SASS loop |")
     print("|---|---|---|---|---|---|---|")
     for fam, layout, H, topk in SHAPES:
@@ -126,7 +134,7 @@ def main() -> None:
             continue
         for label in labels:
             cfg = parse(label)
-            spec = compile_specs(layout, H, topk, cfg, batch=128)[0]
+            spec = compile_specs(layout, H, topk, cfg, batch=a.batch)[0]
             try:
                 k = compile_spec(spec, a.arch)
             except Exception as e:  # noqa: BLE001

@@ -30,6 +30,7 @@ def test_bad_module_config_and_shape_are_one_line_each():
         (["--shapes", "v32_tp8", "--configs", "T15_H16_w4_s3"], "--configs 'T15_H16_w4_s3': BLOCK_T=15"),
         (["--module", ""], "--module '': expected an absolute module name"),
         (["--module", ".foo"], "--module '.foo': expected an absolute module name"),
+        (["--batch", "0"], "--batch 0: expected a batch size >= 1"),
     ]
     for args, want in cases:
         r = _run(*args)
@@ -50,3 +51,25 @@ def test_a_module_that_raises_on_import_is_one_line(tmp_path):
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "cannot import it (RuntimeError: boom at import)" in r.stderr
+
+
+def test_batch_1_compiles_the_split_d_binary_a_small_batch_launches():
+    # V3.2 at B=1 launches 2 column parts (resolve_split_d): its binary, not the one-part binary of batch 128
+    # (the figures were fixed at batch 128, where no row's split-D binary is built)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    rows = {}
+    for b in ("1", "128"):
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "compile_figures.py"), "--shapes", "v32"]
+            + ["--configs", "T64_H64_w8_s1", "--batch", b],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=600,
+            env=env,
+        )
+        assert r.returncode == 0 and f"launched at batch {b}" in r.stdout, r.stdout + r.stderr[-2000:]
+        rows[b] = [line for line in r.stdout.splitlines() if line.startswith("| v32 |")][0].split("|")
+    # sm90, Triton 3.6: 2 parts take 224 registers and no local memory, 1 part 255 and 56 bytes of spills
+    regs, local = {b: int(row[3]) for b, row in rows.items()}, {b: int(row[4]) for b, row in rows.items()}
+    assert regs["1"] < regs["128"] and local["1"] == 0 < local["128"], rows

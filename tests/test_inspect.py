@@ -723,6 +723,14 @@ def test_cli_composes_a_group_file_with_its_own_defaults(capsys, monkeypatch):
         bad.unlink()
 
 
+def test_inspect_help_says_a_conf_local_file_applies(capsys):
+    # the composition reads conf/local/ as `dvc exp run` does; a user who did not expect it learns it from --help
+    with pytest.raises(SystemExit):
+        cli.main(["inspect", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "conf/local/" in out and "`defaults` list" in out
+
+
 # ----------------------------------------------------------------------------------------------
 # Live readout on the GPU (H200, sm90): the loaded kernel's figures equal the cross-compiled ones
 

@@ -497,15 +497,12 @@ def test_v4_gathers_claim_16_byte_alignment_only_for_even_page_sizes():
 
 
 _TP8_PTX = """
-import json, re, triton
-from triton.compiler import ASTSource
-from triton.backends.compiler import GPUTarget
+import json, re
+from kernelcamp.inspect.compile import compile_spec
 from kernelcamp.variant import LaunchConfig
 from kernels.sparse_mla_decode import compile_specs
 spec = compile_specs("deepseek_v32", 16, 2048, LaunchConfig(32, 16, 4, 3, 4), batch=128)[0]
-k = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs),
-                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-ptx = k.asm["ptx"]
+ptx = compile_spec(spec, 90).asm["ptx"]  # the inspector's compile: the spec's own warps and stages
 print(json.dumps({
     "sync_16b_loads": len(re.findall(r"ld\\.global[^ \\t]*\\.v4\\.b32", ptx)),
     "mma_dtypes": sorted(set(re.findall(r"mma\\.sync\\.aligned\\.m16n8k16\\.row\\.col\\.f32\\.(\\w+)\\.", ptx))),

@@ -117,7 +117,9 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
         "inspect",
         description="Compile every config of a variant for target GPUs (no GPU needed) and report shared memory, "
         "registers, spills and occupancy, and which configs a target would prune.",
-        epilog="examples:\n  kernelcamp inspect --variant story_autotune --target sm120 --target sm90\n"
+        epilog="--variant, --workload and --kernel compose their file with Hydra as `dvc exp run` does: a file's "
+        "`defaults` list applies,\nand so does a git-ignored conf/local/ file (local settings shared by every run).\n\n"
+        "examples:\n  kernelcamp inspect --variant story_autotune --target sm120 --target sm90\n"
         "  kernelcamp inspect --params params.yaml --target sm120 --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
