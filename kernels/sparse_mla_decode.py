@@ -337,6 +337,20 @@ def _v4_pair(rows, sa, sb, j: tl.constexpr, valid, DOT_DTYPE: tl.constexpr):
     return (bits.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale).to(DOT_DTYPE)
 
 
+@triton.jit
+def _pv_group(p, alpha, acc, rows, sc_ptr, g0, j: tl.constexpr, valid, BLOCK_H: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    # a V3.2 split-D part's P.V for its fp8 group g0 + j (128 values; rows: [BLOCK_T, 128] byte pointers of group 0,
+    # sc_ptr: [BLOCK_T] pointers of the group scales): its own load of the group's bytes and scales (a second
+    # load of what the QK tiles loaded: L1/L2 hits), then acc * alpha + P.V; at BLOCK_H < 64 (mma v2) the fp8
+    # values enter the dot as exact fp16 with the scale on P, else dequantized with it
+    bits = tl.load(rows + (g0 + j) * 128, mask=valid[:, None], other=0, eviction_policy="evict_last")
+    scale = tl.load(sc_ptr + g0 + j, mask=valid, other=0.0, eviction_policy="evict_last")
+    if BLOCK_H < 64:
+        return tl.dot((p * scale[None, :]).to(tl.float16), _fp8_to_f16(bits), acc * alpha[:, None])
+    else:
+        return tl.dot(p.to(DOT_DTYPE), _dequant_group(bits, scale, DOT_DTYPE), acc * alpha[:, None])
+
+
 # Sizes are not specialized (B == 1, max_splits == 1 would each compile another binary): one binary per
 # config, layout and split-D part count (resolve_split_d; at most three, the small batch sizes' only) keeps
 # warm-up short; compile_specs(..., all_split_d=True) names each one the config can launch, for the inspector.
@@ -508,19 +522,9 @@ def _sparse_mla_split_kernel(
             # hits, as at BLOCK_H < 64 below) and their own scale loads: group pid_d * NV + j into acc_j
             NV: tl.constexpr = 4 // SPLIT_D
             g0 = pid_d * NV
-            va = tl.load(rows + g0 * G, mask=valid[:, None], other=0, eviction_policy="evict_last")
-            sa = tl.load(sc_ptr + g0, mask=valid, other=0.0, eviction_policy="evict_last")
-            if BLOCK_H < 64:
-                acc0 = tl.dot((p * sa[None, :]).to(tl.float16), _fp8_to_f16(va), acc0 * alpha[:, None])
-            else:
-                acc0 = tl.dot(p.to(DOT_DTYPE), _dequant_group(va, sa, DOT_DTYPE), acc0 * alpha[:, None])
+            acc0 = _pv_group(p, alpha, acc0, rows, sc_ptr, g0, 0, valid, BLOCK_H, DOT_DTYPE)
             if NV == 2:
-                vb = tl.load(rows + (g0 + 1) * G, mask=valid[:, None], other=0, eviction_policy="evict_last")
-                sb = tl.load(sc_ptr + g0 + 1, mask=valid, other=0.0, eviction_policy="evict_last")
-                if BLOCK_H < 64:
-                    acc1 = tl.dot((p * sb[None, :]).to(tl.float16), _fp8_to_f16(vb), acc1 * alpha[:, None])
-                else:
-                    acc1 = tl.dot(p.to(DOT_DTYPE), _dequant_group(vb, sb, DOT_DTYPE), acc1 * alpha[:, None])
+                acc1 = _pv_group(p, alpha, acc1, rows, sc_ptr, g0, 1, valid, BLOCK_H, DOT_DTYPE)
         elif LAYOUT == 0 and BLOCK_H < 64:
             # P.V on its own load of the fp8 bytes (a second load of the same bytes, L1/L2 hits). One register
             # tile feeding both dots needs two dot-operand layouts, and Triton's pipeliner (AssignLatencies.cpp,
