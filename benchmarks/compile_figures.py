@@ -10,8 +10,9 @@ that does not parse or that the kernel refuses, or an unknown shape is one ``err
 status 2, before any compile.
 
 ``--batch``: the batch size the split kernel is built for (default 128). It changes the binary only through V3.2's
-split-D parts (``resolve_split_d``: a launch that leaves half the SMs idle, e.g. B=1 or 2, splits V's columns);
-``--batch 1`` gives the binaries V3.2's and TP8's small-batch rows launch.
+split-D parts (``resolve_split_d``: a launch that leaves at least half the SMs idle splits V's columns, into as many
+parts as the programs allow), which depend on the config, the batch size and H: ``--batch B`` gives the binary a
+launch at B runs (e.g. ``T64_H64_w8_s1`` at B=1: 2 parts on ``v32``, 4 on ``v32_tp8``; at B=2: 1 part on ``v32``).
 
 "local B" is the per-thread local memory of the cubin (cuobjdump STACK + LOCAL, what the driver
 reports as the local size; kernelcamp.inspect's ``local_bytes``), not ptxas's "spill stores".
