@@ -27,9 +27,7 @@ import argparse
 import importlib
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,7 +35,7 @@ if __name__ == "__main__":  # cross-compiling needs the real JIT; an import (a t
     os.environ.pop("TRITON_INTERPRET", None)
 
 
-from kernelcamp.inspect.compile import compile_spec, read_cubin, tool_path  # noqa: E402
+from kernelcamp.inspect.compile import compile_spec, cuobjdump, read_cubin  # noqa: E402
 from kernelcamp.variant import LaunchConfig  # noqa: E402
 
 CONFIGS = ["T32_H64_w8_s1", "T16_H64_w8_s1", "T32_H16_w8_s2", "T16_H16_w4_s2"]
@@ -50,11 +48,7 @@ def parse(label: str) -> LaunchConfig:
 
 
 def sass_counts(cubin: bytes) -> tuple[int, int, str]:
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / "k.cubin"
-        p.write_bytes(cubin)
-        cmd = [str(tool_path("cuobjdump")), "--dump-sass", str(p)]
-        text = subprocess.run(cmd, capture_output=True, text=True).stdout
+    text = cuobjdump(cubin, "--dump-sass")
     ins = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)
     addr = [int(a, 16) for a, _ in ins]
     total = len(ins)

@@ -24,11 +24,10 @@ fact about the schedule, not a prediction of time; measure before acting on one.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,39 +120,30 @@ def load_rounds(sass: str) -> list[int]:
     return rounds
 
 
-def sass_of(cubin: bytes) -> str:
-    """``cuobjdump -sass`` of ``cubin`` with the ``cuobjdump`` of Triton's wheel. Raises ``KernelcampError`` when it
-    fails."""
-    from kernelcamp.inspect.compile import tool_path
+@functools.cache
+def _table(name: str):  # noqa: ANN202 - a kernelcamp.variant.Variant, imported late
+    """The batch table ``conf/variant/<name>.yaml``, parsed once per process."""
+    import yaml
 
-    tool = tool_path("cuobjdump")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
-        out = subprocess.run([str(tool), "-sass", str(path)], capture_output=True, text=True, timeout=120)
-    if out.returncode != 0:
-        raise KernelcampError(f"cuobjdump ({tool}) exit {out.returncode}: {out.stderr.strip()[:200]}")
-    return out.stdout
+    from kernelcamp.variant import parse_variant
+
+    return parse_variant(yaml.safe_load((ROOT / "conf" / "variant" / f"{name}.yaml").read_text()))
 
 
 def combine_rounds(module, shape: str, batch: int, arch: int) -> dict | None:
     """The combine launched by ``shape``'s tuned table at ``batch``, compiled by ``module`` for ``sm<arch>``: a dict
     of the row, tile (``block_s``, ``block_d``), warps and :func:`load_rounds`; ``None`` when the row launches one split
     (no combine). Raises what the module's ``compile_specs`` or Triton raises."""
-    import yaml
-
-    from kernelcamp.inspect.compile import compile_spec
-    from kernelcamp.variant import parse_variant
+    from kernelcamp.inspect.compile import compile_spec, cuobjdump
 
     layout, heads, topk, table = SHAPES[shape]
-    variant = parse_variant(yaml.safe_load((ROOT / "conf" / "variant" / f"{table}.yaml").read_text()))
-    config = variant.config_for_batch(batch)
+    config = _table(table).config_for_batch(batch)
     spec = module.compile_specs(layout, heads, topk, config, batch=batch)[-1]
     splits = spec.constexprs.get("n_splits")  # specialized only at 1 (then it does not run)
     block_s, block_d = spec.constexprs["BLOCK_S"], spec.constexprs["BLOCK_D"]
     if splits == 1:
         return None
-    rounds = load_rounds(sass_of(compile_spec(spec, arch).asm["cubin"]))
+    rounds = load_rounds(cuobjdump(compile_spec(spec, arch).asm["cubin"], "--dump-sass", timeout=120))
     return {"row": config.label(), "block_s": block_s, "block_d": block_d, "warps": spec.num_warps, "rounds": rounds}
 
 

@@ -354,25 +354,31 @@ def parse_ptxas_log(text: str, kernel: str) -> dict[str, int]:
     return out
 
 
+def cuobjdump(cubin: bytes, option: str, timeout: float = 60) -> str:
+    """stdout of the wheel's ``cuobjdump <option>`` (e.g. ``--dump-resource-usage``, ``--dump-sass``) on ``cubin``.
+    Raises ``RuntimeError`` on a non-zero exit (with its stderr), ``OSError`` / ``subprocess.SubprocessError``
+    when it cannot run or times out."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        out = subprocess.run(
+            [str(tool_path("cuobjdump")), option, str(path)], capture_output=True, text=True, timeout=timeout
+        )
+    if out.returncode != 0:
+        raise RuntimeError(f"cuobjdump exit {out.returncode}: {out.stderr.strip()[:200]}")
+    return out.stdout
+
+
 def read_cubin(cubin: bytes, kernel: str) -> tuple[dict[str, int | None], dict[str, str]]:
     """Registers, stack, local and static shared bytes of ``kernel`` in ``cubin`` via cuobjdump.
 
     Returns ``(figures, unreadable)``; a figure that cannot be read is ``None`` with its reason.
     """
     names = ("registers", "stack_bytes", "local_bytes", "static_shared_bytes")
-    tool = tool_path("cuobjdump")
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "kernel.cubin"
-            path.write_bytes(cubin)
-            out = subprocess.run(
-                [str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True, timeout=60
-            )
-        if out.returncode != 0:
-            raise RuntimeError(f"cuobjdump exit {out.returncode}: {out.stderr.strip()[:200]}")
-        usage = parse_resource_usage(out.stdout, kernel)
+        usage = parse_resource_usage(cuobjdump(cubin, "--dump-resource-usage"), kernel)
     except (OSError, subprocess.SubprocessError, RuntimeError, ValueError) as e:
-        return dict.fromkeys(names), dict.fromkeys(names, f"cuobjdump ({tool}) failed: {e}")
+        return dict.fromkeys(names), dict.fromkeys(names, f"cuobjdump ({tool_path('cuobjdump')}) failed: {e}")
     figures: dict[str, int | None] = {
         "registers": usage.get("REG"),
         "stack_bytes": usage.get("STACK"),
