@@ -42,14 +42,13 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernelcamp.cli import UsageParser  # noqa: E402
 from kernelcamp.errors import KernelcampError  # noqa: E402
-from kernelcamp.variant import parse_variant  # noqa: E402
+from kernelcamp.variant import LaunchConfig, parse_variant  # noqa: E402
 
 LAUNCH = ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages")
 
 
 def _splits(label: str) -> int | str:
-    k = label.rsplit("_k", 1)[1]
-    return "auto" if k == "auto" else int(k)
+    return LaunchConfig.from_label(label).num_splits
 
 
 def _families(rows: list[dict[str, str]]) -> list[str]:
@@ -129,8 +128,10 @@ def table_rows(winners: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for w in winners:
         r = w["row"]
-        cfg = {k: int(r[k]) for k in LAUNCH}
+        cfg: dict[str, Any] = {k: int(r[k]) for k in LAUNCH}
         cfg["num_splits"] = _splits(w["config"])
+        if LaunchConfig.from_label(w["config"]).warp_specialize:  # the warp-specialized kernel's row (its label: _ws)
+            cfg["warp_specialize"] = True
         if rows and {k: v for k, v in rows[-1].items() if k != "max_batch"} == cfg:
             rows[-1]["max_batch"] = w["B"]
         else:

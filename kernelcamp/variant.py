@@ -26,6 +26,11 @@ CUDA-graph capture (a captured graph has one batch size)::
       - {max_batch: 8, BLOCK_T: 16, BLOCK_H: 64, num_warps: 8, num_stages: 2, num_splits: auto}
       - {BLOCK_T: 32, BLOCK_H: 64, num_warps: 8, num_stages: 2, num_splits: 2}
 
+A config with ``warp_specialize: true`` runs the warp-specialized V3.2 split kernel (Gluon, sm90 only;
+kernels/sparse_mla_decode.py) instead of the Triton one: its tile sizes are that kernel's (BLOCK_T 32, BLOCK_H 64,
+num_stages 2: the depth of its cp.async staging ring) and ``num_warps`` is the program's 12 warps (two consumer
+warpgroups and a producer warpgroup); its label ends in ``_ws``.
+
 Mixing the two (a top-level launch field on a list variant, e.g. ``-S +variant.num_warps=8``) or a
 key the kernel does not take is rejected with a message that says what to write instead
 (DESIGN.md: an override is never silently ignored).
@@ -48,7 +53,7 @@ from typing import Any
 
 from kernelcamp.errors import KernelcampError
 
-LAUNCH_FIELDS = ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages", "num_splits")
+LAUNCH_FIELDS = ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages", "num_splits", "warp_specialize")
 AUTOTUNE_KEYS = ("B", "H", "topk")
 _META_FIELDS = ("name", "kernel_rev")
 
@@ -60,6 +65,7 @@ class LaunchConfig:
     BLOCK_T: cache tokens per tile (>= 16: tensor-core dot dimension). BLOCK_H: query heads per
     program (>= 16). num_warps, num_stages: Triton launch options. num_splits: split-K factor over
     the top-k range, an int >= 1 or "auto" (chosen from the batch size and SM count at launch).
+    warp_specialize: run the warp-specialized split kernel (module docstring); False for the Triton one.
     """
 
     BLOCK_T: int
@@ -68,6 +74,7 @@ class LaunchConfig:
     num_stages: int
     num_splits: int | str = "auto"
     max_batch: int | None = None  # batch-table row: runs for B <= max_batch (None: not a table row / last row)
+    warp_specialize: bool = False
 
     def label(self) -> str:
         """Short human label, e.g. ``T16_H16_w8_s2_kauto`` (a batch-table row: ``..._kauto_b8``)."""
@@ -76,15 +83,20 @@ class LaunchConfig:
 
     def config_label(self) -> str:
         """The label of the launch config alone, without a batch-table row's bound: ``T16_H16_w8_s2_kauto``
-        for a row ``..._kauto_b8`` too (what :meth:`from_label` and ``bench_kernel.py --configs`` take)."""
-        return f"T{self.BLOCK_T}_H{self.BLOCK_H}_w{self.num_warps}_s{self.num_stages}_k{self.num_splits}"
+        for a row ``..._kauto_b8`` too (what :meth:`from_label` and ``bench_kernel.py --configs`` take); a
+        warp-specialized config ends in ``_ws`` (``T32_H64_w12_s2_kauto_ws``)."""
+        base = f"T{self.BLOCK_T}_H{self.BLOCK_H}_w{self.num_warps}_s{self.num_stages}_k{self.num_splits}"
+        return f"{base}_ws" if self.warp_specialize else base
 
     @classmethod
     def from_label(cls, label: str) -> LaunchConfig:
         """The config of a :meth:`label` without a batch-table bound: ``T16_H16_w4_s2_kauto`` ->
-        ``LaunchConfig(16, 16, 4, 2, "auto")``. Raises ``ValueError`` (one line, with the expected form)
-        for anything else."""
+        ``LaunchConfig(16, 16, 4, 2, "auto")``, ``T32_H64_w12_s2_kauto_ws`` -> the same with
+        ``warp_specialize=True``. Raises ``ValueError`` (one line, with the expected form) for anything else."""
         parts = label.strip().split("_")
+        ws = len(parts) == 6 and parts[5] == "ws"
+        if ws:
+            parts = parts[:5]
         try:
             if len(parts) != 5 or [p[0] for p in parts] != ["T", "H", "w", "s", "k"]:
                 raise ValueError
@@ -95,18 +107,22 @@ class LaunchConfig:
                 int(parts[2][1:]),
                 int(parts[3][1:]),
                 "auto" if splits == "auto" else int(splits),
+                warp_specialize=ws,
             )
         except ValueError:
             raise ValueError(
-                f"config {label!r}: expected T<BLOCK_T>_H<BLOCK_H>_w<warps>_s<stages>_k<splits|auto>, "
+                f"config {label!r}: expected T<BLOCK_T>_H<BLOCK_H>_w<warps>_s<stages>_k<splits|auto>[_ws], "
                 "e.g. T16_H16_w4_s2_kauto"
             ) from None
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields as a dict; ``max_batch`` only when set (so configs without it hash as before)."""
+        """The fields as a dict; ``max_batch`` only when set and ``warp_specialize`` only when true (so configs
+        without them hash as before)."""
         d = asdict(self)
         if d["max_batch"] is None:
             del d["max_batch"]
+        if not d["warp_specialize"]:
+            del d["warp_specialize"]
         return d
 
 
@@ -229,10 +245,14 @@ def parse_config(raw: Mapping[str, Any], where: str, in_list: bool = False) -> L
             "" if in_list or "max_batch" not in unknown else " (max_batch belongs to a row of a batch table: configs)"
         )
         raise KernelcampError(f"{where}: unknown key(s) {unknown}; the kernel takes {list(allowed)}{hint}")
+    ws = raw.get("warp_specialize", False)
+    if not isinstance(ws, bool):
+        raise KernelcampError(f"{where}.warp_specialize = {ws!r}: expected true or false")
     missing = [f for f in LAUNCH_FIELDS[:4] if f not in raw]
     if missing:
         raise KernelcampError(
-            f"{where}: missing {missing}; a config needs {list(LAUNCH_FIELDS[:4])} (num_splits defaults to auto)"
+            f"{where}: missing {missing}; a config needs {list(LAUNCH_FIELDS[:4])} "
+            "(num_splits defaults to auto, warp_specialize to false)"
         )
     splits = raw.get("num_splits", "auto")
     if splits != "auto":
@@ -240,10 +260,12 @@ def parse_config(raw: Mapping[str, Any], where: str, in_list: bool = False) -> L
     return LaunchConfig(
         BLOCK_T=_check_int(where, "BLOCK_T", raw["BLOCK_T"], 16, pow2=True),
         BLOCK_H=_check_int(where, "BLOCK_H", raw["BLOCK_H"], 16, pow2=True),
-        num_warps=_check_int(where, "num_warps", raw["num_warps"], 1, pow2=True),
+        # a warp-specialized program's warps are its three warpgroups (12), not a power of two
+        num_warps=_check_int(where, "num_warps", raw["num_warps"], 1, pow2=not ws),
         num_stages=_check_int(where, "num_stages", raw["num_stages"], 1),
         num_splits=splits,
         max_batch=None if raw.get("max_batch") is None else _check_int(where, "max_batch", raw["max_batch"], 1),
+        warp_specialize=ws,
     )
 
 

@@ -82,10 +82,23 @@ second load), and stores its columns; part 0 stores the LSE. A program's partial
 stall samples of V3.2 B=1 in Nsight Compute (reports/campaigns/kernel_speed/candidates_10/), halves. At one
 part the binary is the same as without the split (benchmarks/ptx_same.py).
 
+Warp-specialized V3.2 kernel (a config with ``warp_specialize``: ``T32_H64_w12_s2_k<splits>_ws``; Gluon, sm90 only,
+``_sparse_mla_ws_split_kernel``): the same grid with BLOCK_H 64, the same outputs and the same combine, but a
+program's 12 warps take roles instead of running one tile at a time. A producer warpgroup gathers each 32-token
+tile's fp8 rows, scales and rope values with cp.async into a two-deep staging ring (the next tile's indices loaded
+an iteration ahead), dequantizes them (fp8 -> fp32 times the group scale -> bf16, as ``_dequant_group``) into a
+two-deep ring of wgmma-ready K tiles and signals an mbarrier. Two consumer warpgroups split QK's 576 dims (0-255
+with the rope, 256-511), add their partial scores through shared memory (both get the same scores), run the online
+softmax, and each accumulates P.V for its 256 of V's 512 columns with wgmma, then release the K tile. The plain
+kernel's two warpgroups both compute the whole QK tile at BLOCK_H 64 (above). H200: V3.2 B=128 261.4 us
+(279 TFLOPS) against 404.1 us for the Triton table's row, B=1 16.1 against 15.7
+(reports/campaigns/kernel_speed/candidates_14/). It needs H a multiple of 64, a power-of-two page size and an
+sm90 GPU; Gluon has no interpreter, so the CPU tests cover it by cross-compiling only.
+
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
 
-File order (STYLE.md): layouts -> autotune config helpers -> @triton.jit kernels -> launcher ->
+File order (STYLE.md): layouts -> autotune config helpers -> @triton.jit kernels -> the Gluon kernel -> launcher ->
 quantizer, dequantizer, torch reference -> inputs, flops/bytes, compile specs.
 """
 
@@ -93,13 +106,22 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 if TYPE_CHECKING:  # the kernel file imports only torch and triton at run time (DESIGN.md layout)
     from kernelcamp.variant import LaunchConfig, Variant
@@ -619,6 +641,281 @@ def _sparse_mla_combine_kernel(
 
 
 # --------------------------------------------------------------------------------------------------
+# Warp-specialized V3.2 split kernel (Gluon, sm90): a config with warp_specialize runs it (module docstring).
+# Its partitions take their arguments as four tuples (Gluon passes a worker only values and shared-memory
+# descriptors, no constexprs: the tile sizes are the module constants WS_*, and the page size a run-time
+# log2, page_shift):
+#   ptrs = (kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr)
+#   smem = (q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x)
+#   bars = (k_ready, k_empty, s_bar)
+#   ints = (pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles)
+
+WS_BLOCK_T = gl.constexpr(32)  # tokens per tile
+WS_BLOCK_H = gl.constexpr(64)  # heads per program (one wgmma M)
+WS_NBUF = gl.constexpr(2)  # depth of the K-tile ring (bf16, wgmma-ready)
+WS_NSTAGE = gl.constexpr(2)  # depth of the cp.async staging ring (raw fp8 rows): LaunchConfig.num_stages
+WS_NUM_WARPS = 12  # two consumer warpgroups + one producer warpgroup: LaunchConfig.num_warps
+# registers: 12 warps x 32 threads x maxnreg 168 = 64,512 of the SM's 65,536; setmaxnreg gives the consumer
+# worker WS_REGS_CONSUMER and the producer WS_REGS_PRODUCER, the default partition (a consumer) the rest, 3 x 168 -
+# 192 - 120 = 192. With 208 / 88 the producer spilled and V3.2 B=128 took 361.7 against 316.9 us (H200,
+# reports/campaigns/kernel_speed/candidates_14/).
+WS_MAXNREG = 168
+WS_REGS_CONSUMER = gl.constexpr(192)
+WS_REGS_PRODUCER = gl.constexpr(120)
+# the producer warpgroup's register layouts: [T, 256] fp8 bytes (16 B a thread), [T, 64] bf16 rope, [T, 4] scales
+WS_GAT = gl.constexpr(gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0]))
+WS_ROPE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+WS_SCALE = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
+
+
+@gluon.jit
+def _ws_tile_idx(idx_ptr, ints, tile, layout: gl.constexpr):
+    # tile `tile`'s WS_BLOCK_T top-k indices in SliceLayout(1, layout); -1 past t_end and for tile >= n_tiles
+    pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles = ints
+    offs_t = t_start + tile * WS_BLOCK_T + gl.arange(0, WS_BLOCK_T, layout=gl.SliceLayout(1, layout))
+    ok = (offs_t < t_end) & (tile < n_tiles)
+    return gl.load(idx_ptr + pid_b.to(gl.int64) * stride_ib + offs_t, mask=ok, other=-1)
+
+
+@gluon.jit
+def _ws_row_base(idx, page_shift, extra: gl.constexpr):
+    # byte offset of each token's 656-byte row (+ extra) in the paged cache of 2^page_shift tokens a page (shifts:
+    # a division by a run-time page size cost the producer spills); 0 for an empty slot
+    tok = gl.where(idx >= 0, idx, 0).to(gl.int64)
+    page = tok >> page_shift
+    return gl.multiple_of(page * (656 << page_shift) + (tok - (page << page_shift)) * 656 + extra, 16)
+
+
+@gluon.jit
+def _ws_issue_gather(ptrs, smem, page_shift, idx_g, idx_r, idx_s, stage):
+    # cp.async of one tile's rows into staging slot `stage` (its indices in the WS_GAT, WS_ROPE and WS_SCALE
+    # layouts; an index of -1 copies nothing and leaves zeros), one commit group
+    kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
+    q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
+    offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GAT))
+    ptr = kv_u8_ptr + _ws_row_base(idx_g, page_shift, 0)[:, None] + offs_c[None, :]
+    async_copy.async_copy_global_to_shared(st_lo.index(stage), ptr, mask=(idx_g >= 0)[:, None])
+    async_copy.async_copy_global_to_shared(st_hi.index(stage), ptr + 256, mask=(idx_g >= 0)[:, None])
+    offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_ROPE))
+    rope_ptr = kv_bf16_ptr + _ws_row_base(idx_r, page_shift, 528)[:, None] // 2 + offs_e[None, :]
+    async_copy.async_copy_global_to_shared(st_rope.index(stage), rope_ptr, mask=(idx_r >= 0)[:, None])
+    offs_4 = gl.arange(0, 4, layout=gl.SliceLayout(0, WS_SCALE))
+    sc_ptr = kv_f32_ptr + _ws_row_base(idx_s, page_shift, 512)[:, None] // 4 + offs_4[None, :]
+    async_copy.async_copy_global_to_shared(st_sc.index(stage), sc_ptr, mask=(idx_s >= 0)[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _ws_dequant_half(bits, sc, g: gl.constexpr):
+    # [T, 256] fp8 bytes of groups g and g + 1 (WS_GAT) and the [T, 4] fp32 group scales (WS_SCALE) -> [T, 256]
+    # bf16, value = fp8 * scale (exact fp8 -> fp32, one multiply, one rounding, as _dequant_group)
+    offs_4 = gl.arange(0, 4, layout=gl.SliceLayout(0, WS_SCALE))
+    sa = gl.convert_layout(gl.sum(gl.where(offs_4[None, :] == g, sc, 0.0), axis=1), gl.SliceLayout(1, WS_GAT))
+    sb = gl.convert_layout(gl.sum(gl.where(offs_4[None, :] == g + 1, sc, 0.0), axis=1), gl.SliceLayout(1, WS_GAT))
+    offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GAT))
+    scale = gl.where(offs_c[None, :] < 128, sa[:, None], sb[:, None])
+    return (bits.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale).to(gl.bfloat16)
+
+
+@gluon.jit
+def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2):
+    # the producer warpgroup: gathers (WS_NSTAGE - 1 tiles ahead, their indices one more iteration ahead) and
+    # the dequantization of each tile into the K-tile ring, signalled on k_ready once the ring slot is free
+    kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
+    q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
+    k_ready, k_empty, s_bar = bars
+    pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles = ints
+    for j in gl.static_range(WS_NSTAGE - 1):
+        ig = _ws_tile_idx(idx_ptr, ints, j, WS_GAT)
+        ir = _ws_tile_idx(idx_ptr, ints, j, WS_ROPE)
+        isc = _ws_tile_idx(idx_ptr, ints, j, WS_SCALE)
+        _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, j)
+    # the indices of the next tile to gather, loaded an iteration early: off the issue path (Nsight Compute had
+    # the producer waiting on them when they were loaded just before the copies they address)
+    ig = _ws_tile_idx(idx_ptr, ints, WS_NSTAGE - 1, WS_GAT)
+    ir = _ws_tile_idx(idx_ptr, ints, WS_NSTAGE - 1, WS_ROPE)
+    isc = _ws_tile_idx(idx_ptr, ints, WS_NSTAGE - 1, WS_SCALE)
+    for i in range(n_tiles):
+        _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, (i + WS_NSTAGE - 1) % WS_NSTAGE)
+        ig = _ws_tile_idx(idx_ptr, ints, i + WS_NSTAGE, WS_GAT)
+        ir = _ws_tile_idx(idx_ptr, ints, i + WS_NSTAGE, WS_ROPE)
+        isc = _ws_tile_idx(idx_ptr, ints, i + WS_NSTAGE, WS_SCALE)
+        async_copy.wait_group(WS_NSTAGE - 1)
+        gl.thread_barrier()  # every producer thread's copies of tile i have landed
+        stage = i % WS_NSTAGE
+        slot = i % WS_NBUF
+        sc = st_sc.index(stage).load(WS_SCALE)
+        lo = _ws_dequant_half(st_lo.index(stage).load(WS_GAT), sc, 0)
+        hi = _ws_dequant_half(st_hi.index(stage).load(WS_GAT), sc, 2)
+        rope = st_rope.index(stage).load(WS_ROPE)
+        mbarrier.wait(k_empty.index(slot), ((i // WS_NBUF) & 1) ^ 1)
+        k_lo.index(slot).store(lo)
+        k_hi.index(slot).store(hi)
+        k_rope.index(slot).store(rope)
+        fence_async_shared()  # the generic-proxy stores before the consumers' wgmma (async proxy) reads
+        gl.thread_barrier()  # all stores (and reads of this staging slot) done before the one-thread arrive
+        mbarrier.arrive(k_ready.index(slot), count=1)
+
+
+@gluon.jit
+def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
+    # a consumer warpgroup: its share of QK (HALF 0: dims 0-255 and the rope, 1: dims 256-511), the other share
+    # added through shared memory (a + b == b + a: both consumers get the same scores and softmax), then P.V
+    # for V's columns HALF * 256 ... + 255; HALF 0 also stores the LSE
+    kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
+    q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
+    k_ready, k_empty, s_bar = bars
+    pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles = ints
+    qk_l: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WS_BLOCK_T, 16]
+    )
+    pv_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=pv_l, k_width=2)
+    m_i = gl.full([WS_BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, qk_l))
+    l_i = gl.zeros([WS_BLOCK_H], gl.float32, layout=gl.SliceLayout(1, qk_l))
+    acc = gl.zeros([WS_BLOCK_H, 256], gl.float32, layout=pv_l)
+    zero_qk = gl.zeros([WS_BLOCK_H, WS_BLOCK_T], gl.float32, layout=qk_l)
+    for i in range(n_tiles):
+        slot = i % WS_NBUF
+        offs_t = t_start + i * WS_BLOCK_T + gl.arange(0, WS_BLOCK_T, layout=gl.SliceLayout(0, qk_l))
+        idx = gl.load(idx_ptr + pid_b.to(gl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
+        mbarrier.wait(k_ready.index(slot), (i // WS_NBUF) & 1)
+        if HALF == 0:
+            part = warpgroup_mma(q_lo, k_lo.index(slot).permute((1, 0)), zero_qk, use_acc=False, is_async=True)
+            part = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), part, is_async=True)
+        else:
+            part = warpgroup_mma(q_hi, k_hi.index(slot).permute((1, 0)), zero_qk, use_acc=False, is_async=True)
+        part = warpgroup_mma_wait(0, deps=(part,))
+        s_x.index(HALF * 2 + i % 2).store(part)
+        gl.thread_barrier()  # the whole partial is in shared memory before the one-thread arrive
+        mbarrier.arrive(s_bar.index(HALF), count=1)
+        mbarrier.wait(s_bar.index(1 - HALF), i & 1)
+        qk = part + s_x.index((1 - HALF) * 2 + i % 2).load(qk_l)
+        s = gl.where((idx >= 0)[None, :], qk * sm_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, pv_l))[:, None]
+        p_op = gl.convert_layout(p.to(gl.bfloat16), p_l)
+        if HALF == 0:
+            acc = warpgroup_mma(p_op, k_lo.index(slot), acc)
+        else:
+            acc = warpgroup_mma(p_op, k_hi.index(slot), acc)
+        gl.thread_barrier()  # every warp's wgmma reads of the tile are done before the one-thread arrive
+        mbarrier.arrive(k_empty.index(slot), count=1)
+
+    has = l_i > 0.0
+    o = acc * gl.convert_layout(1.0 / gl.where(has, l_i, 1.0), gl.SliceLayout(1, pv_l))[:, None]
+    bh = pid_b.to(gl.int64) * H + pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, pv_l))
+    cols = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, pv_l))
+    if n_splits == 1:
+        gl.store(out_ptr + bh[:, None] * 512 + cols[None, :], o.to(gl.bfloat16))
+    else:
+        gl.store(part_out_ptr + (bh * max_splits + pid_s)[:, None] * 512 + cols[None, :], o)
+    if HALF == 0:
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        bh_s = pid_b.to(gl.int64) * H + pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, qk_l))
+        if n_splits == 1:
+            gl.store(lse_ptr + bh_s, lse2 * 0.6931471805599453)
+        else:
+            gl.store(part_lse_ptr + bh_s * max_splits + pid_s, lse2)
+
+
+@gluon.jit
+def _ws_consumer_lo(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0)
+
+
+@gluon.jit
+def _ws_consumer_hi(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 1)
+
+
+@gluon.jit(do_not_specialize=["B", "H", "topk", "max_splits", "page_shift"])
+def _sparse_mla_ws_split_kernel(
+    # pointers
+    q_ptr,
+    kv_u8_ptr,
+    kv_bf16_ptr,
+    kv_f32_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    # sizes
+    B,
+    H,
+    topk,
+    max_splits,
+    page_shift,
+    sm_scale_log2,
+    # strides (elements)
+    stride_qb,
+    stride_qh,
+    stride_ib,
+):
+    # V3.2 (656-byte rows), H a multiple of WS_BLOCK_H; grid (B, H / WS_BLOCK_H, splits); launched with num_warps=4
+    # (the default partition; the two workers add 8) and maxnreg=WS_MAXNREG. Outputs as _sparse_mla_split_kernel's
+    # at one split-D part.
+    pid_b = gl.program_id(0)
+    pid_h = gl.program_id(1)
+    pid_s = gl.program_id(2)
+    n_splits = gl.num_programs(2)
+
+    # the q tile [64, 576] bf16 into shared memory (wgmma A operands), by the default warpgroup
+    ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    nvmma: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    offs_h = pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, ql))
+    qrow = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_h[:, None] * stride_qh
+    offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, ql))
+    offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ql))
+    q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + offs_c[None, :]))
+    q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + 256 + offs_c[None, :]))
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 64], nvmma, gl.load(qrow + 512 + offs_e[None, :]))
+    # the K-tile ring (dims 0-255, 256-511, rope) and the raw-row staging ring
+    k_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], nvmma)
+    k_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], nvmma)
+    k_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 64], nvmma)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    st_lo = gl.allocate_shared_memory(gl.uint8, [WS_NSTAGE, WS_BLOCK_T, 256], flat)
+    st_hi = gl.allocate_shared_memory(gl.uint8, [WS_NSTAGE, WS_BLOCK_T, 256], flat)
+    st_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NSTAGE, WS_BLOCK_T, 64], flat)
+    st_sc = gl.allocate_shared_memory(gl.float32, [WS_NSTAGE, WS_BLOCK_T, 4], flat)
+    # the partial-score exchange [consumer * 2 + tile parity]: 32-byte units XOR-swizzled over 4 rows, so a warp's
+    # eight rows of an accumulator fragment store in 2 wavefronts, not 8 (unswizzled, 128-byte rows all land on the
+    # same banks: 4x the ideal wavefronts in Nsight Compute, and B=128 316.9 against 261.4 us; candidates_14/)
+    s_x = gl.allocate_shared_memory(gl.float32, [4, WS_BLOCK_H, WS_BLOCK_T], gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
+    k_ready = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
+    s_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(WS_NBUF):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a K tile
+    mbarrier.init(s_bar.index(0), count=1)
+    mbarrier.init(s_bar.index(1), count=1)
+    fence_async_shared()
+
+    tiles_per_split = gl.cdiv(gl.cdiv(topk, WS_BLOCK_T), n_splits)
+    t_start = pid_s * tiles_per_split * WS_BLOCK_T
+    t_end = gl.minimum(t_start + tiles_per_split * WS_BLOCK_T, topk)
+    n_tiles = gl.maximum(gl.cdiv(t_end - t_start, WS_BLOCK_T), 0)
+    ptrs = (kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr)
+    smem = (q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x)
+    bars = (k_ready, k_empty, s_bar)
+    ints = (pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles)
+    args = (ptrs, smem, bars, ints, sm_scale_log2)
+    gl.warp_specialize(
+        [(_ws_consumer_lo, args), (_ws_consumer_hi, args), (_ws_producer, args)],
+        [4, 4],
+        [WS_REGS_CONSUMER, WS_REGS_PRODUCER],
+    )
+
+
+# --------------------------------------------------------------------------------------------------
 # Launcher
 
 _DOT_DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16}
@@ -726,6 +1023,14 @@ class SparseMLADecode:
             )
         for c in self.variant.configs:
             _check_config(c)
+        ws = [c.label() for c in self.variant.configs if getattr(c, "warp_specialize", False)]
+        if ws and not self.variant.single and not getattr(self.variant, "is_table", False):
+            raise ValueError(
+                f"variant: an autotune list cannot hold a warp-specialized config ({ws[0]}): Triton's autotuner "
+                "times the Triton kernel only; use it as a single config or a batch-table row"
+            )
+        if ws and self.dot_dtype != "bf16":
+            raise ValueError(f"dot_dtype={self.dot_dtype!r}: the warp-specialized kernel ({ws[0]}) runs bf16 only")
         self._by_key = {
             (c.BLOCK_T, c.BLOCK_H, _splits_code(c.num_splits), c.num_warps, c.num_stages): c
             for c in self.variant.configs
@@ -752,7 +1057,11 @@ class SparseMLADecode:
 
     @property
     def compile_count(self) -> int:
-        return _jit_cache_size(_sparse_mla_split_kernel) + _jit_cache_size(_sparse_mla_combine_kernel)
+        return (
+            _jit_cache_size(_sparse_mla_split_kernel)
+            + _jit_cache_size(_sparse_mla_combine_kernel)
+            + _jit_cache_size(_sparse_mla_ws_split_kernel)
+        )
 
     def _config_of(self, tc: triton.Config) -> LaunchConfig:
         kw = tc.kwargs
@@ -822,7 +1131,14 @@ class SparseMLADecode:
             indices.stride(0),
         )
         meta = {"LAYOUT": lay.code, "PAGE_SIZE": page_size, "DOT_DTYPE": _DOT_DTYPES[self.dot_dtype]}
-        if self._tuner is None:
+        if self._tuner is None and getattr(chosen, "warp_specialize", False):
+            cfg = chosen
+            _check_ws_launch(q, lay, page_size, chosen)
+            n = resolve_num_splits(cfg.num_splits, B, H, topk, cfg.BLOCK_H, cfg.BLOCK_T, num_sms)
+            _sparse_mla_ws_split_kernel[(B, H // cfg.BLOCK_H, n)](
+                *args[:13], page_size.bit_length() - 1, *args[13:], num_warps=4, maxnreg=WS_MAXNREG
+            )
+        elif self._tuner is None:
             cfg = chosen
             split_d = _launch_grid(lay.code, cfg, B, H, topk, num_sms)[2]
             _sparse_mla_split_kernel[grid](
@@ -854,6 +1170,24 @@ class SparseMLADecode:
                 num_warps=4,
             )
         return out, lse
+
+
+def _check_ws_launch(q: torch.Tensor, lay: CacheLayout, page_size: int, config: LaunchConfig) -> None:
+    """``ValueError`` (one line) unless the warp-specialized kernel can run this call: the V3.2 layout, H a
+    multiple of WS_BLOCK_H, a page size that is a power of two, and q on an sm90 GPU outside the Triton
+    interpreter (Gluon compiles Hopper's wgmma, mbarrier and setmaxnreg; it has no interpreter)."""
+    where = f"config {config.label()} (warp-specialized)"
+    if lay.code != 0:
+        raise ValueError(f"{where}: runs the deepseek_v32 layout only, got {lay.name}; use a Triton config")
+    if q.shape[1] % int(WS_BLOCK_H):
+        raise ValueError(f"{where}: needs H a multiple of {int(WS_BLOCK_H)}, got H={q.shape[1]}; use a Triton config")
+    if page_size & (page_size - 1):
+        raise ValueError(f"{where}: needs a power-of-two page size, got {page_size}; use a Triton config")
+    if not isinstance(_sparse_mla_split_kernel, triton.runtime.JITFunction):
+        raise ValueError(f"{where}: Gluon kernels do not run in the Triton interpreter (TRITON_INTERPRET=1)")
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else None
+        raise ValueError(f"{where}: needs an sm90 (Hopper) GPU, got device {q.device} (capability {cap})")
 
 
 def _finite_abs_max(t: torch.Tensor) -> float:
@@ -935,6 +1269,16 @@ def _block_s(n_splits: int) -> int:
 
 
 def _check_config(c: LaunchConfig) -> None:
+    if getattr(c, "warp_specialize", False):
+        ws = (int(WS_BLOCK_T), int(WS_BLOCK_H), WS_NUM_WARPS, int(WS_NSTAGE))
+        if (c.BLOCK_T, c.BLOCK_H, c.num_warps, c.num_stages) != ws:
+            raise ValueError(
+                f"config {c.label()}: the warp-specialized kernel runs BLOCK_T {ws[0]}, BLOCK_H {ws[1]}, "
+                f"num_warps {ws[2]}, num_stages {ws[3]} only (T{ws[0]}_H{ws[1]}_w{ws[2]}_s{ws[3]}_k<splits>_ws)"
+            )
+        if c.num_splits != "auto" and (not isinstance(c.num_splits, int) or c.num_splits < 1):
+            raise ValueError(f"num_splits={c.num_splits!r}: expected an int >= 1 or 'auto'")
+        return
     for name in ("BLOCK_T", "BLOCK_H"):
         v = getattr(c, name)
         if not isinstance(v, int) or v < 16 or v & (v - 1):
@@ -1138,7 +1482,10 @@ class KernelSpec:
 
     ``constexprs`` is keyed by argument name (Triton 3.6's ASTSource maps names to indices);
     ``attrs`` marks the pointer arguments 16-byte aligned as a real launch does (optional for
-    ASTSource, but registers can differ without it).
+    ASTSource, but registers can differ without it). ``num_warps`` is the warps of a launched program (the
+    occupancy figures'); ``options`` are compile options that differ from ``{"num_warps", "num_stages"}``: the
+    warp-specialized kernel compiles with ``num_warps`` 4 (its default partition; the workers add 8) and
+    ``maxnreg``.
     """
 
     name: str
@@ -1148,6 +1495,7 @@ class KernelSpec:
     num_warps: int
     num_stages: int
     attrs: dict[tuple[int, ...], list] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def _compilable(kernel: Any) -> Any:
@@ -1221,6 +1569,9 @@ def compile_specs(
     if dot_dtype not in _DOT_DTYPES:
         raise ValueError(f"dot_dtype={dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
     fn = _compilable(_sparse_mla_split_kernel)
+    ws = getattr(config, "warp_specialize", False)
+    if ws and lay.code != 0:
+        raise ValueError(f"config {config.label()}: the warp-specialized kernel runs the deepseek_v32 layout only")
     n, _, split_d = _launch_grid(lay.code, config, batch, num_heads, topk, num_sms)
     split_types = {
         "q_ptr": "*bf16",
@@ -1265,21 +1616,33 @@ def compile_specs(
     # the launch values of the specialized ints, for contiguous q [B, H, d_qk] and indices [B, topk]
     # (B, H, topk and max_splits are do_not_specialize in the split kernel)
     strides = {"stride_qb": num_heads * lay.d_qk, "stride_qh": lay.d_qk, "stride_ib": topk}
-    parts = [split_d]  # the binary at ``batch``; with all_split_d, those of the row's whole batch range
-    if all_split_d:
-        parts = sorted(_split_d_batches(lay.code, config, num_heads, topk, num_sms, min_batch)) or parts
-    specs = [
-        _spec(
-            "sparse_mla_split" if d == 1 or not all_split_d else f"sparse_mla_split_d{d}",
-            fn,
-            split_types,
-            {**split_const, "SPLIT_D": d},
-            config.num_warps,
+    if ws:  # one binary at every batch size (no split-D); the page size is a run-time argument there
+        ws_spec = _spec(
+            "sparse_mla_split_ws",
+            _compilable(_sparse_mla_ws_split_kernel),
+            {**split_types, "page_shift": "i32"},
+            {},
+            WS_NUM_WARPS,
             config.num_stages,
             strides,
         )
-        for d in parts
-    ]
+        specs = [replace(ws_spec, options={"num_warps": 4, "maxnreg": WS_MAXNREG})]
+    else:
+        parts = [split_d]  # the binary at ``batch``; with all_split_d, those of the row's whole batch range
+        if all_split_d:
+            parts = sorted(_split_d_batches(lay.code, config, num_heads, topk, num_sms, min_batch)) or parts
+        specs = [
+            _spec(
+                "sparse_mla_split" if d == 1 or not all_split_d else f"sparse_mla_split_d{d}",
+                fn,
+                split_types,
+                {**split_const, "SPLIT_D": d},
+                config.num_warps,
+                config.num_stages,
+                strides,
+            )
+            for d in parts
+        ]
     specs.append(
         _spec(
             "sparse_mla_combine",

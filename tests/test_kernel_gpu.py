@@ -144,3 +144,43 @@ def test_capture_autotune_cold_is_caught(inputs):
     warm = {**inp, "q": inp["q"][:2], "indices": inp["indices"][:2]}  # warmed at B=2, captured at B=8
     with pytest.raises(KernelcampError, match="autotune benchmark"):
         check_capture_safety(k, inp, warmup_inputs=warm)
+
+
+WS = LaunchConfig.from_label("T32_H64_w12_s2_kauto_ws")
+
+
+@pytest.mark.parametrize("page_size", [64, 256])
+@pytest.mark.parametrize("splits", ["auto", 1, 3])
+def test_warp_specialized_kernel_matches_reference(page_size, splits):
+    # V3.2, an all-empty row, 5% empty slots, uneven splits (64 tiles over 3: 22, 22, 20) and one split (the
+    # kernel stores the final output itself); page 256 exercises the run-time page shift
+    inp = smd.make_inputs("deepseek_v32", 8, 128, 2048, page_size, 65536, "cuda", seed=2, empty_fraction=0.05)
+    inp["indices"][3] = -1
+    cfg = LaunchConfig(32, 64, 12, 2, splits, warp_specialize=True)
+    k = smd.SparseMLADecode(Variant("ws", (cfg,)))
+    out, lse = k(*_args(inp))
+    assert k.last_config == cfg
+    assert torch.all(out[3] == 0) and torch.all(lse[3] == float("-inf"))
+    _assert_close(inp, out, lse)
+
+
+def test_warp_specialized_row_of_a_table_captures():
+    # a batch table whose large-batch row is warp-specialized: captured per batch size, no compile in the replay
+    table = Variant(
+        "t",
+        (LaunchConfig(64, 64, 8, 1, "auto", max_batch=2), LaunchConfig(32, 64, 12, 2, "auto", warp_specialize=True)),
+    )
+    k = smd.SparseMLADecode(table, check_indices=False)
+    for B in (2, 16):
+        inp = smd.make_inputs("deepseek_v32", B, 128, 2048, 64, 65536, "cuda", seed=B)
+        k(*_args(inp))
+        torch.cuda.synchronize()
+        before = k.compile_count
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out, lse = k(*_args(inp))
+        g.replay()
+        torch.cuda.synchronize()
+        assert k.compile_count == before
+        assert k.last_config.warp_specialize == (B > 2)
+        _assert_close(inp, out, lse)

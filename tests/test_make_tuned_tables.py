@@ -17,7 +17,7 @@ _spec.loader.exec_module(mtt)
 
 
 def _row(B: int, label: str, us: float, **kw: str) -> dict[str, str]:
-    t, h, w, s, _ = label.split("_")
+    t, h, w, s = label.split("_")[:4]
     base = {"family": "v32", "impl": "triton", "layout": "deepseek_v32", "H": "128", "topk": "2048", "B": str(B)}
     cfg = {"BLOCK_T": t[1:], "BLOCK_H": h[1:], "num_warps": w[1:], "num_stages": s[1:]}
     return {**base, **cfg, "config": label, "latency_us_p50": str(us), **kw}
@@ -48,6 +48,29 @@ def test_fastest_per_batch_merged_into_a_table_that_parses(tmp_path):
     ]
     v = parse_variant(yaml.safe_load(mtt.render("t", "v32", [Path("g.csv")], winners, table)))
     assert v.is_table and v.config_for_batch(1).BLOCK_H == 32 and v.config_for_batch(2).BLOCK_H == 64
+
+
+def test_a_warp_specialized_winner_is_a_warp_specialized_row():
+    # bench_kernel.py's label of the warp-specialized kernel ends in _ws; its row carries warp_specialize (a
+    # split count parsed from "..._kauto_ws" was "auto_ws" before)
+    rows = [
+        _row(1, "T64_H64_w8_s1_kauto", 15.7),
+        _row(1, "T32_H64_w12_s2_kauto_ws", 16.1),
+        _row(128, "T64_H64_w8_s2_kauto", 404.0),
+        _row(128, "T32_H64_w12_s2_k2_ws", 261.0),
+    ]
+    table = mtt.table_rows(mtt.best_per_batch(rows, "v32"))
+    assert table[1] == {
+        "BLOCK_T": 32,
+        "BLOCK_H": 64,
+        "num_warps": 12,
+        "num_stages": 2,
+        "num_splits": 2,
+        "warp_specialize": True,
+    }
+    assert "warp_specialize" not in table[0]
+    v = parse_variant({"name": "t", "configs": table})
+    assert v.config_for_batch(128).warp_specialize and not v.config_for_batch(1).warp_specialize
 
 
 def test_one_winner_everywhere_is_written_as_a_single_config():

@@ -220,7 +220,6 @@ def _key_in_process(spec: KernelSpecLike, arch: int) -> str:
     """``compile_key`` computed here; needs a Triton imported without ``TRITON_INTERPRET``."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     payload: dict[str, Any] = {
         "v": CACHE_VERSION,
@@ -233,20 +232,20 @@ def _key_in_process(spec: KernelSpecLike, arch: int) -> str:
         "arch": arch,
         "triton": triton.__version__,
     }
+    if getattr(spec, "options", None):  # only then: the keys of every other spec stay as they were
+        payload["options"] = _jsonable(compile_options(spec))
     with ptxas_for(arch):
         env = compile_env()
         payload["env"] = env
         fn = as_jit(spec.fn)
-        src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), getattr(spec, "attrs", None))
+        src = _source(spec)
         try:  # Triton's own key of this compile (3.x): build, sources reached, backend, options, env
             from triton.backends.nvidia.compiler import get_ptxas
             from triton.compiler.compiler import make_backend
             from triton.runtime.cache import get_cache_key
 
             backend = make_backend(GPUTarget("cuda", arch, 32))
-            options = backend.parse_options(
-                dict({"num_warps": spec.num_warps, "num_stages": spec.num_stages}, **src.parse_options())
-            )
+            options = backend.parse_options(dict(compile_options(spec), **src.parse_options()))
             payload["triton_key"] = hashlib.sha256(get_cache_key(src, backend, options, env).encode()).hexdigest()
             payload["ptxas"] = str(get_ptxas(arch).path)
         except ImportError:  # another Triton layout: the dependency hash and the version still key it
@@ -418,15 +417,28 @@ def compile_spec(spec: KernelSpecLike, arch: int) -> Any:
     ``ptx``, ``cubin``, ...; ``.metadata``); raises what Triton raises when it does not compile."""
     import triton
     from triton.backends.compiler import GPUTarget
+
+    with ptxas_for(arch):
+        return triton.compile(_source(spec), target=GPUTarget("cuda", arch, 32), options=compile_options(spec))
+
+
+def compile_options(spec: KernelSpecLike) -> dict[str, Any]:
+    """The ``triton.compile`` options of ``spec``: ``num_warps`` and ``num_stages``, then what its optional
+    ``options`` mapping sets (e.g. a Gluon warp-specialized kernel's ``num_warps`` 4 and ``maxnreg``)."""
+    return {"num_warps": spec.num_warps, "num_stages": spec.num_stages, **dict(getattr(spec, "options", None) or {})}
+
+
+def _source(spec: KernelSpecLike) -> Any:
+    """The ASTSource of ``spec``: Gluon's for a ``@gluon.jit`` kernel, Triton's otherwise."""
     from triton.compiler import ASTSource
 
-    src = ASTSource(as_jit(spec.fn), dict(spec.signature), dict(spec.constexprs), getattr(spec, "attrs", None))
-    with ptxas_for(arch):
-        return triton.compile(
-            src,
-            target=GPUTarget("cuda", arch, 32),
-            options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
-        )
+    fn = as_jit(spec.fn)
+    cls = ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        cls = GluonASTSource
+    return cls(fn, dict(spec.signature), dict(spec.constexprs), getattr(spec, "attrs", None))
 
 
 def _compile_one(spec: KernelSpecLike, arch: int) -> tuple[dict, bytes | None]:
@@ -700,19 +712,13 @@ def live_figures(spec: KernelSpecLike, device: int = 0) -> dict:
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     if not torch.cuda.is_available():
         raise KernelcampError("live figures need a CUDA GPU")
     major, minor = torch.cuda.get_device_capability(device)
     arch = major * 10 + minor
-    src = ASTSource(as_jit(spec.fn), dict(spec.signature), dict(spec.constexprs), getattr(spec, "attrs", None))
     with ptxas_for(arch), torch.cuda.device(device):
-        compiled = triton.compile(
-            src,
-            target=GPUTarget("cuda", arch, 32),
-            options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
-        )
+        compiled = triton.compile(_source(spec), target=GPUTarget("cuda", arch, 32), options=compile_options(spec))
         compiled._init_handles()
     return {
         "arch": arch,

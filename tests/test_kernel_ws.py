@@ -1,0 +1,126 @@
+"""The warp-specialized V3.2 split kernel (Gluon, sm90) on the CPU: its config, the launcher's refusals, and its
+cross-compiled sm90 binary (kernels/sparse_mla_decode.py, campaign step "ws"). Its numerics run on the GPU
+(tests/test_kernel_gpu.py): Gluon has no interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kernelcamp.errors import KernelcampError
+from kernelcamp.variant import LaunchConfig, Variant, parse_config, parse_variant
+from kernels import sparse_mla_decode as smd
+
+WS = LaunchConfig(32, 64, 12, 2, "auto", warp_specialize=True)
+
+
+def test_label_round_trip_and_dict():
+    assert WS.label() == "T32_H64_w12_s2_kauto_ws"
+    assert LaunchConfig.from_label("T32_H64_w12_s2_kauto_ws") == WS
+    assert LaunchConfig.from_label("T32_H64_w12_s2_k4_ws").num_splits == 4
+    assert WS.as_dict()["warp_specialize"] is True
+    # a Triton config's dict (and so its hash) does not change
+    assert "warp_specialize" not in LaunchConfig(32, 64, 8, 2, "auto").as_dict()
+    with pytest.raises(ValueError, match=r"\[_ws\]"):
+        LaunchConfig.from_label("T32_H64_w12_s2_kauto_wx")
+
+
+def test_yaml_row_parses_and_twelve_warps_need_the_flag():
+    row = {"BLOCK_T": 32, "BLOCK_H": 64, "num_warps": 12, "num_stages": 2, "warp_specialize": True, "max_batch": 8}
+    assert parse_config(row, "variant.configs.0", in_list=True) == LaunchConfig(
+        32, 64, 12, 2, "auto", max_batch=8, warp_specialize=True
+    )
+    with pytest.raises(KernelcampError, match="num_warps = 12: must be a power of two"):
+        parse_config({**row, "warp_specialize": False}, "variant.configs.0", in_list=True)
+    with pytest.raises(KernelcampError, match="warp_specialize = 'yes': expected true or false"):
+        parse_config({**row, "warp_specialize": "yes"}, "variant.configs.0", in_list=True)
+    last = {k: v for k, v in row.items() if k != "max_batch"}
+    table = parse_variant(
+        {
+            "name": "t",
+            "configs": [{"max_batch": 2, "BLOCK_T": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 1}, last],
+        }
+    )
+    assert table.config_for_batch(64).warp_specialize and not table.config_for_batch(1).warp_specialize
+
+
+@pytest.mark.parametrize("label", ["T64_H64_w12_s2_kauto_ws", "T32_H64_w8_s2_kauto_ws", "T32_H64_w12_s3_kauto_ws"])
+def test_other_tile_sizes_are_refused_with_the_one_that_runs(label):
+    with pytest.raises(ValueError, match="T32_H64_w12_s2_k<splits>_ws"):
+        smd.SparseMLADecode(Variant("ws", (LaunchConfig.from_label(label),)))
+
+
+def test_autotune_list_and_fp16_are_refused():
+    with pytest.raises(ValueError, match="autotune list cannot hold a warp-specialized config"):
+        smd.SparseMLADecode(Variant("l", (LaunchConfig(32, 64, 8, 2, "auto"), WS)))
+    with pytest.raises(ValueError, match="runs bf16 only"):
+        smd.SparseMLADecode(Variant("ws", (WS,)), dot_dtype="fp16")
+
+
+def _v32(B=2, H=128, page_size=64, layout="deepseek_v32", topk=64):
+    return smd.make_inputs(layout, B, H, topk, page_size, 1024, "cpu")
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"layout": "deepseek_v4", "H": 64}, "deepseek_v32 layout only"),
+        ({"H": 16}, "H a multiple of 64"),
+        ({}, "Triton interpreter" if os.environ.get("TRITON_INTERPRET") else "sm90"),
+    ],
+)
+def test_launch_refusals_are_one_line(kw, match):
+    x = _v32(**kw)
+    k = smd.SparseMLADecode(Variant("ws", (WS,)), check_indices=False)
+    with pytest.raises(ValueError, match=match) as e:
+        k(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
+    assert "\n" not in str(e.value) and "warp-specialized" in str(e.value)
+
+
+def test_page_size_must_be_a_power_of_two():
+    x = smd.make_inputs("deepseek_v32", 1, 64, 32, 48, 96, "cpu")
+    k = smd.SparseMLADecode(Variant("ws", (WS,)), check_indices=False)
+    with pytest.raises(ValueError, match="power-of-two page size, got 48"):
+        k(x["q"], x["kv_cache"], x["indices"], x["layout"], 48, x["sm_scale"])
+
+
+_WS_SM90 = r"""
+import json, re
+from kernelcamp.inspect.compile import compile_spec, read_cubin
+from kernelcamp.variant import LaunchConfig
+from kernels.sparse_mla_decode import compile_specs
+cfg = LaunchConfig(32, 64, 12, 2, "auto", warp_specialize=True)
+specs = compile_specs("deepseek_v32", 128, 2048, cfg, batch=128, all_split_d=True)
+k = compile_spec(specs[0], 90)
+ptx = k.asm["ptx"]
+print(json.dumps({
+    "names": [s.name for s in specs], "num_warps": specs[0].num_warps, "options": specs[0].options,
+    "shared": k.metadata.shared, "warps": k.metadata.num_warps,
+    "cubin": read_cubin(k.asm["cubin"], k.metadata.name)[0],
+    "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx))),
+    "wgmma": ptx.count("wgmma.mma_async"), "cp_async": ptx.count("cp.async.cg.shared.global"),
+}))
+"""
+
+
+def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", _WS_SM90], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    f = json.loads(r.stdout.strip().splitlines()[-1])
+    assert f["names"] == ["sparse_mla_split_ws", "sparse_mla_combine"]
+    # the program is 12 warps (the occupancy figures'); it compiles as a 4-warp default partition + 2 workers
+    assert f["num_warps"] == 12 and f["warps"] == 12 and f["options"] == {"num_warps": 4, "maxnreg": 168}
+    # 168 registers x 384 threads fit the SM's 65,536 once; 222,584 B of shared memory fit the H200's 232,448
+    assert f["cubin"]["registers"] == 168 and f["cubin"]["local_bytes"] == 0
+    assert f["shared"] + f["cubin"]["static_shared_bytes"] <= 232448
+    # warp-specialized for real: the partitions' register budgets, wgmma and the producer's cp.async gathers
+    assert ["dec", "120"] in f["setmaxnreg"] and ["dec", "192"] in f["setmaxnreg"]
+    assert f["wgmma"] > 0 and f["cp_async"] > 0
