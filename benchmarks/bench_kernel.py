@@ -426,12 +426,7 @@ def _compile_one(module: str, fam: str, label: str, page_size: int) -> str:
 
 def precompile(args: argparse.Namespace, fams: list[str], configs: list[LaunchConfig], log: Any) -> None:
     """Compile every (family, config) in ``args.precompile_jobs`` spawned processes (one Triton cache)."""
-    jobs = [
-        (fam, cfg.label())
-        for fam in fams
-        for cfg in configs
-        if cfg.BLOCK_H <= max(16, triton_next_pow2(FAMILIES[fam][1]))
-    ]
+    jobs = [(fam, cfg.label()) for fam in fams for cfg in configs if runs_on(cfg, fam)]
     log(f"precompiling {len(jobs)} (family, config) pairs in {args.precompile_jobs} processes")
     os.environ.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".triton" / "cache"))
     ctx = __import__("multiprocessing").get_context("spawn")
@@ -475,7 +470,7 @@ def run_families(args, fams, batches, configs, target, prov, emit, log, base) ->
             if time.time() - t_fam > budget_per_family:
                 log(f"{fam}: time budget spent, skipping {cfg.label()} and later configs")
                 break
-            if cfg.BLOCK_H > max(16, triton_next_pow2(H)):
+            if not runs_on(cfg, fam):
                 continue
             launcher = smd.SparseMLADecode(Variant(cfg.label(), (cfg,)), check_indices=False)
             for B in batches:
@@ -537,6 +532,16 @@ def _ref_call(x: dict[str, Any], layout: str, page_size: int) -> Any:
 
 def _kernel_call(launcher: smd.SparseMLADecode, x: dict[str, Any], layout: str, page_size: int) -> Any:
     return launcher(x["q"], x["kv_cache"], x["indices"], layout, page_size, x["sm_scale"], check_indices=False)
+
+
+def runs_on(cfg: LaunchConfig, fam: str) -> bool:
+    """Whether ``cfg`` is timed on family ``fam``: a head tile no larger than the family's heads need, and a
+    warp-specialized config only where its kernel runs (the deepseek_v32 layout, H a multiple of its 64-head
+    tile: kernels/sparse_mla_decode.py)."""
+    layout, H, _ = FAMILIES[fam]
+    if cfg.BLOCK_H > max(16, triton_next_pow2(H)):
+        return False
+    return not cfg.warp_specialize or (layout == "deepseek_v32" and H % int(smd.WS_BLOCK_H) == 0)
 
 
 def triton_next_pow2(n: int) -> int:

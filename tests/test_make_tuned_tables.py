@@ -84,10 +84,11 @@ def test_one_winner_everywhere_is_written_as_a_single_config():
 def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
     d = "reports/campaigns/kernel_speed"
     # grid_5 (step "table5"): eleven batch sizes on the kernel file of 8a4651a, a larger row's config kept
-    # within 2% of the fastest; the tables before it are the step's baselines (conf/baseline/*_grid3, *_grid4,
-    # *_v4tiles), each made the same way from its own grid at tolerance 0
+    # within 2% of the fastest; grid_7 (step "ws") the same for V3.2 with the warp-specialized kernel's configs;
+    # the tables before them are the steps' baselines (conf/baseline/*_grid3, *_grid4, *_v4tiles), each made the
+    # same way from its own grid at tolerance 0
     jobs = [
-        ("v32", "tuned_deepseek_v32", [f"{d}/grid_5/v32.csv"], "0.02", "conf/variant"),
+        ("v32", "tuned_deepseek_v32", [f"{d}/grid_7/v32.csv"], "0.02", "conf/variant"),
         ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_5/v32_tp8.csv"], "0.02", "conf/variant"),
         ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/grid_5/v4_flash.csv"], "0.02", "conf/variant"),
         ("v32", "tuned_deepseek_v32_grid3", [f"{d}/grid_3/v32.csv"], "0", "conf/baseline"),
