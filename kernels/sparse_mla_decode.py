@@ -1485,7 +1485,7 @@ class KernelSpec:
     ASTSource, but registers can differ without it). ``num_warps`` is the warps of a launched program (the
     occupancy figures'); ``options`` are compile options that differ from ``{"num_warps", "num_stages"}``: the
     warp-specialized kernel compiles with ``num_warps`` 4 (its default partition; the workers add 8) and
-    ``maxnreg``.
+    ``maxnreg``, for sm90 only (``archs``: Hopper's wgmma; LLVM aborts on it for sm120).
     """
 
     name: str
@@ -1496,6 +1496,7 @@ class KernelSpec:
     num_stages: int
     attrs: dict[tuple[int, ...], list] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    archs: tuple[int, ...] = ()  # the archs it compiles for (the inspector skips others); () for any
 
 
 def _compilable(kernel: Any) -> Any:
@@ -1626,7 +1627,7 @@ def compile_specs(
             config.num_stages,
             strides,
         )
-        specs = [replace(ws_spec, options={"num_warps": 4, "maxnreg": WS_MAXNREG})]
+        specs = [replace(ws_spec, options={"num_warps": 4, "maxnreg": WS_MAXNREG}, archs=(90,))]
     else:
         parts = [split_d]  # the binary at ``batch``; with all_split_d, those of the row's whole batch range
         if all_split_d:

@@ -124,3 +124,54 @@ def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
     # warp-specialized for real: the partitions' register budgets, wgmma and the producer's cp.async gathers
     assert ["dec", "120"] in f["setmaxnreg"] and ["dec", "192"] in f["setmaxnreg"]
     assert f["wgmma"] > 0 and f["cp_async"] > 0
+
+
+def test_the_inspector_compiles_it_in_its_child_with_its_options(tmp_path):
+    # the build stage compiles in a child process from a payload of the spec: without the spec's options
+    # (num_warps 4, maxnreg) there, Gluon saw num_warps 12 and refused ("num_warps must be a power of 2"), and
+    # the stage pruned every warp-specialized row as not compiling for sm90
+    code = (
+        "import json; from pathlib import Path\n"
+        "from kernelcamp.inspect.compile import compile_figures\n"
+        "from kernelcamp.variant import LaunchConfig\n"
+        "from kernels.sparse_mla_decode import compile_specs\n"
+        "cfg = LaunchConfig(32, 64, 12, 2, 'auto', warp_specialize=True)\n"
+        "spec = compile_specs('deepseek_v32', 128, 2048, cfg, batch=128)[0]\n"
+        f"print(json.dumps(compile_figures(spec, 90, use_cache=False, root=Path({str(tmp_path)!r}))))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    fig = json.loads(r.stdout.strip().splitlines()[-1])
+    assert fig["error"] is None, fig["error"]
+    assert fig["registers"] == 168 and fig["shared_bytes"] == 222584
+
+
+def test_the_inspector_prunes_it_on_sm120_without_compiling(tmp_path):
+    # compiled for sm120, its wgmma aborted LLVM inside the compile child and failed the whole build stage;
+    # now the sm120 row is pruned with the reason, and sm90 fits one program per SM
+    code = (
+        "import json; from pathlib import Path\n"
+        "from kernelcamp.inspect import fit\n"
+        "from kernelcamp.targets import load_target\n"
+        "from kernelcamp.variant import LaunchConfig\n"
+        "from kernels import sparse_mla_decode as m\n"
+        "cfg = LaunchConfig(32, 64, 12, 2, 'auto', warp_specialize=True)\n"
+        "specs_for = lambda c: m.compile_specs('deepseek_v32', 128, 2048, c, batch=128)\n"
+        "rows = fit.inspect_configs([cfg], [load_target('sm90'), load_target('sm120')], specs_for,\n"
+        f"                          cache_root=Path({str(tmp_path)!r}))\n"
+        "print(json.dumps([[r['target'], r['kernel'], r['fits'], r['reason'], r['ctas_per_sm']] for r in rows]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    sm90 = [x for x in rows if x[0] == "sm90" and x[1] == "sparse_mla_split_ws"]
+    sm120 = [x for x in rows if x[0] == "sm120"]
+    assert sm90 and sm90[0][2] is True and sm90[0][4] == 1
+    assert sm120 and all(x[2] is False for x in sm120)
+    assert "compiles for sm90 only, not sm120" in sm120[0][3]

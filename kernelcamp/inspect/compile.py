@@ -517,6 +517,7 @@ def _job_payload(spec: KernelSpecLike, arch: int) -> dict:
         "attrs": getattr(spec, "attrs", None),
         "num_warps": spec.num_warps,
         "num_stages": spec.num_stages,
+        "options": dict(getattr(spec, "options", None) or {}),
         "arch": arch,
     }
 

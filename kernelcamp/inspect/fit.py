@@ -44,12 +44,20 @@ def _fit(fig: dict, target: Target, config_is_list: bool, num_warps: int) -> tup
 
 def _specs_at(specs_for: SpecsFor, cfg: LaunchConfig, target: Target) -> Any:
     """``specs_for(cfg, target=target)`` where it takes the target (its binaries can depend on the SM count,
-    :func:`specs_for_workload`), else ``specs_for(cfg)``."""
+    :func:`specs_for_workload`), else ``specs_for(cfg)``. ``ValueError`` when a spec names the archs it compiles
+    for (``archs``) and the target's is not one: it is never compiled there (the warp-specialized kernel's
+    wgmma aborted LLVM for sm120, taking the whole compile child down)."""
     try:
         takes_target = "target" in inspect.signature(specs_for).parameters
     except (TypeError, ValueError):  # a callable without a signature
         takes_target = False
-    return specs_for(cfg, target=target) if takes_target else specs_for(cfg)
+    specs = list(specs_for(cfg, target=target) if takes_target else specs_for(cfg))
+    for s in specs:
+        archs = getattr(s, "archs", None)
+        if archs and target.arch not in archs:
+            only = ", ".join(f"sm{a}" for a in archs)
+            raise ValueError(f"kernel {s.name} compiles for {only} only, not sm{target.arch}")
+    return specs
 
 
 def inspect_configs(
