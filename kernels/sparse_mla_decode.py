@@ -1029,8 +1029,6 @@ class SparseMLADecode:
                 f"variant: an autotune list cannot hold a warp-specialized config ({ws[0]}): Triton's autotuner "
                 "times the Triton kernel only; use it as a single config or a batch-table row"
             )
-        if ws and self.dot_dtype != "bf16":
-            raise ValueError(f"dot_dtype={self.dot_dtype!r}: the warp-specialized kernel ({ws[0]}) runs bf16 only")
         self._by_key = {
             (c.BLOCK_T, c.BLOCK_H, _splits_code(c.num_splits), c.num_warps, c.num_stages): c
             for c in self.variant.configs
@@ -1133,6 +1131,10 @@ class SparseMLADecode:
         meta = {"LAYOUT": lay.code, "PAGE_SIZE": page_size, "DOT_DTYPE": _DOT_DTYPES[self.dot_dtype]}
         if self._tuner is None and getattr(chosen, "warp_specialize", False):
             cfg = chosen
+            if self.dot_dtype != "bf16":
+                raise ValueError(
+                    f"dot_dtype={self.dot_dtype!r}: the warp-specialized kernel ({cfg.label()}) runs bf16 only"
+                )
             _check_ws_launch(q, lay, page_size, chosen)
             n = resolve_num_splits(cfg.num_splits, B, H, topk, cfg.BLOCK_H, cfg.BLOCK_T, num_sms)
             _sparse_mla_ws_split_kernel[(B, H // cfg.BLOCK_H, n)](
@@ -1172,17 +1174,30 @@ class SparseMLADecode:
         return out, lse
 
 
-def _check_ws_launch(q: torch.Tensor, lay: CacheLayout, page_size: int, config: LaunchConfig) -> None:
-    """``ValueError`` (one line) unless the warp-specialized kernel can run this call: the V3.2 layout, H a
-    multiple of WS_BLOCK_H, a page size that is a power of two, and q on an sm90 GPU outside the Triton
-    interpreter (Gluon compiles Hopper's wgmma, mbarrier and setmaxnreg; it has no interpreter)."""
-    where = f"config {config.label()} (warp-specialized)"
-    if lay.code != 0:
-        raise ValueError(f"{where}: runs the deepseek_v32 layout only, got {lay.name}; use a Triton config")
-    if q.shape[1] % int(WS_BLOCK_H):
-        raise ValueError(f"{where}: needs H a multiple of {int(WS_BLOCK_H)}, got H={q.shape[1]}; use a Triton config")
+def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: int) -> str | None:
+    """Why ``config`` cannot run this shape (one line), or None when it can: a Triton config runs every shape; the
+    warp-specialized kernel needs the deepseek_v32 layout, ``num_heads`` a multiple of WS_BLOCK_H and a
+    power-of-two page size. The device is not part of it (``_check_ws_launch``). The verify stage judges a
+    config only at the shapes of its domain (``kernelcamp.verify.kernel``)."""
+    if not getattr(config, "warp_specialize", False):
+        return None
+    if layout != "deepseek_v32":
+        return f"runs the deepseek_v32 layout only, got {layout}; use a Triton config"
+    if num_heads % int(WS_BLOCK_H):
+        return f"needs H a multiple of {int(WS_BLOCK_H)}, got H={num_heads}; use a Triton config"
     if page_size & (page_size - 1):
-        raise ValueError(f"{where}: needs a power-of-two page size, got {page_size}; use a Triton config")
+        return f"needs a power-of-two page size, got {page_size}; use a Triton config"
+    return None
+
+
+def _check_ws_launch(q: torch.Tensor, lay: CacheLayout, page_size: int, config: LaunchConfig) -> None:
+    """``ValueError`` (one line) unless the warp-specialized kernel can run this call: its shapes
+    (``launch_domain``), and q on an sm90 GPU outside the Triton interpreter (Gluon compiles Hopper's wgmma,
+    mbarrier and setmaxnreg; it has no interpreter)."""
+    where = f"config {config.label()} (warp-specialized)"
+    why = launch_domain(config, lay.name, q.shape[1], page_size)
+    if why:
+        raise ValueError(f"{where}: {why}")
     if not isinstance(_sparse_mla_split_kernel, triton.runtime.JITFunction):
         raise ValueError(f"{where}: Gluon kernels do not run in the Triton interpreter (TRITON_INTERPRET=1)")
     if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:

@@ -62,6 +62,7 @@ def main() -> int:
         "kernel_passed": checks["kernel"],
         "kernel_cases": len(cases),
         "kernel_cases_failed": sum(not c["passed"] for c in cases),
+        "kernel_cases_skipped": sum(bool(c.get("skipped")) for c in cases),
         "capture_passed": checks["capture"],
         "serving_passed": checks["serving"],
         "skipped": {k_: v.get("skipped") for k_, v in (("capture", capture), ("serving", serving)) if v.get("skipped")},

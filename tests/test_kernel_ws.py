@@ -58,8 +58,11 @@ def test_other_tile_sizes_are_refused_with_the_one_that_runs(label):
 def test_autotune_list_and_fp16_are_refused():
     with pytest.raises(ValueError, match="autotune list cannot hold a warp-specialized config"):
         smd.SparseMLADecode(Variant("l", (LaunchConfig(32, 64, 8, 2, "auto"), WS)))
-    with pytest.raises(ValueError, match="runs bf16 only"):
-        smd.SparseMLADecode(Variant("ws", (WS,)), dot_dtype="fp16")
+    x = _v32()
+    with pytest.raises(ValueError, match="runs bf16 only"):  # at launch: a table's other rows may run fp16
+        smd.SparseMLADecode(Variant("ws", (WS,)), dot_dtype="fp16", check_indices=False)(
+            x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"]
+        )
 
 
 def _v32(B=2, H=128, page_size=64, layout="deepseek_v32", topk=64):
@@ -175,3 +178,40 @@ def test_the_inspector_prunes_it_on_sm120_without_compiling(tmp_path):
     assert sm90 and sm90[0][2] is True and sm90[0][4] == 1
     assert sm120 and all(x[2] is False for x in sm120)
     assert "compiles for sm90 only, not sm120" in sm120[0][3]
+
+
+def _verify_params(shapes):
+    from pathlib import Path
+
+    import yaml
+
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    params["workload"] = {**params["workload"], "layout": "deepseek_v32", "num_heads": 128, "topk": 2048}
+    params["verify"]["kernel"]["cpu_shapes"] = shapes
+    return params
+
+
+def test_verify_skips_shapes_outside_its_domain_and_fails_a_config_never_run():
+    # step "ws" failed its first verify on the H200: the generic shapes' H=16 cases ran the warp-specialized rows,
+    # which refuse H=16 by design. Such a case is recorded as skipped with the reason; the Triton row and the table
+    # (its B=1 row is Triton) still run there; a config with no shape in its domain fails, never passes unrun
+    from kernelcamp.verify.kernel import check_kernel
+
+    table = Variant("t", (LaunchConfig(16, 16, 4, 2, "auto", max_batch=1), WS))
+    cases = check_kernel(_verify_params([[1, 16, 32]]), {"candidate": table}, "cpu", "fp16")
+    by = {c["config"]: c for c in cases if "B" in c}
+    assert by[table.configs[0].label()]["passed"] and "skipped" not in by[table.configs[0].label()]
+    assert by["table"]["passed"] and "skipped" not in by["table"]
+    assert "needs H a multiple of 64, got H=16" in by[WS.label()]["skipped"]
+    never = [c for c in cases if "B" not in c]
+    assert len(never) == 1 and never[0]["config"] == WS.label() and never[0]["passed"] is False
+
+
+def test_verify_runs_it_inside_its_domain():
+    # at H=64 it is run (here on the CPU, where the launcher refuses it: a failed case, not a skipped one)
+    from kernelcamp.verify.kernel import check_kernel
+
+    cases = check_kernel(_verify_params([[2, 64, 17]]), {"candidate": Variant("ws", (WS,))}, "cpu", "fp16")
+    ws = [c for c in cases if c["config"] == WS.label() and "B" in c]
+    assert len(ws) == 1 and ws[0]["passed"] is False and "skipped" not in ws[0]
+    assert "warp-specialized" in ws[0]["error"]

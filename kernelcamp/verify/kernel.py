@@ -11,6 +11,10 @@ STYLE.md), and non-finite values (-inf LSE of all-empty rows) sit where the refe
 Capture: :func:`kernelcamp.verify.capture.check_capture_safety` on each variant's launcher, warmed at
 the same shape (a warmed server); skipped with the reason on a CPU.
 
+A config is judged only at the shapes of its launch domain (the kernel module's ``launch_domain``: the
+warp-specialized kernel needs H a multiple of 64, ...): a case outside it is recorded with ``skipped`` and the
+reason, and a config with no case inside it fails.
+
 Each side launches its own kernel module (:func:`kernelcamp.spec.kernel_for`: the baseline the file at
 ``baseline.kernel_rev`` when set); inputs and the reference come from the working tree's.
 """
@@ -55,7 +59,10 @@ def check_kernel(params: dict, variants: dict, device: str, dot: str) -> list[di
                 runs.append(("table", v))  # the row chosen for this B, as the server launches it
             elif device == "cuda" and not v.single:
                 runs.append(("autotune", v))
+            domain = getattr(modules[name], "launch_domain", None)  # None: an older kernel file runs every shape
             for label, vv in runs:
+                cfg = vv.config_for_batch(B) if label == "table" else (vv.configs[0] if vv.single else None)
+                why = domain(cfg, wl["layout"], H, ps) if domain and cfg is not None else None
                 case = {
                     "impl": name,
                     "variant": v.name,
@@ -66,6 +73,13 @@ def check_kernel(params: dict, variants: dict, device: str, dot: str) -> list[di
                     "layout": wl["layout"],
                     "dot_dtype": dot,
                 }
+                if why:
+                    # outside the config's launch domain (the warp-specialized kernel's H, layout or page size):
+                    # not run, recorded; a config with no case in its domain fails below
+                    case.update(passed=True, skipped=f"{cfg.label()}: {why}")
+                    cases.append(case)
+                    log(f"{name} {label} B={B} H={H} topk={topk}: skipped ({why})")
+                    continue
                 try:
                     out, lse = modules[name].SparseMLADecode(vv, dot_dtype=dot)(*args)
                     res = judge_output(out, lse, refs, lows, truncating=device != "cuda")
@@ -88,6 +102,22 @@ def check_kernel(params: dict, variants: dict, device: str, dot: str) -> list[di
                     f"{name} {label} B={B} H={H} topk={topk}: "
                     + ("ok" if case["passed"] else "FAILED " + str(case.get("error") or case))
                 )
+    for name, v in variants.items():  # a config that ran at no shape was not verified: that fails
+        for c in v.configs:
+            ran = [x for x in cases if x["impl"] == name and x["config"] == c.label() and not x.get("skipped")]
+            if not ran:
+                cases.append(
+                    {
+                        "impl": name,
+                        "variant": v.name,
+                        "config": c.label(),
+                        "layout": wl["layout"],
+                        "dot_dtype": dot,
+                        "passed": False,
+                        "error": f"no verify shape is in the config's launch domain ({', '.join(map(str, shapes))})",
+                    }
+                )
+                log(f"{name} {c.label()}: FAILED: no verify shape is in its launch domain")
     return cases
 
 
