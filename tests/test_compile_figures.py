@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nointerp import env_without_interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,7 +58,7 @@ def test_a_module_that_raises_on_import_is_one_line(tmp_path):
 def test_batch_1_compiles_the_split_d_binary_a_small_batch_launches():
     # V3.2 at B=1 launches 2 column parts (resolve_split_d): its binary, not the one-part binary of batch 128
     # (the figures were fixed at batch 128, where no row's split-D binary is built)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = env_without_interpreter()
     rows = {}
     for b in ("1", "128"):
         r = subprocess.run(

@@ -21,6 +21,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from nointerp import env_without_interpreter
 
 from kernelcamp import cli
 from kernelcamp.errors import KernelcampError
@@ -95,8 +96,7 @@ def in_child(expr: str, **env_extra: str):
     """Evaluate ``expr`` (with this module imported as ``T``) in a Python started without
     TRITON_INTERPRET: the kernel's compile_specs refuses interpreter mode, where Triton's own @jit
     helpers cannot be compiled (conftest sets it for CPU sessions). Returns its JSON value."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(env_extra, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    env = env_without_interpreter(**env_extra, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
     code = f"import json, test_inspect as T\nprint('@@JSON@@' + json.dumps({expr}, default=str))"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -580,8 +580,7 @@ def test_signal_stops_a_long_compile_and_its_child(tmp_path, kind, mode, sig, co
     (tmp_path / "parent.py").write_text(SIGNAL_PARENT)
     marker = f"{os.getpid()}-{tmp_path.name}"
     pidfile = tmp_path / "child.pid"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(
+    env = env_without_interpreter(
         PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]),
         KC_SIGTEST=marker,
         KC_CHILD_PIDFILE=str(pidfile),
@@ -669,8 +668,7 @@ def test_occupancy_limits():
 
 
 def run_cli(*args: str, cache_root: Path, **env_extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(KERNELCAMP_CACHE_DIR=str(cache_root), PYTHONPATH=str(ROOT), **env_extra)
+    env = env_without_interpreter(KERNELCAMP_CACHE_DIR=str(cache_root), PYTHONPATH=str(ROOT), **env_extra)
     cmd = [sys.executable, "-m", "kernelcamp.cli", "inspect", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
 

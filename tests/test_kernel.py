@@ -17,6 +17,7 @@ import sys
 
 import pytest
 import torch
+from nointerp import env_without_interpreter
 
 from kernelcamp.variant import LaunchConfig, Variant
 from kernelcamp.verify.tolerance import failure_message, judge_output
@@ -388,9 +389,8 @@ print(json.dumps([{"name": s.name, "num_warps": s.num_warps, "num_stages": s.num
 
 def _without_interpreter(code: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a Python without TRITON_INTERPRET (under it nothing can be compiled)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env = env_without_interpreter()
     return subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
 
 

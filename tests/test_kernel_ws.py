@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from nointerp import ROOT, env_without_interpreter
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.variant import LaunchConfig, Variant, parse_config, parse_variant
@@ -112,10 +113,14 @@ print(json.dumps({
 
 
 def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", _WS_SM90], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", _WS_SM90],
+        env=env_without_interpreter(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     f = json.loads(r.stdout.strip().splitlines()[-1])
     assert f["names"] == ["sparse_mla_split_ws", "sparse_mla_combine"]
@@ -142,10 +147,14 @@ def test_the_inspector_compiles_it_in_its_child_with_its_options(tmp_path):
         "spec = compile_specs('deepseek_v32', 128, 2048, cfg, batch=128)[0]\n"
         f"print(json.dumps(compile_figures(spec, 90, use_cache=False, root=Path({str(tmp_path)!r}))))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env_without_interpreter(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     fig = json.loads(r.stdout.strip().splitlines()[-1])
     assert fig["error"] is None, fig["error"]
@@ -167,10 +176,14 @@ def test_the_inspector_prunes_it_on_sm120_without_compiling(tmp_path):
         f"                          cache_root=Path({str(tmp_path)!r}))\n"
         "print(json.dumps([[r['target'], r['kernel'], r['fits'], r['reason'], r['ctas_per_sm']] for r in rows]))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env_without_interpreter(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     sm90 = [x for x in rows if x[0] == "sm90" and x[1] == "sparse_mla_split_ws"]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from nointerp import env_without_interpreter
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("load_rounds", ROOT / "benchmarks" / "load_rounds.py")
@@ -67,7 +68,7 @@ def test_reads_without_a_register_destination_pairs_and_a_predicated_exit():
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     # a subprocess without TRITON_INTERPRET: compiling needs the real JIT, and this session runs on the interpreter
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = env_without_interpreter()
     cmd = [sys.executable, str(ROOT / "benchmarks" / "load_rounds.py"), *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from nointerp import env_without_interpreter
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("ptx_same", ROOT / "benchmarks" / "ptx_same.py")
@@ -49,7 +50,7 @@ def test_bad_shape_config_arch_or_commit_is_one_error_line_and_exit_2(capsys):
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     # a subprocess without TRITON_INTERPRET: compiling needs the real JIT, and this session runs on the interpreter
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = env_without_interpreter()
     cmd = [sys.executable, str(ROOT / "benchmarks" / "ptx_same.py"), *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
 
