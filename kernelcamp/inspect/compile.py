@@ -96,7 +96,9 @@ CHILD_KILL_GRACE_S = 2.0  # seconds a killed compile child gets to exit after SI
 
 
 class KernelSpecLike(Protocol):
-    """One kernel to compile: what ``kernels.<module>.compile_specs`` returns (``attrs`` optional)."""
+    """One kernel to compile: what ``kernels.<module>.compile_specs`` returns. Optional: ``attrs``; ``options``
+    (compile options over ``num_warps`` / ``num_stages``: :func:`compile_options`); ``archs`` (the archs it
+    compiles for; the inspector prunes others unbuilt, ``kernelcamp.inspect.fit``)."""
 
     name: str
     fn: Any  # a @triton.jit JITFunction
