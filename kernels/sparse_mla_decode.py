@@ -1291,17 +1291,15 @@ def _check_config(c: LaunchConfig) -> None:
                 f"config {c.label()}: the warp-specialized kernel runs BLOCK_T {ws[0]}, BLOCK_H {ws[1]}, "
                 f"num_warps {ws[2]}, num_stages {ws[3]} only (T{ws[0]}_H{ws[1]}_w{ws[2]}_s{ws[3]}_k<splits>_ws)"
             )
-        if c.num_splits != "auto" and (not isinstance(c.num_splits, int) or c.num_splits < 1):
-            raise ValueError(f"num_splits={c.num_splits!r}: expected an int >= 1 or 'auto'")
-        return
-    for name in ("BLOCK_T", "BLOCK_H"):
-        v = getattr(c, name)
-        if not isinstance(v, int) or v < 16 or v & (v - 1):
-            raise ValueError(f"{name}={v!r}: expected a power of two >= 16 (tensor-core dot dimensions)")
-    if not isinstance(c.num_warps, int) or c.num_warps < 1 or c.num_warps & (c.num_warps - 1):
-        raise ValueError(f"num_warps={c.num_warps!r}: expected a power of two >= 1")
-    if not isinstance(c.num_stages, int) or c.num_stages < 1:
-        raise ValueError(f"num_stages={c.num_stages!r}: expected an int >= 1")
+    else:
+        for name in ("BLOCK_T", "BLOCK_H"):
+            v = getattr(c, name)
+            if not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise ValueError(f"{name}={v!r}: expected a power of two >= 16 (tensor-core dot dimensions)")
+        if not isinstance(c.num_warps, int) or c.num_warps < 1 or c.num_warps & (c.num_warps - 1):
+            raise ValueError(f"num_warps={c.num_warps!r}: expected a power of two >= 1")
+        if not isinstance(c.num_stages, int) or c.num_stages < 1:
+            raise ValueError(f"num_stages={c.num_stages!r}: expected an int >= 1")
     if c.num_splits != "auto" and (not isinstance(c.num_splits, int) or c.num_splits < 1):
         raise ValueError(f"num_splits={c.num_splits!r}: expected an int >= 1 or 'auto'")
 

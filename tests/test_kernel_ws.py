@@ -93,6 +93,20 @@ def test_page_size_must_be_a_power_of_two():
         k(x["q"], x["kv_cache"], x["indices"], x["layout"], 48, x["sm_scale"])
 
 
+def _json_in_child(code: str):
+    """The JSON value ``code`` prints last, run in a Python without TRITON_INTERPRET (compiling needs the real JIT)."""
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env_without_interpreter(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 _WS_SM90 = r"""
 import json, re
 from kernelcamp.inspect.compile import compile_spec, read_cubin
@@ -113,16 +127,7 @@ print(json.dumps({
 
 
 def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
-    r = subprocess.run(
-        [sys.executable, "-c", _WS_SM90],
-        env=env_without_interpreter(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    f = json.loads(r.stdout.strip().splitlines()[-1])
+    f = _json_in_child(_WS_SM90)
     assert f["names"] == ["sparse_mla_split_ws", "sparse_mla_combine"]
     # the program is 12 warps (the occupancy figures'); it compiles as a 4-warp default partition + 2 workers
     assert f["num_warps"] == 12 and f["warps"] == 12 and f["options"] == {"num_warps": 4, "maxnreg": 168}
@@ -147,16 +152,7 @@ def test_the_inspector_compiles_it_in_its_child_with_its_options(tmp_path):
         "spec = compile_specs('deepseek_v32', 128, 2048, cfg, batch=128)[0]\n"
         f"print(json.dumps(compile_figures(spec, 90, use_cache=False, root=Path({str(tmp_path)!r}))))\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env_without_interpreter(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    fig = json.loads(r.stdout.strip().splitlines()[-1])
+    fig = _json_in_child(code)
     assert fig["error"] is None, fig["error"]
     assert fig["registers"] == 168 and fig["shared_bytes"] == 222584
 
@@ -176,16 +172,7 @@ def test_the_inspector_prunes_it_on_sm120_without_compiling(tmp_path):
         f"                          cache_root=Path({str(tmp_path)!r}))\n"
         "print(json.dumps([[r['target'], r['kernel'], r['fits'], r['reason'], r['ctas_per_sm']] for r in rows]))\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env_without_interpreter(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = _json_in_child(code)
     sm90 = [x for x in rows if x[0] == "sm90" and x[1] == "sparse_mla_split_ws"]
     sm120 = [x for x in rows if x[0] == "sm120"]
     assert sm90 and sm90[0][2] is True and sm90[0][4] == 1
