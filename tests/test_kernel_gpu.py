@@ -184,3 +184,29 @@ def test_warp_specialized_row_of_a_table_captures():
         assert k.compile_count == before
         assert k.last_config.warp_specialize == (B > 2)
         _assert_close(inp, out, lse)
+
+
+@pytest.mark.parametrize(
+    "config", [LaunchConfig(64, 64, 8, 1, "auto"), WS], ids=lambda c: c.label()
+)  # the V3.2 table's B=1 row (split-D 2, 32 splits) and its warp-specialized rows (16 splits at B=4)
+def test_pdl_combine_reads_this_launch_partials_in_graph_replays(config):
+    # with programmatic dependent launch the combine starts while the split kernel runs and must wait for it
+    # (gdc_wait): replays of one graph over new q values must each give the new result, never a partial output
+    # left by the previous replay
+    assert smd._use_pdl(torch.device("cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
+    B = 1 if not config.warp_specialize else 4
+    inp = smd.make_inputs("deepseek_v32", B, 128, 2048, 64, 65536, "cuda", seed=5)
+    k = smd.SparseMLADecode(Variant("pdl", (config,)), check_indices=False)
+    k(*_args(inp))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, lse = k(*_args(inp))
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for _ in range(4):
+        inp["q"].copy_(torch.randn(inp["q"].shape, generator=gen, device="cuda", dtype=torch.bfloat16))
+        g.replay()
+        torch.cuda.synchronize()
+        _assert_close(inp, out, lse)
+        eager_out, eager_lse = k(*_args(inp))
+        assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
