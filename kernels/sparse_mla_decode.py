@@ -74,15 +74,6 @@ outputs and base-2 partial LSEs and ``_sparse_mla_combine_kernel`` merges them b
 (b, h) row and column slice (rows split by column only while twice as many programs still fit two per SM:
 ``_combine_block_d``).
 
-Programmatic dependent launch (PDL, sm90+; ``_use_pdl``): on a CUDA GPU of compute capability 9 or more the
-combine is launched with ``launch_pdl`` (CUDA's programmatic stream serialization) and waits at its first
-instruction with ``griddepcontrol.wait`` (``gdc_wait``), which returns once the split kernel has finished and its
-writes are visible; the Triton split kernel calls ``griddepcontrol.launch_dependents`` when it starts, so the
-combine's grid is launched while the split kernel's last programs still run, instead of after them (NVIDIA, CUDA C++
-Programming Guide, "Programmatic Dependent Launch and Synchronization"; PTX ISA, ``griddepcontrol``). The combine
-reads nothing before the wait, so its results are the same; under CUDA-graph capture the pair becomes a
-programmatic edge. Both instructions are no-ops in a launch without the attribute.
-
 Split-D (V3.2): where a launch's grid leaves at least half the SMs idle (B=1: 64 programs at H=128, 32 at TP8's
 H=16), the grid's second axis also splits V's 512 columns into ``SPLIT_D`` parts of 128-column groups
 (``resolve_split_d``). Every part computes the same scores, softmax and LSE (the same instructions on the same
@@ -131,7 +122,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 if TYPE_CHECKING:  # the kernel file imports only torch and triton at run time (DESIGN.md layout)
     from kernelcamp.variant import LaunchConfig, Variant
@@ -416,10 +406,7 @@ def _sparse_mla_split_kernel(
     BLOCK_H: tl.constexpr,
     SPLITS: tl.constexpr,
     SPLIT_D: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    if PDL:  # the combine (launched with launch_pdl) may start now: it waits for this grid's end (gdc_wait)
-        gdc_launch_dependents()
     # SPLITS is the requested split count (0 = auto); the launched count is the grid's third axis. SPLIT_D > 1
     # (V3.2 only, resolve_split_d): the grid's second axis also splits V's 512 columns into SPLIT_D parts, and
     # a program accumulates and stores only its part (every part computes the same scores, softmax and LSE).
@@ -628,10 +615,7 @@ def _sparse_mla_combine_kernel(
     D_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    if PDL:  # launched with launch_pdl: wait until the split kernel has finished and its partials are visible
-        gdc_wait()
     # one program per (b, h) row and BLOCK_D-wide column slice: merge the partial outputs by their
     # base-2 LSEs (each slice recomputes the row's weights; slice 0 stores the LSE)
     bh = tl.program_id(0).to(tl.int64)
@@ -877,8 +861,6 @@ def _sparse_mla_ws_split_kernel(
     # V3.2 (656-byte rows), H a multiple of WS_BLOCK_H; grid (B, H / WS_BLOCK_H, splits); launched with num_warps=4
     # (the default partition; the two workers add 8) and maxnreg=WS_MAXNREG. Outputs as _sparse_mla_split_kernel's
     # at one split-D part.
-    # sm90 only, so always with programmatic dependent launch (module docstring): the combine may start now
-    gdc_launch_dependents()
     pid_b = gl.program_id(0)
     pid_h = gl.program_id(1)
     pid_s = gl.program_id(2)
@@ -1146,8 +1128,7 @@ class SparseMLADecode:
             q.stride(1),
             indices.stride(0),
         )
-        pdl = _use_pdl(q.device)
-        meta = {"LAYOUT": lay.code, "PAGE_SIZE": page_size, "DOT_DTYPE": _DOT_DTYPES[self.dot_dtype], "PDL": pdl}
+        meta = {"LAYOUT": lay.code, "PAGE_SIZE": page_size, "DOT_DTYPE": _DOT_DTYPES[self.dot_dtype]}
         if self._tuner is None and getattr(chosen, "warp_specialize", False):
             cfg = chosen
             if self.dot_dtype != "bf16":
@@ -1188,9 +1169,7 @@ class SparseMLADecode:
                 D_V=lay.d_v,
                 BLOCK_S=_block_s(n_splits),
                 BLOCK_D=block_d,
-                PDL=pdl,
                 num_warps=4,
-                **({"launch_pdl": True} if pdl else {}),
             )
         return out, lse
 
@@ -1209,14 +1188,6 @@ def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: 
     if page_size & (page_size - 1):
         return f"needs a power-of-two page size, got {page_size}; use a Triton config"
     return None
-
-
-def _use_pdl(device: torch.device) -> bool:
-    """Whether a launch on ``device`` uses programmatic dependent launch (module docstring): a CUDA GPU of compute
-    capability 9.0 or more (``griddepcontrol`` needs sm90, PTX ISA 7.8) outside the Triton interpreter."""
-    if device.type != "cuda" or not isinstance(_sparse_mla_split_kernel, triton.runtime.JITFunction):
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _check_ws_launch(q: torch.Tensor, lay: CacheLayout, page_size: int, config: LaunchConfig) -> None:
@@ -1642,7 +1613,6 @@ def compile_specs(
         "BLOCK_T": config.BLOCK_T,
         "BLOCK_H": config.BLOCK_H,
         "SPLITS": _splits_code(config.num_splits),
-        "PDL": True,  # as launched on sm90 and later, the archs the inspector builds for (_use_pdl)
     }
     comb_types = {
         "part_out_ptr": "*fp32",
@@ -1656,7 +1626,6 @@ def compile_specs(
         "D_V": lay.d_v,
         "BLOCK_S": _block_s(n),
         "BLOCK_D": _combine_block_d(batch * num_heads, lay.d_v, num_sms),
-        "PDL": True,
     }
     # the launch values of the specialized ints, for contiguous q [B, H, d_qk] and indices [B, topk]
     # (B, H, topk and max_splits are do_not_specialize in the split kernel)
@@ -1688,16 +1657,17 @@ def compile_specs(
             )
             for d in parts
         ]
-    comb_spec = _spec(
-        "sparse_mla_combine",
-        _compilable(_sparse_mla_combine_kernel),
-        comb_types,
-        comb_const,
-        4,
-        1,
-        {"n_splits": n, "max_splits": n},
+    specs.append(
+        _spec(
+            "sparse_mla_combine",
+            _compilable(_sparse_mla_combine_kernel),
+            comb_types,
+            comb_const,
+            4,
+            1,
+            {"n_splits": n, "max_splits": n},
+        )
     )
-    specs.append(replace(comb_spec, options={"launch_pdl": True}))
     return specs
 
 

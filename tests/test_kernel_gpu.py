@@ -189,14 +189,13 @@ def test_warp_specialized_row_of_a_table_captures():
 @pytest.mark.parametrize(
     "config", [LaunchConfig(64, 64, 8, 1, "auto"), WS], ids=lambda c: c.label()
 )  # the V3.2 table's B=1 row (split-D 2, 32 splits) and its warp-specialized rows (16 splits at B=4)
-def test_pdl_combine_reads_this_launch_partials_in_graph_replays(config):
-    # with programmatic dependent launch the combine starts while the split kernel runs and must wait for it
-    # (gdc_wait): replays of one graph over new q values must each give the new result, never a partial output
-    # left by the previous replay
-    assert smd._use_pdl(torch.device("cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
+def test_graph_replays_over_new_q_give_each_new_result(config):
+    # a server replays one graph per batch bucket over new inputs written in place: each replay's combine must
+    # read that replay's partial outputs, never those the previous one left (written for campaign step "pdl",
+    # whose combine started while the split kernel ran; reports/campaigns/kernel_speed/pdl_sweep/)
     B = 1 if not config.warp_specialize else 4
     inp = smd.make_inputs("deepseek_v32", B, 128, 2048, 64, 65536, "cuda", seed=5)
-    k = smd.SparseMLADecode(Variant("pdl", (config,)), check_indices=False)
+    k = smd.SparseMLADecode(Variant("replay", (config,)), check_indices=False)
     k(*_args(inp))
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
