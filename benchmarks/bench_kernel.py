@@ -426,7 +426,7 @@ def _compile_one(module: str, fam: str, label: str, page_size: int) -> str:
 
 def precompile(args: argparse.Namespace, fams: list[str], configs: list[LaunchConfig], log: Any) -> None:
     """Compile every (family, config) in ``args.precompile_jobs`` spawned processes (one Triton cache)."""
-    jobs = [(fam, cfg.label()) for fam in fams for cfg in configs if runs_on(cfg, fam)]
+    jobs = [(fam, cfg.label()) for fam in fams for cfg in configs if runs_on(cfg, fam, args.page_size)]
     log(f"precompiling {len(jobs)} (family, config) pairs in {args.precompile_jobs} processes")
     os.environ.setdefault("TRITON_CACHE_DIR", str(Path.home() / ".triton" / "cache"))
     ctx = __import__("multiprocessing").get_context("spawn")
@@ -470,7 +470,7 @@ def run_families(args, fams, batches, configs, target, prov, emit, log, base) ->
             if time.time() - t_fam > budget_per_family:
                 log(f"{fam}: time budget spent, skipping {cfg.label()} and later configs")
                 break
-            if not runs_on(cfg, fam):
+            if not runs_on(cfg, fam, args.page_size):
                 continue
             launcher = smd.SparseMLADecode(Variant(cfg.label(), (cfg,)), check_indices=False)
             for B in batches:
@@ -534,14 +534,14 @@ def _kernel_call(launcher: smd.SparseMLADecode, x: dict[str, Any], layout: str, 
     return launcher(x["q"], x["kv_cache"], x["indices"], layout, page_size, x["sm_scale"], check_indices=False)
 
 
-def runs_on(cfg: LaunchConfig, fam: str) -> bool:
-    """Whether ``cfg`` is timed on family ``fam``: a head tile no larger than the family's heads need, and a
-    warp-specialized config only where its kernel runs (the deepseek_v32 layout, H a multiple of its 64-head
-    tile: kernels/sparse_mla_decode.py)."""
+def runs_on(cfg: LaunchConfig, fam: str, page_size: int = 64) -> bool:
+    """Whether ``cfg`` is timed on family ``fam`` at ``page_size``: a head tile no larger than the family's heads
+    need, and a warp-specialized config only inside its kernel's launch domain (H a multiple of its 64-head tile,
+    a power-of-two page size: ``launch_domain`` in kernels/sparse_mla_decode.py)."""
     layout, H, _ = FAMILIES[fam]
     if cfg.BLOCK_H > max(16, triton_next_pow2(H)):
         return False
-    return not cfg.warp_specialize or (layout == "deepseek_v32" and H % int(smd.WS_BLOCK_H) == 0)
+    return smd.launch_domain(cfg, layout, H, page_size) is None
 
 
 def triton_next_pow2(n: int) -> int:

@@ -662,10 +662,12 @@ WS_NUM_WARPS = 12  # two consumer warpgroups + one producer warpgroup: LaunchCon
 WS_MAXNREG = 168
 WS_REGS_CONSUMER = gl.constexpr(192)
 WS_REGS_PRODUCER = gl.constexpr(120)
-# the producer warpgroup's register layouts: [T, 256] fp8 bytes (16 B a thread), [T, 64] bf16 rope, [T, 4] scales
+# the producer warpgroup's register layouts: [T, 256] fp8 bytes (16 B a thread), [T, 64] bf16 rope, [T, 4] fp32
+# scales (V3.2), [T, 2] scale words (V4)
 WS_GAT = gl.constexpr(gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0]))
 WS_ROPE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
-WS_SCALE = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
+WS_SCALE4 = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
+WS_SCALE2 = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0]))
 
 
 @gluon.jit
@@ -678,38 +680,60 @@ def _ws_tile_idx(idx_ptr, ints, tile, layout: gl.constexpr):
 
 
 @gluon.jit
-def _ws_row_base(idx, page_shift, extra: gl.constexpr):
-    # byte offset of each token's 656-byte row (+ extra) in the paged cache of 2^page_shift tokens a page (shifts:
-    # a division by a run-time page size cost the producer spills); 0 for an empty slot
+def _ws_row_base(idx, page_shift, extra: gl.constexpr, LAYOUT: gl.constexpr):
+    # byte offset of each token's data row (+ extra) in the paged cache of 2^page_shift tokens a page (shifts:
+    # a division by a run-time page size cost the producer spills); 0 for an empty slot. V3.2: 656-byte rows;
+    # V4: 576-byte data rows in pages of 584-byte tokens. The terms are written so that Triton's alignment analysis
+    # proves each row 16-byte aligned (656 = 16 * 41, 576 = 16 * 36, and a V4 page 1168 = 16 * 73 bytes a token pair,
+    # page_shift >= 1): the cp.async gathers are then 16-byte copies (a V4 page term of 584 << page_shift gave 8)
     tok = gl.where(idx >= 0, idx, 0).to(gl.int64)
     page = tok >> page_shift
-    return gl.multiple_of(page * (656 << page_shift) + (tok - (page << page_shift)) * 656 + extra, 16)
+    if LAYOUT == 0:
+        base = page * (656 << page_shift) + (tok - (page << page_shift)) * 656 + extra
+    else:
+        base = page * (1168 << (page_shift - 1)) + (tok - (page << page_shift)) * 576 + extra
+    return gl.multiple_of(base, 16)
 
 
 @gluon.jit
-def _ws_issue_gather(ptrs, smem, page_shift, idx_g, idx_r, idx_s, stage):
-    # cp.async of one tile's rows into staging slot `stage` (its indices in the WS_GAT, WS_ROPE and WS_SCALE
-    # layouts; an index of -1 copies nothing and leaves zeros), one commit group
+def _ws_v4_scale_base(idx, page_shift):
+    # byte offset of each V4 token's 8-byte scale row, after the page's 2^page_shift data rows; 0 for an empty slot
+    tok = gl.where(idx >= 0, idx, 0).to(gl.int64)
+    page = tok >> page_shift
+    return page * (1168 << (page_shift - 1)) + (576 << page_shift) + (tok - (page << page_shift)) * 8
+
+
+@gluon.jit
+def _ws_issue_gather(ptrs, smem, page_shift, idx_g, idx_r, idx_s, stage, LAYOUT: gl.constexpr):
+    # cp.async of one tile's rows into staging slot `stage` (its indices in the WS_GAT, WS_ROPE and WS_SCALE /
+    # WS_SCALE4 layouts; an index of -1 copies nothing and leaves zeros), one commit group. Both layouts stage data
+    # bytes 0-255 and 256-511 (V4: its fp8 groups 4-6 and the first 64 rope bytes, which the dequantization
+    # leaves), the 64 bf16 rope values and the scales (V3.2: four fp32; V4: its 8-byte scale row as two words)
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
     q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
     offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GAT))
-    ptr = kv_u8_ptr + _ws_row_base(idx_g, page_shift, 0)[:, None] + offs_c[None, :]
+    ptr = kv_u8_ptr + _ws_row_base(idx_g, page_shift, 0, LAYOUT)[:, None] + offs_c[None, :]
     async_copy.async_copy_global_to_shared(st_lo.index(stage), ptr, mask=(idx_g >= 0)[:, None])
     async_copy.async_copy_global_to_shared(st_hi.index(stage), ptr + 256, mask=(idx_g >= 0)[:, None])
     offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_ROPE))
-    rope_ptr = kv_bf16_ptr + _ws_row_base(idx_r, page_shift, 528)[:, None] // 2 + offs_e[None, :]
+    rope_at: gl.constexpr = 528 if LAYOUT == 0 else 448  # the rope's byte offset in the data row
+    rope_ptr = kv_bf16_ptr + _ws_row_base(idx_r, page_shift, rope_at, LAYOUT)[:, None] // 2 + offs_e[None, :]
     async_copy.async_copy_global_to_shared(st_rope.index(stage), rope_ptr, mask=(idx_r >= 0)[:, None])
-    offs_4 = gl.arange(0, 4, layout=gl.SliceLayout(0, WS_SCALE))
-    sc_ptr = kv_f32_ptr + _ws_row_base(idx_s, page_shift, 512)[:, None] // 4 + offs_4[None, :]
+    if LAYOUT == 0:
+        offs_4 = gl.arange(0, 4, layout=gl.SliceLayout(0, WS_SCALE4))
+        sc_ptr = kv_f32_ptr + _ws_row_base(idx_s, page_shift, 512, LAYOUT)[:, None] // 4 + offs_4[None, :]
+    else:
+        offs_2 = gl.arange(0, 2, layout=gl.SliceLayout(0, WS_SCALE2))
+        sc_ptr = kv_f32_ptr + _ws_v4_scale_base(idx_s, page_shift)[:, None] // 4 + offs_2[None, :]
     async_copy.async_copy_global_to_shared(st_sc.index(stage), sc_ptr, mask=(idx_s >= 0)[:, None])
     async_copy.commit_group()
 
 
 @gluon.jit
 def _ws_dequant_half(bits, sc, g: gl.constexpr):
-    # [T, 256] fp8 bytes of groups g and g + 1 (WS_GAT) and the [T, 4] fp32 group scales (WS_SCALE) -> [T, 256]
-    # bf16, value = fp8 * scale (exact fp8 -> fp32, one multiply, one rounding, as _dequant_group)
-    offs_4 = gl.arange(0, 4, layout=gl.SliceLayout(0, WS_SCALE))
+    # V3.2: [T, 256] fp8 bytes of groups g and g + 1 (WS_GAT) and the [T, 4] fp32 group scales (WS_SCALE4) ->
+    # [T, 256] bf16, value = fp8 * scale (exact fp8 -> fp32, one multiply, one rounding, as _dequant_group)
+    offs_4 = gl.arange(0, 4, layout=gl.SliceLayout(0, WS_SCALE4))
     sa = gl.convert_layout(gl.sum(gl.where(offs_4[None, :] == g, sc, 0.0), axis=1), gl.SliceLayout(1, WS_GAT))
     sb = gl.convert_layout(gl.sum(gl.where(offs_4[None, :] == g + 1, sc, 0.0), axis=1), gl.SliceLayout(1, WS_GAT))
     offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GAT))
@@ -718,7 +742,31 @@ def _ws_dequant_half(bits, sc, g: gl.constexpr):
 
 
 @gluon.jit
-def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2):
+def _ws_dequant_v4(bits, sc, w: gl.constexpr):
+    # V4: [T, 256] fp8 bytes of groups 4w ... 4w + 3 (WS_GAT) and the [T, 2] scale words (WS_SCALE2, fp32 bits of
+    # four ue8m0 exponents each, little-endian) -> [T, 256] bf16, value = fp8 * 2^(e - 127), exact (a power-of-two
+    # scale moves only the exponent); e = 0 gives 0 (as _ue8m0). Word 1's fourth byte is the pad: its columns
+    # (192-255 of w = 1) are rope bytes, left to the caller
+    offs_2 = gl.arange(0, 2, layout=gl.SliceLayout(0, WS_SCALE2))
+    words = gl.sum(gl.where(offs_2[None, :] == w, sc.to(gl.int32, bitcast=True), 0), axis=1)
+    words = gl.convert_layout(words, gl.SliceLayout(1, WS_GAT))
+    offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GAT))
+    e = (words[:, None] >> (8 * (offs_c // 64))[None, :]) & 255
+    scale = (e << 23).to(gl.float32, bitcast=True)
+    return (bits.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale).to(gl.bfloat16)
+
+
+@gluon.jit
+def _ws_scale_idx(idx_ptr, ints, tile, LAYOUT: gl.constexpr):
+    # tile `tile`'s indices in the scale gather's layout (V3.2: [T, 4] fp32 scales; V4: [T, 2] words)
+    if LAYOUT == 0:
+        return _ws_tile_idx(idx_ptr, ints, tile, WS_SCALE4)
+    else:
+        return _ws_tile_idx(idx_ptr, ints, tile, WS_SCALE2)
+
+
+@gluon.jit
+def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr):
     # the producer warpgroup: gathers (WS_NSTAGE - 1 tiles ahead, their indices one more iteration ahead) and
     # the dequantization of each tile into the K-tile ring, signalled on k_ready once the ring slot is free
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
@@ -728,40 +776,64 @@ def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2):
     for j in gl.static_range(WS_NSTAGE - 1):
         ig = _ws_tile_idx(idx_ptr, ints, j, WS_GAT)
         ir = _ws_tile_idx(idx_ptr, ints, j, WS_ROPE)
-        isc = _ws_tile_idx(idx_ptr, ints, j, WS_SCALE)
-        _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, j)
+        isc = _ws_scale_idx(idx_ptr, ints, j, LAYOUT)
+        _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, j, LAYOUT)
     # the indices of the next tile to gather, loaded an iteration early: off the issue path (Nsight Compute had
     # the producer waiting on them when they were loaded just before the copies they address)
     ig = _ws_tile_idx(idx_ptr, ints, WS_NSTAGE - 1, WS_GAT)
     ir = _ws_tile_idx(idx_ptr, ints, WS_NSTAGE - 1, WS_ROPE)
-    isc = _ws_tile_idx(idx_ptr, ints, WS_NSTAGE - 1, WS_SCALE)
+    isc = _ws_scale_idx(idx_ptr, ints, WS_NSTAGE - 1, LAYOUT)
     for i in range(n_tiles):
-        _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, (i + WS_NSTAGE - 1) % WS_NSTAGE)
+        _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, (i + WS_NSTAGE - 1) % WS_NSTAGE, LAYOUT)
         ig = _ws_tile_idx(idx_ptr, ints, i + WS_NSTAGE, WS_GAT)
         ir = _ws_tile_idx(idx_ptr, ints, i + WS_NSTAGE, WS_ROPE)
-        isc = _ws_tile_idx(idx_ptr, ints, i + WS_NSTAGE, WS_SCALE)
+        isc = _ws_scale_idx(idx_ptr, ints, i + WS_NSTAGE, LAYOUT)
         async_copy.wait_group(WS_NSTAGE - 1)
         gl.thread_barrier()  # every producer thread's copies of tile i have landed
         stage = i % WS_NSTAGE
         slot = i % WS_NBUF
-        sc = st_sc.index(stage).load(WS_SCALE)
-        lo = _ws_dequant_half(st_lo.index(stage).load(WS_GAT), sc, 0)
-        hi = _ws_dequant_half(st_hi.index(stage).load(WS_GAT), sc, 2)
-        rope = st_rope.index(stage).load(WS_ROPE)
-        mbarrier.wait(k_empty.index(slot), ((i // WS_NBUF) & 1) ^ 1)
-        k_lo.index(slot).store(lo)
-        k_hi.index(slot).store(hi)
-        k_rope.index(slot).store(rope)
+        if LAYOUT == 0:
+            sc = st_sc.index(stage).load(WS_SCALE4)
+            lo = _ws_dequant_half(st_lo.index(stage).load(WS_GAT), sc, 0)
+            hi = _ws_dequant_half(st_hi.index(stage).load(WS_GAT), sc, 2)
+            rope = st_rope.index(stage).load(WS_ROPE)
+            mbarrier.wait(k_empty.index(slot), ((i // WS_NBUF) & 1) ^ 1)
+            k_lo.index(slot).store(lo)
+            k_hi.index(slot).store(hi)
+            k_rope.index(slot).store(rope)
+        else:
+            # V4's K tile: dims 0-255 (groups 0-3) and 256-511 (groups 4-6, then the rope in columns 192-255,
+            # written over the rope bytes the dequantization decoded there: after a barrier, as other threads
+            # stored those)
+            sc = st_sc.index(stage).load(WS_SCALE2)
+            lo = _ws_dequant_v4(st_lo.index(stage).load(WS_GAT), sc, 0)
+            hi = _ws_dequant_v4(st_hi.index(stage).load(WS_GAT), sc, 1)
+            rope = st_rope.index(stage).load(WS_ROPE)
+            mbarrier.wait(k_empty.index(slot), ((i // WS_NBUF) & 1) ^ 1)
+            k_lo.index(slot).store(lo)
+            k_hi.index(slot).store(hi)
+            gl.thread_barrier()
+            k_hi.index(slot).slice(192, 64, dim=1).store(rope)
         fence_async_shared()  # the generic-proxy stores before the consumers' wgmma (async proxy) reads
         gl.thread_barrier()  # all stores (and reads of this staging slot) done before the one-thread arrive
         mbarrier.arrive(k_ready.index(slot), count=1)
 
 
 @gluon.jit
-def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
-    # a consumer warpgroup: its share of QK (HALF 0: dims 0-255 and the rope, 1: dims 256-511), the other share
-    # added through shared memory (a + b == b + a: both consumers get the same scores and softmax), then P.V
-    # for V's columns HALF * 256 ... + 255; HALF 0 also stores the LSE
+def _ws_producer_v32(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, 0)
+
+
+@gluon.jit
+def _ws_producer_v4(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, 1)
+
+
+@gluon.jit
+def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr, ROPE: gl.constexpr):
+    # a consumer warpgroup: its share of QK (HALF 0: dims 0-255, with V3.2's rope tile where ROPE; 1: dims
+    # 256-511, V4's rope among them), the other share added through shared memory (a + b == b + a: both consumers
+    # get the same scores and softmax), then P.V for V's columns HALF * 256 ... + 255; HALF 0 also stores the LSE
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
     q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
     k_ready, k_empty, s_bar = bars
@@ -782,7 +854,8 @@ def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
         mbarrier.wait(k_ready.index(slot), (i // WS_NBUF) & 1)
         if HALF == 0:
             part = warpgroup_mma(q_lo, k_lo.index(slot).permute((1, 0)), zero_qk, use_acc=False, is_async=True)
-            part = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), part, is_async=True)
+            if ROPE:
+                part = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), part, is_async=True)
         else:
             part = warpgroup_mma(q_hi, k_hi.index(slot).permute((1, 0)), zero_qk, use_acc=False, is_async=True)
         part = warpgroup_mma_wait(0, deps=(part,))
@@ -826,12 +899,17 @@ def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
 
 @gluon.jit
 def _ws_consumer_lo(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0)
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 1)
+
+
+@gluon.jit
+def _ws_consumer_lo_v4(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 0)
 
 
 @gluon.jit
 def _ws_consumer_hi(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 1)
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 1, 0)
 
 
 @gluon.jit(do_not_specialize=["B", "H", "topk", "max_splits", "page_shift"])
@@ -857,16 +935,17 @@ def _sparse_mla_ws_split_kernel(
     stride_qb,
     stride_qh,
     stride_ib,
+    LAYOUT: gl.constexpr,
 ):
-    # V3.2 (656-byte rows), H a multiple of WS_BLOCK_H; grid (B, H / WS_BLOCK_H, splits); launched with num_warps=4
-    # (the default partition; the two workers add 8) and maxnreg=WS_MAXNREG. Outputs as _sparse_mla_split_kernel's
-    # at one split-D part.
+    # LAYOUT 0 (V3.2, d_qk 576) or 1 (V4, d_qk 512), H a multiple of WS_BLOCK_H; grid (B, H / WS_BLOCK_H, splits);
+    # launched with num_warps=4 (the default partition; the two workers add 8) and maxnreg=WS_MAXNREG. Outputs as
+    # _sparse_mla_split_kernel's at one split-D part.
     pid_b = gl.program_id(0)
     pid_h = gl.program_id(1)
     pid_s = gl.program_id(2)
     n_splits = gl.num_programs(2)
 
-    # the q tile [64, 576] bf16 into shared memory (wgmma A operands), by the default warpgroup
+    # the q tile [64, d_qk] bf16 into shared memory (wgmma A operands), by the default warpgroup
     ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     nvmma: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     offs_h = pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, ql))
@@ -875,16 +954,29 @@ def _sparse_mla_ws_split_kernel(
     offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ql))
     q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + offs_c[None, :]))
     q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + 256 + offs_c[None, :]))
-    q_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 64], nvmma, gl.load(qrow + 512 + offs_e[None, :]))
-    # the K-tile ring (dims 0-255, 256-511, rope) and the raw-row staging ring
+    # V4 has no q_rope / k_rope: their names stand for q_hi / k_hi there, never read (V4's rope is dims 448-511)
+    if LAYOUT == 0:
+        q_rope = gl.allocate_shared_memory(
+            gl.bfloat16, [WS_BLOCK_H, 64], nvmma, gl.load(qrow + 512 + offs_e[None, :])
+        )
+    else:
+        q_rope = q_hi
+    # the K-tile ring (dims 0-255, 256-511, V3.2's rope) and the raw-row staging ring
     k_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], nvmma)
     k_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], nvmma)
-    k_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 64], nvmma)
+    if LAYOUT == 0:
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 64], nvmma)
+    else:
+        k_rope = k_hi
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     st_lo = gl.allocate_shared_memory(gl.uint8, [WS_NSTAGE, WS_BLOCK_T, 256], flat)
     st_hi = gl.allocate_shared_memory(gl.uint8, [WS_NSTAGE, WS_BLOCK_T, 256], flat)
     st_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NSTAGE, WS_BLOCK_T, 64], flat)
-    st_sc = gl.allocate_shared_memory(gl.float32, [WS_NSTAGE, WS_BLOCK_T, 4], flat)
+    # the scales: V3.2's four fp32, V4's 8-byte scale row as two 4-byte words (fp32 bits, taken apart as int32)
+    if LAYOUT == 0:
+        st_sc = gl.allocate_shared_memory(gl.float32, [WS_NSTAGE, WS_BLOCK_T, 4], flat)
+    else:
+        st_sc = gl.allocate_shared_memory(gl.float32, [WS_NSTAGE, WS_BLOCK_T, 2], flat)
     # the partial-score exchange [consumer * 2 + tile parity]: 32-byte units XOR-swizzled over 4 rows, so a warp's
     # eight rows of an accumulator fragment store in 2 wavefronts, not 8 (unswizzled, 128-byte rows all land on the
     # same banks: 4x the ideal wavefronts in Nsight Compute, and B=128 316.9 against 261.4 us; candidates_14/)
@@ -908,11 +1000,18 @@ def _sparse_mla_ws_split_kernel(
     bars = (k_ready, k_empty, s_bar)
     ints = (pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles)
     args = (ptrs, smem, bars, ints, sm_scale_log2)
-    gl.warp_specialize(
-        [(_ws_consumer_lo, args), (_ws_consumer_hi, args), (_ws_producer, args)],
-        [4, 4],
-        [WS_REGS_CONSUMER, WS_REGS_PRODUCER],
-    )
+    if LAYOUT == 0:
+        gl.warp_specialize(
+            [(_ws_consumer_lo, args), (_ws_consumer_hi, args), (_ws_producer_v32, args)],
+            [4, 4],
+            [WS_REGS_CONSUMER, WS_REGS_PRODUCER],
+        )
+    else:
+        gl.warp_specialize(
+            [(_ws_consumer_lo_v4, args), (_ws_consumer_hi, args), (_ws_producer_v4, args)],
+            [4, 4],
+            [WS_REGS_CONSUMER, WS_REGS_PRODUCER],
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1138,7 +1237,7 @@ class SparseMLADecode:
             _check_ws_launch(q, lay, page_size, chosen)
             n = resolve_num_splits(cfg.num_splits, B, H, topk, cfg.BLOCK_H, cfg.BLOCK_T, num_sms)
             _sparse_mla_ws_split_kernel[(B, H // cfg.BLOCK_H, n)](
-                *args[:13], page_size.bit_length() - 1, *args[13:], num_warps=4, maxnreg=WS_MAXNREG
+                *args[:13], page_size.bit_length() - 1, *args[13:], LAYOUT=lay.code, num_warps=4, maxnreg=WS_MAXNREG
             )
         elif self._tuner is None:
             cfg = chosen
@@ -1176,17 +1275,19 @@ class SparseMLADecode:
 
 def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: int) -> str | None:
     """Why ``config`` cannot run this shape (one line), or None when it can: a Triton config runs every shape; the
-    warp-specialized kernel needs the deepseek_v32 layout, ``num_heads`` a multiple of WS_BLOCK_H and a
-    power-of-two page size. The device is not part of it (``_check_ws_launch``). The verify stage judges a
-    config only at the shapes of its domain (``kernelcamp.verify.kernel``)."""
+    warp-specialized kernel needs ``num_heads`` a multiple of WS_BLOCK_H and a power-of-two page size (deepseek_v4:
+    at least 2, so that its 584-byte tokens leave each page's 576-byte data rows 16-byte aligned). The device is not
+    part of it (``_check_ws_launch``). The verify stage judges a config only at the shapes of its domain
+    (``kernelcamp.verify.kernel``)."""
     if not getattr(config, "warp_specialize", False):
         return None
-    if layout != "deepseek_v32":
-        return f"runs the deepseek_v32 layout only, got {layout}; use a Triton config"
+    lay = get_layout(layout)
     if num_heads % int(WS_BLOCK_H):
         return f"needs H a multiple of {int(WS_BLOCK_H)}, got H={num_heads}; use a Triton config"
     if page_size & (page_size - 1):
         return f"needs a power-of-two page size, got {page_size}; use a Triton config"
+    if lay.scale_row_bytes and page_size < 2:
+        return f"needs a page size of at least 2 for {layout}, got {page_size}; use a Triton config"
     return None
 
 
@@ -1584,8 +1685,6 @@ def compile_specs(
         raise ValueError(f"dot_dtype={dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
     fn = _compilable(_sparse_mla_split_kernel)
     ws = getattr(config, "warp_specialize", False)
-    if ws and lay.code != 0:
-        raise ValueError(f"config {config.label()}: the warp-specialized kernel runs the deepseek_v32 layout only")
     n, _, split_d = _launch_grid(lay.code, config, batch, num_heads, topk, num_sms)
     split_types = {
         "q_ptr": "*bf16",
@@ -1635,7 +1734,7 @@ def compile_specs(
             "sparse_mla_split_ws",
             _compilable(_sparse_mla_ws_split_kernel),
             {**split_types, "page_shift": "i32"},
-            {},
+            {"LAYOUT": lay.code},
             WS_NUM_WARPS,
             config.num_stages,
             strides,

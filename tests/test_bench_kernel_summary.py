@@ -147,8 +147,10 @@ def test_a_tables_entry_that_is_not_a_variant_file_is_one_line(tmp_path, capsys)
 
 def test_a_warp_specialized_config_is_timed_only_where_its_kernel_runs():
     # kernel_bench_final.sh times every table's configs on every family: the V3.2 table's _ws rows would be
-    # error rows on TP8 (H=16) and V4-Flash (another layout), where the launcher refuses them
+    # error rows on TP8 (H=16), where the launcher refuses them; V4-Flash (H=64) runs them since the kernel has
+    # V4's layout, at a power-of-two page size
     ws = bk.LaunchConfig.from_label("T32_H64_w12_s2_kauto_ws")
-    assert bk.runs_on(ws, "v32") and not bk.runs_on(ws, "v32_tp8") and not bk.runs_on(ws, "v4_flash")
+    assert bk.runs_on(ws, "v32") and not bk.runs_on(ws, "v32_tp8") and bk.runs_on(ws, "v4_flash")
+    assert not bk.runs_on(ws, "v32", page_size=48) and not bk.runs_on(ws, "v4_flash", page_size=1)
     t64 = bk.LaunchConfig.from_label("T64_H64_w8_s2_kauto")
     assert bk.runs_on(t64, "v4_flash") and not bk.runs_on(t64, "v32_tp8")

@@ -149,12 +149,17 @@ def test_capture_autotune_cold_is_caught(inputs):
 WS = LaunchConfig.from_label("T32_H64_w12_s2_kauto_ws")
 
 
-@pytest.mark.parametrize("page_size", [64, 256])
+@pytest.mark.parametrize(
+    "fam, page_size",
+    [("v32", 64), ("v32", 256), ("v4_flash", 64), ("v4_flash", 256), ("v4_flash", 2)],
+)
 @pytest.mark.parametrize("splits", ["auto", 1, 3])
-def test_warp_specialized_kernel_matches_reference(page_size, splits):
-    # V3.2, an all-empty row, 5% empty slots, uneven splits (64 tiles over 3: 22, 22, 20) and one split (the
-    # kernel stores the final output itself); page 256 exercises the run-time page shift
-    inp = smd.make_inputs("deepseek_v32", 8, 128, 2048, page_size, 65536, "cuda", seed=2, empty_fraction=0.05)
+def test_warp_specialized_kernel_matches_reference(fam, page_size, splits):
+    # V3.2 and V4-Flash, an all-empty row, 5% empty slots, uneven splits (V3.2: 64 tiles over 3, 22, 22, 20; V4:
+    # 16 over 3, 6, 6, 4) and one split (the kernel stores the final output itself); pages 256 and 2 exercise the
+    # run-time page shift (V4's smallest page, where its page term is 1168 << 0)
+    layout, H, topk = FULL[fam]
+    inp = smd.make_inputs(layout, 8, H, topk, page_size, 65536, "cuda", seed=2, empty_fraction=0.05)
     inp["indices"][3] = -1
     cfg = LaunchConfig(32, 64, 12, 2, splits, warp_specialize=True)
     k = smd.SparseMLADecode(Variant("ws", (cfg,)))

@@ -73,9 +73,11 @@ def _v32(B=2, H=128, page_size=64, layout="deepseek_v32", topk=64):
 @pytest.mark.parametrize(
     "kw, match",
     [
-        ({"layout": "deepseek_v4", "H": 64}, "deepseek_v32 layout only"),
+        ({"layout": "deepseek_v4", "H": 64, "page_size": 1}, "page size of at least 2 for deepseek_v4, got 1"),
+        ({"layout": "deepseek_v4", "H": 32}, "H a multiple of 64"),
         ({"H": 16}, "H a multiple of 64"),
         ({}, "Triton interpreter" if os.environ.get("TRITON_INTERPRET") else "sm90"),
+        ({"layout": "deepseek_v4", "H": 64}, "Triton interpreter" if os.environ.get("TRITON_INTERPRET") else "sm90"),
     ],
 )
 def test_launch_refusals_are_one_line(kw, match):
@@ -108,26 +110,35 @@ def _json_in_child(code: str):
 
 
 _WS_SM90 = r"""
-import json, re
+import json, re, sys
 from kernelcamp.inspect.compile import compile_spec, read_cubin
 from kernelcamp.variant import LaunchConfig
 from kernels.sparse_mla_decode import compile_specs
 cfg = LaunchConfig(32, 64, 12, 2, "auto", warp_specialize=True)
-specs = compile_specs("deepseek_v32", 128, 2048, cfg, batch=128, all_split_d=True)
+layout, H, topk = LAYOUT, HEADS, TOPK
+specs = compile_specs(layout, H, topk, cfg, batch=128, all_split_d=True)
 k = compile_spec(specs[0], 90)
 ptx = k.asm["ptx"]
+copies = re.findall(r"cp\.async\.(\w+)\.shared\.global\s.*,\s*(0x[0-9a-f]+)", ptx)
 print(json.dumps({
     "names": [s.name for s in specs], "num_warps": specs[0].num_warps, "options": specs[0].options,
     "shared": k.metadata.shared, "warps": k.metadata.num_warps,
     "cubin": read_cubin(k.asm["cubin"], k.metadata.name)[0],
     "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx))),
     "wgmma": ptx.count("wgmma.mma_async"), "cp_async": ptx.count("cp.async.cg.shared.global"),
+    "copy_bytes": sorted({int(n, 16) for _, n in copies}), "copies": len(copies),
 }))
 """
 
 
+def _ws_sm90(layout, heads, topk):
+    return _json_in_child(
+        _WS_SM90.replace("LAYOUT, HEADS, TOPK", f"{layout!r}, {heads}, {topk}")
+    )
+
+
 def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
-    f = _json_in_child(_WS_SM90)
+    f = _ws_sm90("deepseek_v32", 128, 2048)
     assert f["names"] == ["sparse_mla_split_ws", "sparse_mla_combine"]
     # the program is 12 warps (the occupancy figures'); it compiles as a 4-warp default partition + 2 workers
     assert f["num_warps"] == 12 and f["warps"] == 12 and f["options"] == {"num_warps": 4, "maxnreg": 168}
@@ -137,6 +148,23 @@ def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
     # warp-specialized for real: the partitions' register budgets, wgmma and the producer's cp.async gathers
     assert ["dec", "120"] in f["setmaxnreg"] and ["dec", "192"] in f["setmaxnreg"]
     assert f["wgmma"] > 0 and f["cp_async"] > 0
+    # every gather is a 16-byte copy: 4 + 4 fp8, 2 rope and 1 scale copies a thread, in the prologue and the loop
+    assert f["copy_bytes"] == [16] and f["copies"] == 22
+
+
+def test_v4_cross_compiles_for_sm90_with_16_byte_gathers():
+    # V4's 584-byte tokens: with its page term written 584 << page_shift, Triton proved the data rows 8-byte
+    # aligned only, and every fp8 gather was an 8-byte cp.async.ca (34 copies against 20 16-byte ones now)
+    f = _ws_sm90("deepseek_v4", 64, 512)
+    assert f["names"] == ["sparse_mla_split_ws", "sparse_mla_combine"] and f["warps"] == 12
+    assert f["cubin"]["registers"] == 168 and f["cubin"]["local_bytes"] == 0
+    # no rope tiles of their own (V4's rope is in dims 448-511): 205,672 B against V3.2's 222,584
+    assert f["shared"] == 205672
+    assert ["dec", "120"] in f["setmaxnreg"] and ["dec", "192"] in f["setmaxnreg"]
+    # 4 + 4 fp8 and 2 rope 16-byte copies a thread, and the 8-byte scale row, in the prologue and the loop;
+    # the V3.2 kernel's rope QK dot is gone (36 wgmma against 40)
+    assert f["copy_bytes"] == [8, 16] and f["cp_async"] == 20 and f["copies"] == 22
+    assert f["wgmma"] == 36
 
 
 def test_the_inspector_compiles_it_in_its_child_with_its_options(tmp_path):
