@@ -956,9 +956,7 @@ def _sparse_mla_ws_split_kernel(
     q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + 256 + offs_c[None, :]))
     # V4 has no q_rope / k_rope: their names stand for q_hi / k_hi there, never read (V4's rope is dims 448-511)
     if LAYOUT == 0:
-        q_rope = gl.allocate_shared_memory(
-            gl.bfloat16, [WS_BLOCK_H, 64], nvmma, gl.load(qrow + 512 + offs_e[None, :])
-        )
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 64], nvmma, gl.load(qrow + 512 + offs_e[None, :]))
     else:
         q_rope = q_hi
     # the K-tile ring (dims 0-255, 256-511, V3.2's rope) and the raw-row staging ring

@@ -132,9 +132,7 @@ print(json.dumps({
 
 
 def _ws_sm90(layout, heads, topk):
-    return _json_in_child(
-        _WS_SM90.replace("LAYOUT, HEADS, TOPK", f"{layout!r}, {heads}, {topk}")
-    )
+    return _json_in_child(_WS_SM90.replace("LAYOUT, HEADS, TOPK", f"{layout!r}, {heads}, {topk}"))
 
 
 def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
