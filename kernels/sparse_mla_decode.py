@@ -82,9 +82,9 @@ second load), and stores its columns; part 0 stores the LSE. A program's partial
 stall samples of V3.2 B=1 in Nsight Compute (reports/campaigns/kernel_speed/candidates_10/), halves. At one
 part the binary is the same as without the split (benchmarks/ptx_same.py).
 
-Warp-specialized V3.2 kernel (a config with ``warp_specialize``: ``T32_H64_w12_s2_k<splits>_ws``; Gluon, sm90 only,
-``_sparse_mla_ws_split_kernel``): the same grid with BLOCK_H 64, the same outputs and the same combine, but a
-program's 12 warps take roles instead of running one tile at a time. A producer warpgroup gathers each 32-token
+Warp-specialized kernel (a config with ``warp_specialize``: ``T32_H64_w12_s2_k<splits>_ws``; Gluon, sm90 only,
+``_sparse_mla_ws_split_kernel``, written for V3.2 and since run on V4 too): the same grid with BLOCK_H 64, the same
+outputs and the same combine, but a program's 12 warps take roles instead of running one tile at a time. A producer warpgroup gathers each 32-token
 tile's fp8 rows, scales and rope values with cp.async into a two-deep staging ring (the next tile's indices loaded
 an iteration ahead), dequantizes them (fp8 -> fp32 times the group scale -> bf16, as ``_dequant_group``) into a
 two-deep ring of wgmma-ready K tiles and signals an mbarrier. Two consumer warpgroups split QK's 576 dims (0-255
@@ -92,8 +92,12 @@ with the rope, 256-511), add their partial scores through shared memory (both ge
 softmax, and each accumulates P.V for its 256 of V's 512 columns with wgmma, then release the K tile. The plain
 kernel's two warpgroups both compute the whole QK tile at BLOCK_H 64 (above). H200: V3.2 B=128 261.4 us
 (279 TFLOPS) against 404.1 us for the Triton table's row, B=1 16.1 against 15.7
-(reports/campaigns/kernel_speed/candidates_14/). It needs H a multiple of 64, a power-of-two page size and an
-sm90 GPU; Gluon has no interpreter, so the CPU tests cover it by cross-compiling only.
+(reports/campaigns/kernel_speed/candidates_14/). V4 (``LAYOUT`` 1) runs the same partitions on its own rows: the
+producer gathers data bytes 0-255 and 256-511, the 64 rope values and the 8-byte scale row, dequantizes groups 0-3
+and 4-6 with their ue8m0 exponents and writes the rope into K's dims 448-511 (V4 has no rope tile of its own: its
+d_qk is 512, and its V is all 512 dims); the consumers split QK at dim 256 as on V3.2, without V3.2's rope dot. It
+needs H a multiple of 64, a power-of-two page size (V4: at least 2) and an sm90 GPU; Gluon has no interpreter, so
+the CPU tests cover it by cross-compiling only.
 
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
@@ -641,10 +645,11 @@ def _sparse_mla_combine_kernel(
 
 
 # --------------------------------------------------------------------------------------------------
-# Warp-specialized V3.2 split kernel (Gluon, sm90): a config with warp_specialize runs it (module docstring).
+# Warp-specialized split kernel, V3.2 and V4 (Gluon, sm90): a config with warp_specialize runs it (module docstring).
 # Its partitions take their arguments as four tuples (Gluon passes a worker only values and shared-memory
-# descriptors, no constexprs: the tile sizes are the module constants WS_*, and the page size a run-time
-# log2, page_shift):
+# descriptors, no constexprs: the tile sizes are the module constants WS_*, the page size a run-time log2,
+# page_shift, and the layout and a consumer's half are fixed by thin wrappers, _ws_producer_v32 / _v4 and
+# _ws_consumer_lo / _lo_v4 / _hi):
 #   ptrs = (kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr)
 #   smem = (q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x)
 #   bars = (k_ready, k_empty, s_bar)
@@ -654,6 +659,8 @@ WS_BLOCK_T = gl.constexpr(32)  # tokens per tile
 WS_BLOCK_H = gl.constexpr(64)  # heads per program (one wgmma M)
 WS_NBUF = gl.constexpr(2)  # depth of the K-tile ring (bf16, wgmma-ready)
 WS_NSTAGE = gl.constexpr(2)  # depth of the cp.async staging ring (raw fp8 rows): LaunchConfig.num_stages
+# V4 may run a third staging slot (num_stages 3: 226,408 B of shared memory); V3.2's would need 243,320 B
+WS_NSTAGES = {"deepseek_v32": (2,), "deepseek_v4": (2, 3)}
 WS_NUM_WARPS = 12  # two consumer warpgroups + one producer warpgroup: LaunchConfig.num_warps
 # registers: 12 warps x 32 threads x maxnreg 168 = 64,512 of the SM's 65,536; setmaxnreg gives the consumer
 # worker WS_REGS_CONSUMER and the producer WS_REGS_PRODUCER, the default partition (a consumer) the rest, 3 x 168 -
@@ -767,30 +774,31 @@ def _ws_scale_idx(idx_ptr, ints, tile, LAYOUT: gl.constexpr):
 
 @gluon.jit
 def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr):
-    # the producer warpgroup: gathers (WS_NSTAGE - 1 tiles ahead, their indices one more iteration ahead) and
+    # the producer warpgroup: gathers (NSTAGE - 1 tiles ahead, their indices one more iteration ahead) and
     # the dequantization of each tile into the K-tile ring, signalled on k_ready once the ring slot is free
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
     q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
     k_ready, k_empty, s_bar = bars
     pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles = ints
-    for j in gl.static_range(WS_NSTAGE - 1):
+    NSTAGE: gl.constexpr = st_lo.shape[0]  # the staging ring's depth (the config's num_stages)
+    for j in gl.static_range(NSTAGE - 1):
         ig = _ws_tile_idx(idx_ptr, ints, j, WS_GAT)
         ir = _ws_tile_idx(idx_ptr, ints, j, WS_ROPE)
         isc = _ws_scale_idx(idx_ptr, ints, j, LAYOUT)
         _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, j, LAYOUT)
     # the indices of the next tile to gather, loaded an iteration early: off the issue path (Nsight Compute had
     # the producer waiting on them when they were loaded just before the copies they address)
-    ig = _ws_tile_idx(idx_ptr, ints, WS_NSTAGE - 1, WS_GAT)
-    ir = _ws_tile_idx(idx_ptr, ints, WS_NSTAGE - 1, WS_ROPE)
-    isc = _ws_scale_idx(idx_ptr, ints, WS_NSTAGE - 1, LAYOUT)
+    ig = _ws_tile_idx(idx_ptr, ints, NSTAGE - 1, WS_GAT)
+    ir = _ws_tile_idx(idx_ptr, ints, NSTAGE - 1, WS_ROPE)
+    isc = _ws_scale_idx(idx_ptr, ints, NSTAGE - 1, LAYOUT)
     for i in range(n_tiles):
-        _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, (i + WS_NSTAGE - 1) % WS_NSTAGE, LAYOUT)
-        ig = _ws_tile_idx(idx_ptr, ints, i + WS_NSTAGE, WS_GAT)
-        ir = _ws_tile_idx(idx_ptr, ints, i + WS_NSTAGE, WS_ROPE)
-        isc = _ws_scale_idx(idx_ptr, ints, i + WS_NSTAGE, LAYOUT)
-        async_copy.wait_group(WS_NSTAGE - 1)
+        _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, (i + NSTAGE - 1) % NSTAGE, LAYOUT)
+        ig = _ws_tile_idx(idx_ptr, ints, i + NSTAGE, WS_GAT)
+        ir = _ws_tile_idx(idx_ptr, ints, i + NSTAGE, WS_ROPE)
+        isc = _ws_scale_idx(idx_ptr, ints, i + NSTAGE, LAYOUT)
+        async_copy.wait_group(NSTAGE - 1)
         gl.thread_barrier()  # every producer thread's copies of tile i have landed
-        stage = i % WS_NSTAGE
+        stage = i % NSTAGE
         slot = i % WS_NBUF
         if LAYOUT == 0:
             sc = st_sc.index(stage).load(WS_SCALE4)
@@ -936,8 +944,10 @@ def _sparse_mla_ws_split_kernel(
     stride_qh,
     stride_ib,
     LAYOUT: gl.constexpr,
+    NSTAGE: gl.constexpr,
 ):
-    # LAYOUT 0 (V3.2, d_qk 576) or 1 (V4, d_qk 512), H a multiple of WS_BLOCK_H; grid (B, H / WS_BLOCK_H, splits);
+    # LAYOUT 0 (V3.2, d_qk 576) or 1 (V4, d_qk 512), H a multiple of WS_BLOCK_H, NSTAGE staging slots (WS_NSTAGES);
+    # grid (B, H / WS_BLOCK_H, splits);
     # launched with num_warps=4 (the default partition; the two workers add 8) and maxnreg=WS_MAXNREG. Outputs as
     # _sparse_mla_split_kernel's at one split-D part.
     pid_b = gl.program_id(0)
@@ -967,14 +977,14 @@ def _sparse_mla_ws_split_kernel(
     else:
         k_rope = k_hi
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    st_lo = gl.allocate_shared_memory(gl.uint8, [WS_NSTAGE, WS_BLOCK_T, 256], flat)
-    st_hi = gl.allocate_shared_memory(gl.uint8, [WS_NSTAGE, WS_BLOCK_T, 256], flat)
-    st_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NSTAGE, WS_BLOCK_T, 64], flat)
+    st_lo = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
+    st_hi = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
+    st_rope = gl.allocate_shared_memory(gl.bfloat16, [NSTAGE, WS_BLOCK_T, 64], flat)
     # the scales: V3.2's four fp32, V4's 8-byte scale row as two 4-byte words (fp32 bits, taken apart as int32)
     if LAYOUT == 0:
-        st_sc = gl.allocate_shared_memory(gl.float32, [WS_NSTAGE, WS_BLOCK_T, 4], flat)
+        st_sc = gl.allocate_shared_memory(gl.float32, [NSTAGE, WS_BLOCK_T, 4], flat)
     else:
-        st_sc = gl.allocate_shared_memory(gl.float32, [WS_NSTAGE, WS_BLOCK_T, 2], flat)
+        st_sc = gl.allocate_shared_memory(gl.float32, [NSTAGE, WS_BLOCK_T, 2], flat)
     # the partial-score exchange [consumer * 2 + tile parity]: 32-byte units XOR-swizzled over 4 rows, so a warp's
     # eight rows of an accumulator fragment store in 2 wavefronts, not 8 (unswizzled, 128-byte rows all land on the
     # same banks: 4x the ideal wavefronts in Nsight Compute, and B=128 316.9 against 261.4 us; candidates_14/)
@@ -1235,7 +1245,13 @@ class SparseMLADecode:
             _check_ws_launch(q, lay, page_size, chosen)
             n = resolve_num_splits(cfg.num_splits, B, H, topk, cfg.BLOCK_H, cfg.BLOCK_T, num_sms)
             _sparse_mla_ws_split_kernel[(B, H // cfg.BLOCK_H, n)](
-                *args[:13], page_size.bit_length() - 1, *args[13:], LAYOUT=lay.code, num_warps=4, maxnreg=WS_MAXNREG
+                *args[:13],
+                page_size.bit_length() - 1,
+                *args[13:],
+                LAYOUT=lay.code,
+                NSTAGE=cfg.num_stages,
+                num_warps=4,
+                maxnreg=WS_MAXNREG,
             )
         elif self._tuner is None:
             cfg = chosen
@@ -1286,6 +1302,11 @@ def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: 
         return f"needs a power-of-two page size, got {page_size}; use a Triton config"
     if lay.scale_row_bytes and page_size < 2:
         return f"needs a page size of at least 2 for {layout}, got {page_size}; use a Triton config"
+    if config.num_stages not in WS_NSTAGES[layout]:
+        return (
+            f"runs num_stages {config.num_stages} on deepseek_v4 only, not {layout} (its staging ring would exceed "
+            f"shared memory); use _s{int(WS_NSTAGE)}_"
+        )
     return None
 
 
@@ -1384,11 +1405,13 @@ def _block_s(n_splits: int) -> int:
 
 def _check_config(c: LaunchConfig) -> None:
     if getattr(c, "warp_specialize", False):
-        ws = (int(WS_BLOCK_T), int(WS_BLOCK_H), WS_NUM_WARPS, int(WS_NSTAGE))
-        if (c.BLOCK_T, c.BLOCK_H, c.num_warps, c.num_stages) != ws:
+        ws = (int(WS_BLOCK_T), int(WS_BLOCK_H), WS_NUM_WARPS)
+        stages = sorted({n for v in WS_NSTAGES.values() for n in v})
+        if (c.BLOCK_T, c.BLOCK_H, c.num_warps) != ws or c.num_stages not in stages:
             raise ValueError(
                 f"config {c.label()}: the warp-specialized kernel runs BLOCK_T {ws[0]}, BLOCK_H {ws[1]}, "
-                f"num_warps {ws[2]}, num_stages {ws[3]} only (T{ws[0]}_H{ws[1]}_w{ws[2]}_s{ws[3]}_k<splits>_ws)"
+                f"num_warps {ws[2]}, num_stages {' or '.join(map(str, stages))} only "
+                f"(T{ws[0]}_H{ws[1]}_w{ws[2]}_s{int(WS_NSTAGE)}_k<splits>_ws; s3 on deepseek_v4 only)"
             )
     else:
         for name in ("BLOCK_T", "BLOCK_H"):
@@ -1679,6 +1702,8 @@ def compile_specs(
     """
     lay = get_layout(layout)
     _check_config(config)
+    if getattr(config, "warp_specialize", False) and config.num_stages not in WS_NSTAGES[layout]:
+        raise ValueError(f"config {config.label()}: {launch_domain(config, layout, num_heads, page_size)}")
     if dot_dtype not in _DOT_DTYPES:
         raise ValueError(f"dot_dtype={dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
     fn = _compilable(_sparse_mla_split_kernel)
@@ -1732,7 +1757,7 @@ def compile_specs(
             "sparse_mla_split_ws",
             _compilable(_sparse_mla_ws_split_kernel),
             {**split_types, "page_shift": "i32"},
-            {"LAYOUT": lay.code},
+            {"LAYOUT": lay.code, "NSTAGE": config.num_stages},
             WS_NUM_WARPS,
             config.num_stages,
             strides,

@@ -50,10 +50,25 @@ def test_yaml_row_parses_and_twelve_warps_need_the_flag():
     assert table.config_for_batch(64).warp_specialize and not table.config_for_batch(1).warp_specialize
 
 
-@pytest.mark.parametrize("label", ["T64_H64_w12_s2_kauto_ws", "T32_H64_w8_s2_kauto_ws", "T32_H64_w12_s3_kauto_ws"])
+@pytest.mark.parametrize("label", ["T64_H64_w12_s2_kauto_ws", "T32_H64_w8_s2_kauto_ws", "T32_H64_w12_s4_kauto_ws"])
 def test_other_tile_sizes_are_refused_with_the_one_that_runs(label):
     with pytest.raises(ValueError, match="T32_H64_w12_s2_k<splits>_ws"):
         smd.SparseMLADecode(Variant("ws", (LaunchConfig.from_label(label),)))
+
+
+def test_three_staging_slots_run_on_v4_only():
+    # V4's staging ring fits a third slot (226,408 B of shared memory); V3.2's would need 243,320 B: refused in one
+    # line at launch and when the build stage asks for its compile specs, never an out-of-resources compile
+    s3 = LaunchConfig.from_label("T32_H64_w12_s3_kauto_ws")
+    assert smd.launch_domain(s3, "deepseek_v4", 64, 64) is None
+    why = smd.launch_domain(s3, "deepseek_v32", 128, 64)
+    assert "num_stages 3 on deepseek_v4 only" in why and "\n" not in why
+    x = _v32()
+    k = smd.SparseMLADecode(Variant("ws", (s3,)), check_indices=False)
+    with pytest.raises(ValueError, match="num_stages 3 on deepseek_v4 only"):
+        k(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
+    with pytest.raises(ValueError, match="T32_H64_w12_s3_kauto_ws: runs num_stages 3 on deepseek_v4 only"):
+        smd.compile_specs("deepseek_v32", 128, 2048, s3)
 
 
 def test_autotune_list_and_fp16_are_refused():
@@ -114,8 +129,8 @@ import json, re, sys
 from kernelcamp.inspect.compile import compile_spec, read_cubin
 from kernelcamp.variant import LaunchConfig
 from kernels.sparse_mla_decode import compile_specs
-cfg = LaunchConfig(32, 64, 12, 2, "auto", warp_specialize=True)
-layout, H, topk = LAYOUT, HEADS, TOPK
+layout, H, topk, stages = LAYOUT, HEADS, TOPK, STAGES
+cfg = LaunchConfig(32, 64, 12, stages, "auto", warp_specialize=True)
 specs = compile_specs(layout, H, topk, cfg, batch=128, all_split_d=True)
 k = compile_spec(specs[0], 90)
 ptx = k.asm["ptx"]
@@ -131,8 +146,8 @@ print(json.dumps({
 """
 
 
-def _ws_sm90(layout, heads, topk):
-    return _json_in_child(_WS_SM90.replace("LAYOUT, HEADS, TOPK", f"{layout!r}, {heads}, {topk}"))
+def _ws_sm90(layout, heads, topk, stages=2):
+    return _json_in_child(_WS_SM90.replace("LAYOUT, HEADS, TOPK, STAGES", f"{layout!r}, {heads}, {topk}, {stages}"))
 
 
 def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
@@ -163,6 +178,11 @@ def test_v4_cross_compiles_for_sm90_with_16_byte_gathers():
     # the V3.2 kernel's rope QK dot is gone (36 wgmma against 40)
     assert f["copy_bytes"] == [8, 16] and f["cp_async"] == 20 and f["copies"] == 22
     assert f["wgmma"] == 36
+    # num_stages 3: a third staging slot (20,736 B more), the gathers two tiles ahead, still one program per SM
+    f3 = _ws_sm90("deepseek_v4", 64, 512, stages=3)
+    assert f3["shared"] == 226408 and f3["shared"] + f3["cubin"]["static_shared_bytes"] <= 232448
+    assert f3["cubin"]["registers"] == 168 and f3["cubin"]["local_bytes"] == 0
+    assert f3["copies"] == 33  # two prologue gathers and the loop's, 11 copies each
 
 
 def test_the_inspector_compiles_it_in_its_child_with_its_options(tmp_path):
