@@ -84,9 +84,9 @@ part the binary is the same as without the split (benchmarks/ptx_same.py).
 
 Warp-specialized kernel (a config with ``warp_specialize``: ``T32_H64_w12_s2_k<splits>_ws``; Gluon, sm90 only,
 ``_sparse_mla_ws_split_kernel``, written for V3.2 and since run on V4 too): the same grid with BLOCK_H 64, the same
-outputs and the same combine, but a program's 12 warps take roles instead of running one tile at a time. A producer warpgroup gathers each 32-token
-tile's fp8 rows, scales and rope values with cp.async into a two-deep staging ring (the next tile's indices loaded
-an iteration ahead), dequantizes them (fp8 -> fp32 times the group scale -> bf16, as ``_dequant_group``) into a
+outputs and the same combine, but a program's 12 warps take roles instead of running one tile at a time. A
+producer warpgroup gathers each 32-token tile's fp8 rows, scales and rope values with cp.async into a two-deep
+staging ring (num_stages; V4 may take three; the next tile's indices loaded an iteration ahead), dequantizes them (fp8 -> fp32 times the group scale -> bf16, as ``_dequant_group``) into a
 two-deep ring of wgmma-ready K tiles and signals an mbarrier. Two consumer warpgroups split QK's 576 dims (0-255
 with the rope, 256-511), add their partial scores through shared memory (both get the same scores), run the online
 softmax, and each accumulates P.V for its 256 of V's 512 columns with wgmma, then release the K tile. The plain
