@@ -84,20 +84,20 @@ part the binary is the same as without the split (benchmarks/ptx_same.py).
 
 Warp-specialized kernel (a config with ``warp_specialize``: ``T32_H64_w12_s2_k<splits>_ws``; Gluon, sm90 only,
 ``_sparse_mla_ws_split_kernel``, written for V3.2 and since run on V4 too): the same grid with BLOCK_H 64, the same
-outputs and the same combine, but a program's 12 warps take roles instead of running one tile at a time. A
-producer warpgroup gathers each 32-token tile's fp8 rows, scales and rope values with cp.async into a two-deep
-staging ring (num_stages; V4 may take three; the next tile's indices loaded an iteration ahead), dequantizes them (fp8 -> fp32 times the group scale -> bf16, as ``_dequant_group``) into a
-two-deep ring of wgmma-ready K tiles and signals an mbarrier. Two consumer warpgroups split QK's 576 dims (0-255
-with the rope, 256-511), add their partial scores through shared memory (both get the same scores), run the online
-softmax, and each accumulates P.V for its 256 of V's 512 columns with wgmma, then release the K tile. The plain
-kernel's two warpgroups both compute the whole QK tile at BLOCK_H 64 (above). H200: V3.2 B=128 261.4 us
-(279 TFLOPS) against 404.1 us for the Triton table's row, B=1 16.1 against 15.7
-(reports/campaigns/kernel_speed/candidates_14/). V4 (``LAYOUT`` 1) runs the same partitions on its own rows: the
-producer gathers data bytes 0-255 and 256-511, the 64 rope values and the 8-byte scale row, dequantizes groups 0-3
-and 4-6 with their ue8m0 exponents and writes the rope into K's dims 448-511 (V4 has no rope tile of its own: its
-d_qk is 512, and its V is all 512 dims); the consumers split QK at dim 256 as on V3.2, without V3.2's rope dot. It
-needs H a multiple of 64, a power-of-two page size (V4: at least 2) and an sm90 GPU; Gluon has no interpreter, so
-the CPU tests cover it by cross-compiling only.
+outputs and the same combine, but a program's 12 warps take roles instead of running one tile at a time. A producer
+warpgroup gathers each 32-token tile's fp8 rows, scales and rope values with cp.async into a two-deep staging ring
+(num_stages; V4 may take three; the next tile's indices loaded an iteration ahead), dequantizes them (fp8 -> fp32
+times the group scale -> bf16, as ``_dequant_group``) into a two-deep ring of wgmma-ready K tiles and signals an
+mbarrier. Two consumer warpgroups split QK's 576 dims (0-255 with the rope, 256-511), add their partial scores
+through shared memory (both get the same scores), run the online softmax, and each accumulates P.V for its 256 of
+V's 512 columns with wgmma, then release the K tile. The plain kernel's two warpgroups both compute the whole QK
+tile at BLOCK_H 64 (above). H200: V3.2 B=128 261.4 us (279 TFLOPS) against 404.1 us for the Triton table's row, B=1
+16.1 against 15.7 (reports/campaigns/kernel_speed/candidates_14/). V4 (``LAYOUT`` 1) runs the same partitions on its
+own rows: the producer gathers data bytes 0-255 and 256-511, the 64 rope values and the 8-byte scale row,
+dequantizes groups 0-3 and 4-6 with their ue8m0 exponents and writes the rope into K's dims 448-511 (V4 has no rope
+tile of its own: its d_qk is 512, and its V is all 512 dims); the consumers split QK at dim 256 as on V3.2, without
+V3.2's rope dot. It needs H a multiple of 64, a power-of-two page size (V4: at least 2) and an sm90 GPU; Gluon has
+no interpreter, so the CPU tests cover it by cross-compiling only.
 
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
