@@ -84,13 +84,15 @@ def test_one_winner_everywhere_is_written_as_a_single_config():
 def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
     d = "reports/campaigns/kernel_speed"
     # grid_5 (step "table5"): eleven batch sizes on the kernel file of 8a4651a, a larger row's config kept
-    # within 2% of the fastest; grid_7 (step "ws") the same for V3.2 with the warp-specialized kernel's configs;
-    # the tables before them are the steps' baselines (conf/baseline/*_grid3, *_grid4, *_v4tiles), each made the
-    # same way from its own grid at tolerance 0
+    # within 2% of the fastest; grid_7 (step "ws") and grid_8 (step "wsv4") the same for V3.2 and V4-Flash with the
+    # warp-specialized kernel's configs; the tables before them are the steps' baselines (conf/baseline/*_grid3,
+    # *_grid4, *_v4tiles at tolerance 0; the V4 table of step table5, *_table5, pinned to its kernel_rev), each made
+    # from its own grid
     jobs = [
         ("v32", "tuned_deepseek_v32", [f"{d}/grid_7/v32.csv"], "0.02", "conf/variant"),
         ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_5/v32_tp8.csv"], "0.02", "conf/variant"),
-        ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/grid_5/v4_flash.csv"], "0.02", "conf/variant"),
+        ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/grid_8/v4_flash.csv"], "0.02", "conf/variant"),
+        ("v4_flash", "tuned_deepseek_v4_flash_table5", [f"{d}/grid_5/v4_flash.csv"], "0.02", "conf/baseline"),
         ("v32", "tuned_deepseek_v32_grid3", [f"{d}/grid_3/v32.csv"], "0", "conf/baseline"),
         (
             "v32_tp8",
@@ -112,6 +114,7 @@ def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
         assert mtt.main([*args, "--tolerance", tol]) == 0
         made = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
         committed = yaml.safe_load((ROOT / where / f"{name}.yaml").read_text())
+        committed.pop("kernel_rev", None)  # a baseline's pin to the kernel file it ran on, not a grid figure
         assert made == committed, name
 
 
