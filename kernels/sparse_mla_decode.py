@@ -659,7 +659,8 @@ WS_BLOCK_T = gl.constexpr(32)  # tokens per tile
 WS_BLOCK_H = gl.constexpr(64)  # heads per program (one wgmma M)
 WS_NBUF = gl.constexpr(2)  # depth of the K-tile ring (bf16, wgmma-ready)
 WS_NSTAGE = gl.constexpr(2)  # depth of the cp.async staging ring (raw fp8 rows): LaunchConfig.num_stages
-# V4 may run a third staging slot (num_stages 3: 226,408 B of shared memory); V3.2's would need 243,320 B
+# V4 may run a third staging slot (num_stages 3: 226,408 B of shared memory); V3.2's would need 243,576 B
+# (a V3.2 slot is 32 tokens x 656 B = 20,992 B)
 WS_NSTAGES = {"deepseek_v32": (2,), "deepseek_v4": (2, 3)}
 WS_NUM_WARPS = 12  # two consumer warpgroups + one producer warpgroup: LaunchConfig.num_warps
 # registers: 12 warps x 32 threads x maxnreg 168 = 64,512 of the SM's 65,536; setmaxnreg gives the consumer
@@ -712,8 +713,8 @@ def _ws_v4_scale_base(idx, page_shift):
 
 @gluon.jit
 def _ws_issue_gather(ptrs, smem, page_shift, idx_g, idx_r, idx_s, stage, LAYOUT: gl.constexpr):
-    # cp.async of one tile's rows into staging slot `stage` (its indices in the WS_GAT, WS_ROPE and WS_SCALE /
-    # WS_SCALE4 layouts; an index of -1 copies nothing and leaves zeros), one commit group. Both layouts stage data
+    # cp.async of one tile's rows into staging slot `stage` (its indices in the WS_GAT, WS_ROPE and WS_SCALE4 /
+    # WS_SCALE2 layouts; an index of -1 copies nothing and leaves zeros), one commit group. Both layouts stage data
     # bytes 0-255 and 256-511 (V4: its fp8 groups 4-6 and the first 64 rope bytes, which the dequantization
     # leaves), the 64 bf16 rope values and the scales (V3.2: four fp32; V4: its 8-byte scale row as two words)
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
@@ -1289,8 +1290,9 @@ class SparseMLADecode:
 
 def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: int) -> str | None:
     """Why ``config`` cannot run this shape (one line), or None when it can: a Triton config runs every shape; the
-    warp-specialized kernel needs ``num_heads`` a multiple of WS_BLOCK_H and a power-of-two page size (deepseek_v4:
-    at least 2, so that its 584-byte tokens leave each page's 576-byte data rows 16-byte aligned). The device is not
+    warp-specialized kernel needs ``num_heads`` a multiple of WS_BLOCK_H, a power-of-two page size (deepseek_v4:
+    at least 2, so that its 584-byte tokens leave each page's 576-byte data rows 16-byte aligned) and a
+    ``num_stages`` of ``WS_NSTAGES[layout]``. The device is not
     part of it (``_check_ws_launch``). The verify stage judges a config only at the shapes of its domain
     (``kernelcamp.verify.kernel``)."""
     if not getattr(config, "warp_specialize", False):
@@ -1302,12 +1304,19 @@ def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: 
         return f"needs a power-of-two page size, got {page_size}; use a Triton config"
     if lay.scale_row_bytes and page_size < 2:
         return f"needs a page size of at least 2 for {layout}, got {page_size}; use a Triton config"
-    if config.num_stages not in WS_NSTAGES[layout]:
-        return (
-            f"runs num_stages {config.num_stages} on deepseek_v4 only, not {layout} (its staging ring would exceed "
-            f"shared memory); use _s{int(WS_NSTAGE)}_"
-        )
-    return None
+    return _ws_nstage_reason(config.num_stages, layout)
+
+
+def _ws_nstage_reason(num_stages: int, layout: str) -> str | None:
+    """Why the warp-specialized kernel cannot run ``num_stages`` staging slots on ``layout`` (one line), or None:
+    the depths of ``WS_NSTAGES``, those that fit the SM's shared memory and are tested (one deeper exceeds it)."""
+    allowed = WS_NSTAGES[layout]
+    if num_stages in allowed:
+        return None
+    return (
+        f"runs num_stages {' or '.join(map(str, allowed))} on {layout}, got {num_stages} (the staging ring depths "
+        f"that fit shared memory and are tested); use _s{int(WS_NSTAGE)}_"
+    )
 
 
 def _check_ws_launch(q: torch.Tensor, lay: CacheLayout, page_size: int, config: LaunchConfig) -> None:
@@ -1702,8 +1711,9 @@ def compile_specs(
     """
     lay = get_layout(layout)
     _check_config(config)
-    if getattr(config, "warp_specialize", False) and config.num_stages not in WS_NSTAGES[layout]:
-        raise ValueError(f"config {config.label()}: {launch_domain(config, layout, num_heads, page_size)}")
+    why = _ws_nstage_reason(config.num_stages, layout) if getattr(config, "warp_specialize", False) else None
+    if why:  # the shapes a ws config runs are the launcher's to judge; a ring that cannot compile is refused here
+        raise ValueError(f"config {config.label()}: {why}")
     if dot_dtype not in _DOT_DTYPES:
         raise ValueError(f"dot_dtype={dot_dtype!r}: expected one of {sorted(_DOT_DTYPES)}")
     fn = _compilable(_sparse_mla_split_kernel)

@@ -169,15 +169,33 @@ def test_warp_specialized_kernel_matches_reference(fam, page_size, splits):
     _assert_close(inp, out, lse)
 
 
-def test_warp_specialized_row_of_a_table_captures():
+@pytest.mark.parametrize("page_size", [64, 2])
+@pytest.mark.parametrize("splits", ["auto", 3])
+def test_three_staging_slots_match_reference_on_v4(page_size, splits):
+    # num_stages 3 (V4 only): the producer gathers two tiles ahead through a three-slot ring
+    layout, H, topk = FULL["v4_flash"]
+    inp = smd.make_inputs(layout, 8, H, topk, page_size, 65536, "cuda", seed=3, empty_fraction=0.05)
+    inp["indices"][3] = -1
+    cfg = LaunchConfig(32, 64, 12, 3, splits, warp_specialize=True)
+    k = smd.SparseMLADecode(Variant("ws_s3", (cfg,)))
+    out, lse = k(*_args(inp))
+    assert k.last_config == cfg
+    assert torch.all(out[3] == 0) and torch.all(lse[3] == float("-inf"))
+    _assert_close(inp, out, lse)
+
+
+@pytest.mark.parametrize("fam", ["v32", "v4_flash"])
+def test_warp_specialized_row_of_a_table_captures(fam):
     # a batch table whose large-batch row is warp-specialized: captured per batch size, no compile in the replay
+    # (verify's capture check runs one batch size, where the V4-Flash table runs a Triton row)
+    layout, H, topk = FULL[fam]
     table = Variant(
         "t",
         (LaunchConfig(64, 64, 8, 1, "auto", max_batch=2), LaunchConfig(32, 64, 12, 2, "auto", warp_specialize=True)),
     )
     k = smd.SparseMLADecode(table, check_indices=False)
     for B in (2, 16):
-        inp = smd.make_inputs("deepseek_v32", B, 128, 2048, 64, 65536, "cuda", seed=B)
+        inp = smd.make_inputs(layout, B, H, topk, 64, 65536, "cuda", seed=B)
         k(*_args(inp))
         torch.cuda.synchronize()
         before = k.compile_count
@@ -192,14 +210,17 @@ def test_warp_specialized_row_of_a_table_captures():
 
 
 @pytest.mark.parametrize(
-    "config", [LaunchConfig(64, 64, 8, 1, "auto"), WS], ids=lambda c: c.label()
-)  # the V3.2 table's B=1 row (split-D 2, 32 splits) and its warp-specialized rows (16 splits at B=4)
-def test_graph_replays_over_new_q_give_each_new_result(config):
+    "fam, config",
+    [("v32", LaunchConfig(64, 64, 8, 1, "auto")), ("v32", WS), ("v4_flash", WS)],
+    ids=lambda x: x if isinstance(x, str) else x.label(),
+)  # the V3.2 table's B=1 row (split-D 2, 32 splits) and the warp-specialized rows of both tables at B=4
+def test_graph_replays_over_new_q_give_each_new_result(fam, config):
     # a server replays one graph per batch bucket over new inputs written in place: each replay's combine must
     # read that replay's partial outputs, never those the previous one left (written for campaign step "pdl",
     # whose combine started while the split kernel ran; reports/campaigns/kernel_speed/pdl_sweep/)
+    layout, H, topk = FULL[fam]
     B = 1 if not config.warp_specialize else 4
-    inp = smd.make_inputs("deepseek_v32", B, 128, 2048, 64, 65536, "cuda", seed=5)
+    inp = smd.make_inputs(layout, B, H, topk, 64, 65536, "cuda", seed=5)
     k = smd.SparseMLADecode(Variant("replay", (config,)), check_indices=False)
     k(*_args(inp))
     torch.cuda.synchronize()

@@ -1,6 +1,6 @@
-"""The warp-specialized V3.2 split kernel (Gluon, sm90) on the CPU: its config, the launcher's refusals, and its
-cross-compiled sm90 binary (kernels/sparse_mla_decode.py, campaign step "ws"). Its numerics run on the GPU
-(tests/test_kernel_gpu.py): Gluon has no interpreter.
+"""The warp-specialized split kernel (Gluon, sm90; V3.2 and V4) on the CPU: its config, the launcher's refusals,
+and its cross-compiled sm90 binary (kernels/sparse_mla_decode.py, campaign steps "ws" and "wsv4"). Its numerics run
+on the GPU (tests/test_kernel_gpu.py): Gluon has no interpreter.
 """
 
 from __future__ import annotations
@@ -57,18 +57,33 @@ def test_other_tile_sizes_are_refused_with_the_one_that_runs(label):
 
 
 def test_three_staging_slots_run_on_v4_only():
-    # V4's staging ring fits a third slot (226,408 B of shared memory); V3.2's would need 243,320 B: refused in one
+    # V4's staging ring fits a third slot (226,408 B of shared memory); V3.2's would need 243,576 B: refused in one
     # line at launch and when the build stage asks for its compile specs, never an out-of-resources compile
     s3 = LaunchConfig.from_label("T32_H64_w12_s3_kauto_ws")
     assert smd.launch_domain(s3, "deepseek_v4", 64, 64) is None
     why = smd.launch_domain(s3, "deepseek_v32", 128, 64)
-    assert "num_stages 3 on deepseek_v4 only" in why and "\n" not in why
+    assert "runs num_stages 2 on deepseek_v32, got 3" in why and "\n" not in why
     x = _v32()
     k = smd.SparseMLADecode(Variant("ws", (s3,)), check_indices=False)
-    with pytest.raises(ValueError, match="num_stages 3 on deepseek_v4 only"):
+    with pytest.raises(ValueError, match="runs num_stages 2 on deepseek_v32, got 3"):
         k(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
-    with pytest.raises(ValueError, match="T32_H64_w12_s3_kauto_ws: runs num_stages 3 on deepseek_v4 only"):
+    with pytest.raises(ValueError, match="T32_H64_w12_s3_kauto_ws: runs num_stages 2 on deepseek_v32, got 3"):
         smd.compile_specs("deepseek_v32", 128, 2048, s3)
+    # the refusal names the ring, whatever else the shape breaks (H=16 is outside the launch domain too)
+    with pytest.raises(ValueError, match="runs num_stages 2 on deepseek_v32, got 3"):
+        smd.compile_specs("deepseek_v32", 16, 2048, s3)
+
+
+@pytest.mark.parametrize("stages", [1, 4])
+def test_a_ring_depth_no_layout_runs_names_the_ones_that_do(stages):
+    """The num_stages refusal once said "on deepseek_v4 only, not deepseek_v4" for s1 / s4 on V4 (reachable through
+    ``launch_domain`` from verify and the benchmark's ``runs_on``, which skip ``_check_config``)."""
+    c = LaunchConfig(32, 64, 12, stages, "auto", warp_specialize=True)
+    assert smd.launch_domain(c, "deepseek_v4", 64, 64) == (
+        f"runs num_stages 2 or 3 on deepseek_v4, got {stages} (the staging ring depths that fit shared memory and "
+        "are tested); use _s2_"
+    )
+    assert "on deepseek_v32, got" in smd.launch_domain(c, "deepseek_v32", 128, 64)
 
 
 def test_autotune_list_and_fp16_are_refused():
