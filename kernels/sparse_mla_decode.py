@@ -1292,9 +1292,8 @@ def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: 
     """Why ``config`` cannot run this shape (one line), or None when it can: a Triton config runs every shape; the
     warp-specialized kernel needs ``num_heads`` a multiple of WS_BLOCK_H, a power-of-two page size (deepseek_v4:
     at least 2, so that its 584-byte tokens leave each page's 576-byte data rows 16-byte aligned) and a
-    ``num_stages`` of ``WS_NSTAGES[layout]``. The device is not
-    part of it (``_check_ws_launch``). The verify stage judges a config only at the shapes of its domain
-    (``kernelcamp.verify.kernel``)."""
+    ``num_stages`` of ``WS_NSTAGES[layout]``. The device is not part of it (``_check_ws_launch``). The verify stage
+    judges a config only at the shapes of its domain (``kernelcamp.verify.kernel``)."""
     if not getattr(config, "warp_specialize", False):
         return None
     lay = get_layout(layout)
