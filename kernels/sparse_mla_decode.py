@@ -839,13 +839,10 @@ def _ws_producer_v4(ptrs, smem, bars, ints, sm_scale_log2):
 
 
 @gluon.jit
-def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr, ROPE: gl.constexpr, FULL_QK: gl.constexpr):
+def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr, ROPE: gl.constexpr):
     # a consumer warpgroup: its share of QK (HALF 0: dims 0-255, with V3.2's rope tile where ROPE; 1: dims
     # 256-511, V4's rope among them), the other share added through shared memory (a + b == b + a: both consumers
-    # get the same scores and softmax), then P.V for V's columns HALF * 256 ... + 255; HALF 0 also stores the LSE.
-    # FULL_QK (V4, step "fullqk"): each consumer computes the whole QK itself, dims 0-255 then 256-511 (the same
-    # instructions on the same tile in both, so the same scores), with no exchange: no store, barrier or wait on
-    # the other consumer per tile, for twice the QK wgmma work
+    # get the same scores and softmax), then P.V for V's columns HALF * 256 ... + 255; HALF 0 also stores the LSE
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
     q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
     k_ready, k_empty, s_bar = bars
@@ -864,23 +861,18 @@ def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr, ROPE
         offs_t = t_start + i * WS_BLOCK_T + gl.arange(0, WS_BLOCK_T, layout=gl.SliceLayout(0, qk_l))
         idx = gl.load(idx_ptr + pid_b.to(gl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
         mbarrier.wait(k_ready.index(slot), (i // WS_NBUF) & 1)
-        if FULL_QK:
-            qk = warpgroup_mma(q_lo, k_lo.index(slot).permute((1, 0)), zero_qk, use_acc=False, is_async=True)
-            qk = warpgroup_mma(q_hi, k_hi.index(slot).permute((1, 0)), qk, is_async=True)
-            qk = warpgroup_mma_wait(0, deps=(qk,))
+        if HALF == 0:
+            part = warpgroup_mma(q_lo, k_lo.index(slot).permute((1, 0)), zero_qk, use_acc=False, is_async=True)
+            if ROPE:
+                part = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), part, is_async=True)
         else:
-            if HALF == 0:
-                part = warpgroup_mma(q_lo, k_lo.index(slot).permute((1, 0)), zero_qk, use_acc=False, is_async=True)
-                if ROPE:
-                    part = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), part, is_async=True)
-            else:
-                part = warpgroup_mma(q_hi, k_hi.index(slot).permute((1, 0)), zero_qk, use_acc=False, is_async=True)
-            part = warpgroup_mma_wait(0, deps=(part,))
-            s_x.index(HALF * 2 + i % 2).store(part)
-            gl.thread_barrier()  # the whole partial is in shared memory before the one-thread arrive
-            mbarrier.arrive(s_bar.index(HALF), count=1)
-            mbarrier.wait(s_bar.index(1 - HALF), i & 1)
-            qk = part + s_x.index((1 - HALF) * 2 + i % 2).load(qk_l)
+            part = warpgroup_mma(q_hi, k_hi.index(slot).permute((1, 0)), zero_qk, use_acc=False, is_async=True)
+        part = warpgroup_mma_wait(0, deps=(part,))
+        s_x.index(HALF * 2 + i % 2).store(part)
+        gl.thread_barrier()  # the whole partial is in shared memory before the one-thread arrive
+        mbarrier.arrive(s_bar.index(HALF), count=1)
+        mbarrier.wait(s_bar.index(1 - HALF), i & 1)
+        qk = part + s_x.index((1 - HALF) * 2 + i % 2).load(qk_l)
         s = gl.where((idx >= 0)[None, :], qk * sm_scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
@@ -916,22 +908,17 @@ def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr, ROPE
 
 @gluon.jit
 def _ws_consumer_lo(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 1, 0)
-
-
-@gluon.jit
-def _ws_consumer_hi(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 1, 0, 0)
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 1)
 
 
 @gluon.jit
 def _ws_consumer_lo_v4(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 0, 1)
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 0)
 
 
 @gluon.jit
-def _ws_consumer_hi_v4(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 1, 0, 1)
+def _ws_consumer_hi(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 1, 0)
 
 
 @gluon.jit(do_not_specialize=["B", "H", "topk", "max_splits", "page_shift"])
@@ -1002,13 +989,7 @@ def _sparse_mla_ws_split_kernel(
     # the partial-score exchange [consumer * 2 + tile parity]: 32-byte units XOR-swizzled over 4 rows, so a warp's
     # eight rows of an accumulator fragment store in 2 wavefronts, not 8 (unswizzled, 128-byte rows all land on the
     # same banks: 4x the ideal wavefronts in Nsight Compute, and B=128 316.9 against 261.4 us; candidates_14/)
-    # (V3.2 only: V4's consumers each compute the whole QK, FULL_QK; s_x stands for st_sc there, never read)
-    if LAYOUT == 0:
-        s_x = gl.allocate_shared_memory(
-            gl.float32, [4, WS_BLOCK_H, WS_BLOCK_T], gl.SwizzledSharedLayout(8, 1, 4, [1, 0])
-        )
-    else:
-        s_x = st_sc
+    s_x = gl.allocate_shared_memory(gl.float32, [4, WS_BLOCK_H, WS_BLOCK_T], gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
     k_ready = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
     s_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -1036,7 +1017,7 @@ def _sparse_mla_ws_split_kernel(
         )
     else:
         gl.warp_specialize(
-            [(_ws_consumer_lo_v4, args), (_ws_consumer_hi_v4, args), (_ws_producer_v4, args)],
+            [(_ws_consumer_lo_v4, args), (_ws_consumer_hi, args), (_ws_producer_v4, args)],
             [4, 4],
             [WS_REGS_CONSUMER, WS_REGS_PRODUCER],
         )
