@@ -1,6 +1,8 @@
 """The warp-specialized split kernel (Gluon, sm90; V3.2 and V4) on the CPU: its config, the launcher's refusals,
 and its cross-compiled sm90 binary (kernels/sparse_mla_decode.py, campaign steps "ws" and "wsv4"). Its numerics run
-on the GPU (tests/test_kernel_gpu.py): Gluon has no interpreter.
+on the GPU (tests/test_kernel_gpu.py): Gluon has no interpreter. The compile figures pinned below (shared-memory
+bytes, copy and wgmma counts) are Triton 3.6.0's (.ci/constraints.txt): a Triton upgrade may move them; re-measure
+them then, with benchmarks/KERNEL_TUNING.md's.
 """
 
 from __future__ import annotations
