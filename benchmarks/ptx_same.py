@@ -4,9 +4,11 @@ against another (or the working tree), per shape and config, cross-compiled with
     env -u TRITON_INTERPRET python benchmarks/ptx_same.py REV_A [REV_B] [--configs T64_H64_w8_s2_kauto,...]
         [--shapes v32,v32_tp8,v4] [--arch 90] [--module kernels.sparse_mla_decode] [--batch 128]
 
-REV_B defaults to the working tree's file. Each side's file is imported as ``baseline.kernel_rev``
-imports it (``kernelcamp.kernel_rev``: written once into the repo's git-ignored
-``.kernelcamp/kernel_revs/``), compiled for each (shape, config) through its own ``compile_specs``, and
+REV_B defaults to the working tree's file. The default configs are Triton ones only (a revision from before the
+warp-specialized kernel has none): pass ``--configs T32_H64_w12_s2_kauto_ws,...`` to compare that kernel too.
+Each side's file is imported as ``baseline.kernel_rev`` imports it (``kernelcamp.kernel_rev``: written once into
+the repo's git-ignored ``.kernelcamp/kernel_revs/``), compiled for each (shape, config) through its own
+``compile_specs``, and
 its PTX compared with line information, comments, debug sections and debug-only labels left out (a moved
 line or a renamed local leaves the code the same; a changed parameter list does not, since the binary
 differs). Exit status 0 when every pair is identical, 1 when any differs (one line each), 2 on bad input
