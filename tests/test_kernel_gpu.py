@@ -149,6 +149,20 @@ def test_capture_autotune_cold_is_caught(inputs):
 WS = LaunchConfig.from_label("T32_H64_w12_s2_kauto_ws")
 
 
+def _ws_matches_reference(fam, page_size, splits, num_stages, seed):
+    """The warp-specialized kernel at B=8 (an all-empty row 3, 5% empty slots) against the torch reference: the
+    config it ran, zeros and -inf LSE on the empty row, the shared tolerance elsewhere."""
+    layout, H, topk = FULL[fam]
+    inp = smd.make_inputs(layout, 8, H, topk, page_size, 65536, "cuda", seed=seed, empty_fraction=0.05)
+    inp["indices"][3] = -1
+    cfg = LaunchConfig(32, 64, 12, num_stages, splits, warp_specialize=True)
+    k = smd.SparseMLADecode(Variant(f"ws_s{num_stages}", (cfg,)))
+    out, lse = k(*_args(inp))
+    assert k.last_config == cfg
+    assert torch.all(out[3] == 0) and torch.all(lse[3] == float("-inf"))
+    _assert_close(inp, out, lse)
+
+
 @pytest.mark.parametrize(
     "fam, page_size",
     [("v32", 64), ("v32", 256), ("v4_flash", 64), ("v4_flash", 256), ("v4_flash", 2)],
@@ -158,15 +172,7 @@ def test_warp_specialized_kernel_matches_reference(fam, page_size, splits):
     # V3.2 and V4-Flash, an all-empty row, 5% empty slots, uneven splits (V3.2: 64 tiles over 3, 22, 22, 20; V4:
     # 16 over 3, 6, 6, 4) and one split (the kernel stores the final output itself); pages 256 and 2 exercise the
     # run-time page shift (V4's smallest page, where its page term is 1168 << 0)
-    layout, H, topk = FULL[fam]
-    inp = smd.make_inputs(layout, 8, H, topk, page_size, 65536, "cuda", seed=2, empty_fraction=0.05)
-    inp["indices"][3] = -1
-    cfg = LaunchConfig(32, 64, 12, 2, splits, warp_specialize=True)
-    k = smd.SparseMLADecode(Variant("ws", (cfg,)))
-    out, lse = k(*_args(inp))
-    assert k.last_config == cfg
-    assert torch.all(out[3] == 0) and torch.all(lse[3] == float("-inf"))
-    _assert_close(inp, out, lse)
+    _ws_matches_reference(fam, page_size, splits, num_stages=2, seed=2)
 
 
 @pytest.mark.parametrize("page_size", [64, 2])
@@ -175,15 +181,7 @@ def test_v4_flash_three_staging_slots_match_reference(page_size, splits):
     # (named v4_flash so that `-k v4_flash` selects it: step fullqk's device call filtered on that and left it out)
     # num_stages 3 (V4 only): with 3 splits (6, 6, 4 tiles a program) the producer gathers two tiles ahead through
     # the three-slot ring; auto (16 splits at B=8, one tile a program) covers a ring the loop never fills
-    layout, H, topk = FULL["v4_flash"]
-    inp = smd.make_inputs(layout, 8, H, topk, page_size, 65536, "cuda", seed=3, empty_fraction=0.05)
-    inp["indices"][3] = -1
-    cfg = LaunchConfig(32, 64, 12, 3, splits, warp_specialize=True)
-    k = smd.SparseMLADecode(Variant("ws_s3", (cfg,)))
-    out, lse = k(*_args(inp))
-    assert k.last_config == cfg
-    assert torch.all(out[3] == 0) and torch.all(lse[3] == float("-inf"))
-    _assert_close(inp, out, lse)
+    _ws_matches_reference("v4_flash", page_size, splits, num_stages=3, seed=3)
 
 
 @pytest.mark.parametrize("fam", ["v32", "v4_flash"])
