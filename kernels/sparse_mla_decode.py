@@ -659,7 +659,7 @@ WS_BLOCK_T = gl.constexpr(32)  # tokens per tile
 WS_BLOCK_H = gl.constexpr(64)  # heads per program (one wgmma M)
 WS_NBUF = gl.constexpr(2)  # depth of the K-tile ring (bf16, wgmma-ready)
 WS_NSTAGE = gl.constexpr(2)  # depth of the cp.async staging ring (raw fp8 rows): LaunchConfig.num_stages
-# V4 may run a third staging slot (num_stages 3: 226,408 B of shared memory); V3.2's would need 243,576 B
+# V4 may run a third staging slot (num_stages 3: 226,424 B of shared memory); V3.2's would need 243,576 B
 # (a V3.2 slot is 32 tokens x 656 B = 20,992 B)
 WS_NSTAGES = {"deepseek_v32": (2,), "deepseek_v4": (2, 3)}
 WS_NUM_WARPS = 12  # two consumer warpgroups + one producer warpgroup: LaunchConfig.num_warps
@@ -834,19 +834,36 @@ def _ws_producer_v32(ptrs, smem, bars, ints, sm_scale_log2):
 
 
 @gluon.jit
-def _ws_producer_v4(ptrs, smem, bars, ints, sm_scale_log2):
+def _ws_producer_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
     _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, 1)
 
 
 @gluon.jit
-def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr, ROPE: gl.constexpr):
+def _ws_consumer(
+    ptrs, smem, bars, ints, sm_scale_log2, qargs, HALF: gl.constexpr, ROPE: gl.constexpr, LOAD_Q: gl.constexpr
+):
     # a consumer warpgroup: its share of QK (HALF 0: dims 0-255, with V3.2's rope tile where ROPE; 1: dims
     # 256-511, V4's rope among them), the other share added through shared memory (a + b == b + a: both consumers
-    # get the same scores and softmax), then P.V for V's columns HALF * 256 ... + 255; HALF 0 also stores the LSE
+    # get the same scores and softmax), then P.V for V's columns HALF * 256 ... + 255; HALF 0 also stores the LSE.
+    # LOAD_Q (V4, step "qload"): the consumer loads its own half of the q tile into shared memory (qargs = q_ptr,
+    # stride_qb, stride_qh), while the producer already gathers the first tile, instead of the default partition
+    # loading all of q before the partitions start
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
     q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
     k_ready, k_empty, s_bar = bars
     pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles = ints
+    if LOAD_Q:
+        q_ptr, stride_qb, stride_qh = qargs
+        ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        offs_qh = pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, ql))
+        offs_qc = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, ql))
+        q_half = gl.load(q_ptr + pid_b.to(gl.int64) * stride_qb + offs_qh[:, None] * stride_qh + offs_qc[None, :])
+        if HALF == 0:
+            q_lo.store(q_half)
+        else:
+            q_hi.store(q_half)
+        fence_async_shared()  # the generic-proxy stores before this warpgroup's wgmma (async proxy) reads
+        gl.thread_barrier()  # every warp's share of the q half stored before any warp's first wgmma
     qk_l: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WS_BLOCK_T, 16]
     )
@@ -908,17 +925,22 @@ def _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr, ROPE
 
 @gluon.jit
 def _ws_consumer_lo(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 1)
-
-
-@gluon.jit
-def _ws_consumer_lo_v4(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 0)
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 0, 1, 0)
 
 
 @gluon.jit
 def _ws_consumer_hi(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 1, 0)
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 1, 0, 0)
+
+
+@gluon.jit
+def _ws_consumer_lo_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs, 0, 0, 1)
+
+
+@gluon.jit
+def _ws_consumer_hi_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs, 1, 0, 1)
 
 
 @gluon.jit(do_not_specialize=["B", "H", "topk", "max_splits", "page_shift"])
@@ -963,12 +985,15 @@ def _sparse_mla_ws_split_kernel(
     qrow = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_h[:, None] * stride_qh
     offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, ql))
     offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ql))
-    q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + offs_c[None, :]))
-    q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + 256 + offs_c[None, :]))
-    # V4 has no q_rope / k_rope: their names stand for q_hi / k_hi there, never read (V4's rope is dims 448-511)
+    # V4 has no q_rope / k_rope: their names stand for q_hi / k_hi there, never read (V4's rope is dims 448-511);
+    # V4's consumers load their own q halves (LOAD_Q)
     if LAYOUT == 0:
+        q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + offs_c[None, :]))
+        q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + 256 + offs_c[None, :]))
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 64], nvmma, gl.load(qrow + 512 + offs_e[None, :]))
     else:
+        q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma)
+        q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma)
         q_rope = q_hi
     # the K-tile ring (dims 0-255, 256-511, V3.2's rope) and the raw-row staging ring
     k_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], nvmma)
@@ -1008,16 +1033,17 @@ def _sparse_mla_ws_split_kernel(
     smem = (q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x)
     bars = (k_ready, k_empty, s_bar)
     ints = (pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles)
-    args = (ptrs, smem, bars, ints, sm_scale_log2)
     if LAYOUT == 0:
+        args = (ptrs, smem, bars, ints, sm_scale_log2)
         gl.warp_specialize(
             [(_ws_consumer_lo, args), (_ws_consumer_hi, args), (_ws_producer_v32, args)],
             [4, 4],
             [WS_REGS_CONSUMER, WS_REGS_PRODUCER],
         )
     else:
+        args = (ptrs, smem, bars, ints, sm_scale_log2, (q_ptr, stride_qb, stride_qh))
         gl.warp_specialize(
-            [(_ws_consumer_lo_v4, args), (_ws_consumer_hi, args), (_ws_producer_v4, args)],
+            [(_ws_consumer_lo_v4, args), (_ws_consumer_hi_v4, args), (_ws_producer_v4, args)],
             [4, 4],
             [WS_REGS_CONSUMER, WS_REGS_PRODUCER],
         )
