@@ -159,6 +159,7 @@ print(json.dumps({
     "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx))),
     "wgmma": ptx.count("wgmma.mma_async"), "cp_async": ptx.count("cp.async.cg.shared.global"),
     "copy_bytes": sorted({int(n, 16) for _, n in copies}), "copies": len(copies),
+    "st_global_16B": len(re.findall(r"st\.global\.v4\.b32", ptx)),
 }))
 """
 
@@ -180,6 +181,9 @@ def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
     assert f["wgmma"] > 0 and f["cp_async"] > 0
     # every gather is a 16-byte copy: 4 + 4 fp8, 2 rope and 1 scale copies a thread, in the prologue and the loop
     assert f["copy_bytes"] == [16] and f["copies"] == 22
+    # V3.2's consumers store their output straight from the wgmma accumulator layout (4-byte stores; step "ostage"
+    # changed V4's only, the step that measured it)
+    assert f["st_global_16B"] == 0
 
 
 def test_v4_cross_compiles_for_sm90_with_16_byte_gathers():
@@ -191,6 +195,9 @@ def test_v4_cross_compiles_for_sm90_with_16_byte_gathers():
     # no rope tiles of their own (V4's rope is in dims 448-511): 205,688 B against V3.2's 222,584 (step "qload":
     # its consumers load their q halves themselves, 16 B more than when the default partition loaded q)
     assert f["shared"] == 205688
+    # step "ostage": a one-split bf16 output goes out through shared memory in 16-byte row stores, 16 a thread in
+    # each consumer (none before: 4-byte stores straight from the wgmma accumulator layout)
+    assert f["st_global_16B"] == 32
     assert ["dec", "120"] in f["setmaxnreg"] and ["dec", "192"] in f["setmaxnreg"]
     # 4 + 4 fp8 and 2 rope 16-byte copies a thread, and the 8-byte scale row, in the prologue and the loop;
     # the V3.2 kernel's rope QK dot is gone (36 wgmma against 40)
