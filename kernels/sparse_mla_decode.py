@@ -924,9 +924,9 @@ def _ws_consumer(
         # step "ostage" (V4): the bf16 output goes out through shared memory, in 16-byte row stores. It is staged in
         # this consumer's half of the K ring (k_lo / k_hi, 32 KB, as [64, 256] bf16): only this consumer reads that
         # half, and its last P.V has finished (synchronous wgmma, then the barrier above), so nothing else touches it.
-        # Stored straight from the wgmma accumulator layout, a warp's store instruction wrote 4 bytes to each of 8
-        # rows, half of each 32-byte sector: Nsight Compute (candidates 16, V4-Flash B=128) put 390 of the high
-        # consumer's 1,520 stall samples in that epilogue, nearly all of them throttled stores (stall_lg)
+        # Stored straight from the wgmma accumulator layout, a warp's store instruction wrote 16 bytes (4 a thread) to
+        # each of 8 rows, half of each 32-byte sector: Nsight Compute (candidates 16, V4-Flash B=128) put 390 of the
+        # high consumer's 1,520 stall samples in that epilogue, nearly all of them throttled stores (stall_lg)
         o_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         if HALF == 0:
             o_st = k_lo._reinterpret(gl.bfloat16, [WS_BLOCK_H, 256], o_sl)
