@@ -181,8 +181,8 @@ def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
     assert f["wgmma"] > 0 and f["cp_async"] > 0
     # every gather is a 16-byte copy: 4 + 4 fp8, 2 rope and 1 scale copies a thread, in the prologue and the loop
     assert f["copy_bytes"] == [16] and f["copies"] == 22
-    # V3.2's consumers store their output straight from the wgmma accumulator layout (4-byte stores; step "ostage"
-    # changed V4's only, the step that measured it)
+    # V3.2's consumers still store their output straight from the wgmma accumulator layout, with no 16-byte stores:
+    # step "ostage" changed V4's epilogue only, the shape its experiment measured
     assert f["st_global_16B"] == 0
 
 
