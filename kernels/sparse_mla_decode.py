@@ -646,10 +646,10 @@ def _sparse_mla_combine_kernel(
 
 # --------------------------------------------------------------------------------------------------
 # Warp-specialized split kernel, V3.2 and V4 (Gluon, sm90): a config with warp_specialize runs it (module docstring).
-# Its partitions take their arguments as four tuples (Gluon passes a worker only values and shared-memory
-# descriptors, no constexprs: the tile sizes are the module constants WS_*, the page size a run-time log2,
-# page_shift, and the layout and a consumer's half are fixed by thin wrappers, _ws_producer_v32 / _v4 and
-# _ws_consumer_lo / _lo_v4 / _hi):
+# Its partitions take their arguments as four tuples, and V4's a fifth, qargs = (q_ptr, stride_qb, stride_qh) (Gluon
+# passes a worker only values and shared-memory descriptors, no constexprs: the tile sizes are the module constants
+# WS_*, the page size a run-time log2, page_shift, and the layout and a consumer's half are fixed by thin wrappers,
+# _ws_producer_v32 / _v4 and _ws_consumer_lo / _hi / _lo_v4 / _hi_v4):
 #   ptrs = (kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr)
 #   smem = (q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x)
 #   bars = (k_ready, k_empty, s_bar)
@@ -674,6 +674,10 @@ WS_REGS_PRODUCER = gl.constexpr(120)
 # scales (V3.2), [T, 2] scale words (V4)
 WS_GAT = gl.constexpr(gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0]))
 WS_ROPE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+# a warpgroup's [R, C] 16-bit rows, 8 values (16 B) a thread, whole rows a warp: the q loads and ostage's output
+# stores (the same layout as WS_ROPE); WS_SMEM16: the 128-byte-swizzled shared layout of wgmma's bf16 operands
+WS_ROWS16 = WS_ROPE
+WS_SMEM16 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 WS_SCALE4 = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
 WS_SCALE2 = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0]))
 
@@ -864,9 +868,8 @@ def _ws_consumer(
     pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles = ints
     if LOAD_Q:
         q_ptr, stride_qb, stride_qh = qargs
-        ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        offs_qh = pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, ql))
-        offs_qc = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, ql))
+        offs_qh = pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, WS_ROWS16))
+        offs_qc = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
         q_half = gl.load(q_ptr + pid_b.to(gl.int64) * stride_qb + offs_qh[:, None] * stride_qh + offs_qc[None, :])
         if HALF == 0:
             q_lo.store(q_half)
@@ -927,17 +930,16 @@ def _ws_consumer(
         # Stored straight from the wgmma accumulator layout, a warp's store instruction wrote 16 bytes (4 a thread) to
         # each of 8 rows, half of each 32-byte sector: Nsight Compute (candidates 16, V4-Flash B=128) put 390 of the
         # high consumer's 1,520 stall samples in that epilogue, nearly all of them throttled stores (stall_lg)
-        o_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         if HALF == 0:
-            o_st = k_lo._reinterpret(gl.bfloat16, [WS_BLOCK_H, 256], o_sl)
+            o_st = k_lo._reinterpret(gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16)
         else:
-            o_st = k_hi._reinterpret(gl.bfloat16, [WS_BLOCK_H, 256], o_sl)
+            o_st = k_hi._reinterpret(gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16)
         o_st.store(o.to(gl.bfloat16))
         gl.thread_barrier()  # every warp's rows are in shared memory before any warp reads others' back
-        o_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 8 bf16 (16 B) a thread, rows whole
-        bh_o = pid_b.to(gl.int64) * H + pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, o_l))
-        cols_o = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, o_l))
-        gl.store(out_ptr + bh_o[:, None] * 512 + cols_o[None, :], o_st.load(o_l))
+        rows_l: gl.constexpr = gl.SliceLayout(1, WS_ROWS16)
+        bh_o = pid_b.to(gl.int64) * H + pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=rows_l)
+        cols_o = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
+        gl.store(out_ptr + bh_o[:, None] * 512 + cols_o[None, :], o_st.load(WS_ROWS16))
     elif n_splits == 1:
         gl.store(out_ptr + bh[:, None] * 512 + cols[None, :], o.to(gl.bfloat16))
     else:
@@ -1006,28 +1008,30 @@ def _sparse_mla_ws_split_kernel(
     pid_s = gl.program_id(2)
     n_splits = gl.num_programs(2)
 
-    # the q tile [64, d_qk] bf16 into shared memory (wgmma A operands), by the default warpgroup
-    ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    nvmma: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    offs_h = pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, ql))
-    qrow = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_h[:, None] * stride_qh
-    offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, ql))
-    offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ql))
-    # V4 has no q_rope / k_rope: their names stand for q_hi / k_hi there, never read (V4's rope is dims 448-511);
-    # V4's consumers load their own q halves (LOAD_Q)
+    # the q tile [64, d_qk] bf16 into shared memory (wgmma A operands): V3.2's by the default warpgroup here, V4's by
+    # its consumers (LOAD_Q). V4 has no q_rope / k_rope: their names stand for q_hi / k_hi there, never read (V4's
+    # rope is dims 448-511)
     if LAYOUT == 0:
-        q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + offs_c[None, :]))
-        q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma, gl.load(qrow + 256 + offs_c[None, :]))
-        q_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 64], nvmma, gl.load(qrow + 512 + offs_e[None, :]))
+        offs_h = pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, WS_ROWS16))
+        qrow = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_h[:, None] * stride_qh
+        offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
+        offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_ROWS16))
+        q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + offs_c[None, :]))
+        q_hi = gl.allocate_shared_memory(
+            gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + 256 + offs_c[None, :])
+        )
+        q_rope = gl.allocate_shared_memory(
+            gl.bfloat16, [WS_BLOCK_H, 64], WS_SMEM16, gl.load(qrow + 512 + offs_e[None, :])
+        )
     else:
-        q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma)
-        q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], nvmma)
+        q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16)
+        q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16)
         q_rope = q_hi
     # the K-tile ring (dims 0-255, 256-511, V3.2's rope) and the raw-row staging ring
-    k_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], nvmma)
-    k_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], nvmma)
+    k_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], WS_SMEM16)
+    k_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], WS_SMEM16)
     if LAYOUT == 0:
-        k_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 64], nvmma)
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 64], WS_SMEM16)
     else:
         k_rope = k_hi
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
