@@ -853,15 +853,14 @@ def _ws_consumer(
     HALF: gl.constexpr,
     ROPE: gl.constexpr,
     LOAD_Q: gl.constexpr,
-    OSTAGE: gl.constexpr,
 ):
     # a consumer warpgroup: its share of QK (HALF 0: dims 0-255, with V3.2's rope tile where ROPE; 1: dims
     # 256-511, V4's rope among them), the other share added through shared memory (a + b == b + a: both consumers
     # get the same scores and softmax), then P.V for V's columns HALF * 256 ... + 255; HALF 0 also stores the LSE.
     # LOAD_Q (V4, step "qload"): the consumer loads its own half of the q tile into shared memory (qargs = q_ptr,
     # stride_qb, stride_qh), while the producer already gathers the first tile, instead of the default partition
-    # loading all of q before the partitions start. OSTAGE (V4, step "ostage"): a one-split bf16 output goes out
-    # through shared memory in 16-byte row stores (the epilogue below)
+    # loading all of q before the partitions start. A one-split bf16 output goes out through shared memory in
+    # 16-byte row stores (steps "ostage", V4, and "ostage32", V3.2: the epilogue below)
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
     q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
     k_ready, k_empty, s_bar = bars
@@ -923,10 +922,11 @@ def _ws_consumer(
     o = acc * gl.convert_layout(1.0 / gl.where(has, l_i, 1.0), gl.SliceLayout(1, pv_l))[:, None]
     bh = pid_b.to(gl.int64) * H + pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, pv_l))
     cols = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, pv_l))
-    if OSTAGE and n_splits == 1:
-        # step "ostage" (V4): the bf16 output goes out through shared memory, in 16-byte row stores. It is staged in
-        # this consumer's half of the K ring (k_lo / k_hi, 32 KB, as [64, 256] bf16): only this consumer reads that
-        # half, and its last P.V has finished (synchronous wgmma, then the barrier above), so nothing else touches it.
+    if n_splits == 1:
+        # steps "ostage" (V4) and "ostage32" (V3.2): the bf16 output goes out through shared memory, in 16-byte row
+        # stores. It is staged in this consumer's half of the K ring (k_lo / k_hi, 2 x [32, 256] bf16 = 32 KB, as
+        # [64, 256] bf16): only this consumer reads that half, the producer has written its last tile, and this
+        # consumer's last P.V has finished (synchronous wgmma, then the barrier above), so nothing else touches it.
         # Stored straight from the wgmma accumulator layout, a warp's store instruction wrote 16 bytes (4 a thread) to
         # each of 8 rows, half of each 32-byte sector: Nsight Compute (candidates 16, V4-Flash B=128) put 390 of the
         # high consumer's 1,520 stall samples in that epilogue, nearly all of them throttled stores (stall_lg)
@@ -940,8 +940,6 @@ def _ws_consumer(
         bh_o = pid_b.to(gl.int64) * H + pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=rows_l)
         cols_o = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
         gl.store(out_ptr + bh_o[:, None] * 512 + cols_o[None, :], o_st.load(WS_ROWS16))
-    elif n_splits == 1:
-        gl.store(out_ptr + bh[:, None] * 512 + cols[None, :], o.to(gl.bfloat16))
     else:
         gl.store(part_out_ptr + (bh * max_splits + pid_s)[:, None] * 512 + cols[None, :], o)
     if HALF == 0:
@@ -955,22 +953,22 @@ def _ws_consumer(
 
 @gluon.jit
 def _ws_consumer_lo(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 0, 1, 0, 0)
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 0, 1, 0)
 
 
 @gluon.jit
 def _ws_consumer_hi(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 1, 0, 0, 0)
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0, 1, 0, 0)
 
 
 @gluon.jit
 def _ws_consumer_lo_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs, 0, 0, 1, 1)
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs, 0, 0, 1)
 
 
 @gluon.jit
 def _ws_consumer_hi_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
-    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs, 1, 0, 1, 1)
+    _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs, 1, 0, 1)
 
 
 @gluon.jit(do_not_specialize=["B", "H", "topk", "max_splits", "page_shift"])

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# One device call of the kernel-speed campaign (issue 14) on the lent H200: a clone of one branch, then its
+# actions in the order given. Run from the root of the carried working tree, with .whl/ (the wheels of
+# ../shared/tools/device-wheels.sh) and .probe/repo.bundle carried (both git-ignored):
+#   git bundle create .probe/repo.bundle BRANCH main                                   # here, after each commit
+#   bash benchmarks/device_call.sh BRANCH ACTION [ACTION ...]                          # there, OUT set
+# ACTION:
+#   suite                 the whole GPU suite (`pytest -m gpu`), SUITE_TIMEOUT_S (default 170) -> OUT/gpu_suite.log
+#   step:STEP:SHAPE[,..]  a campaign step (benchmarks/kernel_speed_step.sh: one queued DVC experiment per shape,
+#                         conf/experiment/kernel_speed_<STEP>_<SHAPE>.yaml), SWEEP_TIMEOUT_S -> OUT/<STEP>.tgz
+#   final                 the GPU suite and reports/kernel_bench/ re-measured (benchmarks/kernel_bench_final.sh;
+#                         SUITE_TIMEOUT_S, BENCH_TIMEOUT_S) -> OUT/final.tgz
+#   bench:NAME:ARGS       benchmarks/bench_kernel.py ARGS (comma lists; spaces as '+') --out NAME, BENCH_TIMEOUT_S
+#                         (default 200) -> OUT/NAME.tgz (kernel_bench.csv, summary.md, the log)
+# OUT/head.txt names the branch, its commit, the kernel file's sha256, the GPU, the versions and the date; the
+# actions' output is tee'd into OUT/call.log. The clone is made from the bundle (a baseline's kernel_rev needs
+# the git history; the carried tree's .git, when it has one, is not the branch). Each action has its own timeout,
+# so give the device call's timeout their sum plus about 60 s (the clone, the wheels, the packing).
+# Exit status: 2 on a bad argument (one `error:` line, before anything runs), else that of the last failed action.
+set -uo pipefail
+usage="usage: device_call.sh BRANCH ACTION [ACTION ...]  (ACTION: suite | step:STEP:SHAPE[,SHAPE] | final | bench:NAME:ARGS)"
+[ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+out=${OUT:?error: OUT (the folder whose files come back) is not set}
+branch=$1
+shift
+for a in "$@"; do
+  case $a in
+    suite | final) ;;
+    step:?*:?*) ;;
+    bench:?*:?*) ;;
+    *) echo "error: unknown action '$a'; $usage" >&2; exit 2 ;;
+  esac
+done
+[ -f .probe/repo.bundle ] || { echo "error: .probe/repo.bundle not carried; make it here with" \
+  "'git bundle create .probe/repo.bundle $branch main' and carry .probe" >&2; exit 2; }
+[ -d .whl ] || { echo "error: .whl/ not carried (../shared/tools/device-wheels.sh gathers it)" >&2; exit 2; }
+mkdir -p "$out"
+log=$out/call.log
+kc=${KC_DIR:-/tmp/kc}  # the clone (KC_DIR: for the tests)
+rm -rf "$kc" "$kc.bench"
+git clone -q -b "$branch" .probe/repo.bundle "$kc" || { echo "error: branch '$branch' is not in the bundle" >&2; exit 2; }
+cp -r .whl "$kc/" && cd "$kc" || exit 1
+{
+  echo "branch $branch: $(git log --oneline -1)"
+  sha256sum kernels/sparse_mla_decode.py
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  date -u +%FT%TZ
+} | tee "$out/head.txt"
+source benchmarks/device_env.sh > "$out/env.log" 2>&1 || { cat "$out/env.log"; exit 1; }
+tail -2 "$out/env.log" | tee -a "$out/head.txt"
+export TRITON_CACHE_DIR=/tmp/triton-cache
+rc=0
+for a in "$@"; do
+  t0=$(date +%s)
+  echo "== $a ($(date -u +%T))" | tee -a "$log"
+  case $a in
+    suite)
+      timeout "${SUITE_TIMEOUT_S:-170}" python -m pytest -m gpu -q -p no:cacheprovider 2>&1 \
+        | tee "$out/gpu_suite.log" | tail -4 | tee -a "$log"
+      r=${PIPESTATUS[0]}
+      ;;
+    step:*)
+      IFS=: read -r _ step shapes <<< "$a"
+      bash benchmarks/kernel_speed_step.sh "$out" "$step" ${shapes//,/ } 2>&1 | tee -a "$log" | tail -30
+      r=${PIPESTATUS[0]}
+      ;;
+    final)
+      bash benchmarks/kernel_bench_final.sh "$out" 2>&1 | tee -a "$log" | tail -30
+      r=${PIPESTATUS[0]}
+      ;;
+    bench:*)
+      IFS=: read -r _ name args <<< "$a"
+      mkdir -p "$kc.bench/$name"
+      # shellcheck disable=SC2086  # ARGS is a word list by design
+      timeout "${BENCH_TIMEOUT_S:-200}" python benchmarks/bench_kernel.py ${args//+/ } --out "$kc.bench/$name" \
+        > "$kc.bench/$name/bench.log" 2>&1
+      r=$?
+      tail -5 "$kc.bench/$name/bench.log" | tee -a "$log"
+      tar czf "$out/$name.tgz" -C "$kc.bench" "$name"
+      ;;
+  esac
+  echo "== $a: exit $r after $(( $(date +%s) - t0 )) s" | tee -a "$log"
+  [ "$r" -eq 0 ] || rc=$r
+done
+ls -la "$out" | tee -a "$log"
+exit "$rc"
