@@ -12,13 +12,16 @@
 #                         SUITE_TIMEOUT_S, BENCH_TIMEOUT_S) -> OUT/final.tgz
 #   bench:NAME:ARGS       benchmarks/bench_kernel.py ARGS (comma lists; spaces as '+') --out NAME, BENCH_TIMEOUT_S
 #                         (default 200) -> OUT/NAME.tgz (kernel_bench.csv, summary.md, the log)
+#   run:NAME:CMD          any command (spaces as '+'), run by bash in the clone, RUN_TIMEOUT_S (default 120) ->
+#                         OUT/NAME.log; $CARRIED is the carried tree (e.g. candidate files kept in .probe/)
 # OUT/head.txt names the branch, its commit, the kernel file's sha256, the GPU, the versions and the date; the
 # actions' output is tee'd into OUT/call.log. The clone is made from the bundle (a baseline's kernel_rev needs
 # the git history; the carried tree's .git, when it has one, is not the branch). Each action has its own timeout,
 # so give the device call's timeout their sum plus about 60 s (the clone, the wheels, the packing).
 # Exit status: 2 on a bad argument (one `error:` line, before anything runs), else that of the last failed action.
 set -uo pipefail
-usage="usage: device_call.sh BRANCH ACTION [ACTION ...]  (ACTION: suite | step:STEP:SHAPE[,SHAPE] | final | bench:NAME:ARGS)"
+usage="usage: device_call.sh BRANCH ACTION [ACTION ...]  (ACTION: suite | step:STEP:SHAPE[,SHAPE] | final | bench:NAME:ARGS"
+usage="$usage | run:NAME:CMD)"
 [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
 out=${OUT:?error: OUT (the folder whose files come back) is not set}
 branch=$1
@@ -27,7 +30,7 @@ for a in "$@"; do
   case $a in
     suite | final) ;;
     step:?*:?*) ;;
-    bench:?*:?*) ;;
+    bench:?*:?* | run:?*:?*) ;;
     *) echo "error: unknown action '$a'; $usage" >&2; exit 2 ;;
   esac
 done
@@ -39,6 +42,7 @@ log=$out/call.log
 kc=${KC_DIR:-/tmp/kc}  # the clone (KC_DIR: for the tests)
 rm -rf "$kc" "$kc.bench"
 git clone -q -b "$branch" .probe/repo.bundle "$kc" || { echo "error: branch '$branch' is not in the bundle" >&2; exit 2; }
+export CARRIED=$PWD
 cp -r .whl "$kc/" && cd "$kc" || exit 1
 {
   echo "branch $branch: $(git log --oneline -1)"
@@ -77,6 +81,12 @@ for a in "$@"; do
       r=$?
       tail -5 "$kc.bench/$name/bench.log" | tee -a "$log"
       tar czf "$out/$name.tgz" -C "$kc.bench" "$name"
+      ;;
+    run:*)
+      IFS=: read -r _ name cmd <<< "$a"
+      timeout "${RUN_TIMEOUT_S:-120}" bash -c "${cmd//+/ }" > "$out/$name.log" 2>&1
+      r=$?
+      tail -5 "$out/$name.log" | tee -a "$log"
       ;;
   esac
   echo "== $a: exit $r after $(( $(date +%s) - t0 )) s" | tee -a "$log"

@@ -69,13 +69,22 @@ def _run(tree: Path, env: dict[str, str], *args: str) -> subprocess.CompletedPro
 
 def test_runs_the_actions_in_order_and_returns_their_files(tmp_path):
     tree, env = _carried(tmp_path)
-    r = _run(tree, env, "b", "bench:one:--families+v4_flash", "bench:two:--families+v32")
+    (tree / ".probe" / "cand.txt").write_text("candidate\n")
+    r = _run(
+        tree,
+        env,
+        "b",
+        "bench:one:--families+v4_flash",
+        "bench:two:--families+v32",
+        "run:two:cat+$CARRIED/.probe/cand.txt",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     out = tmp_path / "out"
     head = (out / "head.txt").read_text()
     assert "branch b:" in head and "stub tree" in head and "NVIDIA H200" in head and "device env: stub" in head
     log = (out / "call.log").read_text()
     assert log.index("== bench:one") < log.index("== bench:two") and "bench:two:--families+v32: exit 0" in log
+    assert (out / "two.log").read_text() == "candidate\n"  # a run: action, in the clone, with $CARRIED
     with tarfile.open(out / "one.tgz") as t:
         assert sorted(t.getnames()) == ["one", "one/bench.log", "one/summary.md"]
         assert t.extractfile("one/summary.md").read() == b"families v4_flash\n"
