@@ -680,6 +680,11 @@ WS_ROWS16 = WS_ROPE
 WS_SMEM16 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 WS_SCALE4 = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
 WS_SCALE2 = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0]))
+# the same scales read back from shared memory for the dequantization, each row's in the threads that hold its fp8
+# bytes (WS_GAT's rows: 2 a warp, 16 threads a row): a row's scale then reaches WS_GAT's row slice with no exchange
+# (step "sload": the exchange through shared memory cost the producer 4 of its 7 barriers a tile)
+WS_SCALE4_ROWS = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
+WS_SCALE2_ROWS = gl.constexpr(gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0]))
 
 
 @gluon.jit
@@ -743,9 +748,9 @@ def _ws_issue_gather(ptrs, smem, page_shift, idx_g, idx_r, idx_s, stage, LAYOUT:
 
 @gluon.jit
 def _ws_dequant_half(bits, sc, g: gl.constexpr):
-    # V3.2: [T, 256] fp8 bytes of groups g and g + 1 (WS_GAT) and the [T, 4] fp32 group scales (WS_SCALE4) ->
+    # V3.2: [T, 256] fp8 bytes of groups g and g + 1 (WS_GAT) and the [T, 4] fp32 group scales (WS_SCALE4_ROWS) ->
     # [T, 256] bf16, value = fp8 * scale (exact fp8 -> fp32, one multiply, one rounding, as _dequant_group)
-    offs_4 = gl.arange(0, 4, layout=gl.SliceLayout(0, WS_SCALE4))
+    offs_4 = gl.arange(0, 4, layout=gl.SliceLayout(0, WS_SCALE4_ROWS))
     sa = gl.convert_layout(gl.sum(gl.where(offs_4[None, :] == g, sc, 0.0), axis=1), gl.SliceLayout(1, WS_GAT))
     sb = gl.convert_layout(gl.sum(gl.where(offs_4[None, :] == g + 1, sc, 0.0), axis=1), gl.SliceLayout(1, WS_GAT))
     offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GAT))
@@ -755,11 +760,11 @@ def _ws_dequant_half(bits, sc, g: gl.constexpr):
 
 @gluon.jit
 def _ws_dequant_v4(bits, sc, w: gl.constexpr):
-    # V4: [T, 256] fp8 bytes of groups 4w ... 4w + 3 (WS_GAT) and the [T, 2] scale words (WS_SCALE2, fp32 bits of
+    # V4: [T, 256] fp8 bytes of groups 4w ... 4w + 3 (WS_GAT) and the [T, 2] scale words (WS_SCALE2_ROWS, fp32 bits of
     # four ue8m0 exponents each, little-endian) -> [T, 256] bf16, value = fp8 * 2^(e - 127), exact (a power-of-two
     # scale moves only the exponent); e = 0 gives 0 (as _ue8m0). Word 1's fourth byte is the pad: its columns
     # (192-255 of w = 1) are rope bytes, left to the caller
-    offs_2 = gl.arange(0, 2, layout=gl.SliceLayout(0, WS_SCALE2))
+    offs_2 = gl.arange(0, 2, layout=gl.SliceLayout(0, WS_SCALE2_ROWS))
     words = gl.sum(gl.where(offs_2[None, :] == w, sc.to(gl.int32, bitcast=True), 0), axis=1)
     words = gl.convert_layout(words, gl.SliceLayout(1, WS_GAT))
     offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_GAT))
@@ -806,7 +811,7 @@ def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr):
         stage = i % NSTAGE
         slot = i % WS_NBUF
         if LAYOUT == 0:
-            sc = st_sc.index(stage).load(WS_SCALE4)
+            sc = st_sc.index(stage).load(WS_SCALE4_ROWS)
             lo = _ws_dequant_half(st_lo.index(stage).load(WS_GAT), sc, 0)
             hi = _ws_dequant_half(st_hi.index(stage).load(WS_GAT), sc, 2)
             rope = st_rope.index(stage).load(WS_ROPE)
@@ -818,7 +823,7 @@ def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr):
             # V4's K tile: dims 0-255 (groups 0-3) and 256-511 (groups 4-6, then the rope in columns 192-255,
             # written over the rope bytes the dequantization decoded there: after a barrier, as other threads
             # stored those)
-            sc = st_sc.index(stage).load(WS_SCALE2)
+            sc = st_sc.index(stage).load(WS_SCALE2_ROWS)
             lo = _ws_dequant_v4(st_lo.index(stage).load(WS_GAT), sc, 0)
             hi = _ws_dequant_v4(st_hi.index(stage).load(WS_GAT), sc, 1)
             rope = st_rope.index(stage).load(WS_ROPE)

@@ -160,6 +160,7 @@ print(json.dumps({
     "wgmma": ptx.count("wgmma.mma_async"), "cp_async": ptx.count("cp.async.cg.shared.global"),
     "copy_bytes": sorted({int(n, 16) for _, n in copies}), "copies": len(copies),
     "st_global_16B": len(re.findall(r"st\.global\.v4\.b32", ptx)),
+    "bar_sync": len(re.findall(r"\bbar\.sync\b|barrier\.sync", ptx)),
 }))
 """
 
@@ -184,6 +185,9 @@ def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
     # step "ostage32": a one-split bf16 output goes out through shared memory in 16-byte row stores, 16 a thread in
     # each consumer (none before: 4-byte stores straight from the wgmma accumulator layout)
     assert f["st_global_16B"] == 32
+    # step "sload": the producer reads each tile's scales back in its fp8 rows' threads, with no exchange through
+    # shared memory (35 barriers before: two exchanges a half tile, each a store, a barrier, a load, a barrier)
+    assert f["bar_sync"] == 28
 
 
 def test_v4_cross_compiles_for_sm90_with_16_byte_gathers():
@@ -198,6 +202,7 @@ def test_v4_cross_compiles_for_sm90_with_16_byte_gathers():
     # step "ostage": a one-split bf16 output goes out through shared memory in 16-byte row stores, 16 a thread in
     # each consumer (none before: 4-byte stores straight from the wgmma accumulator layout)
     assert f["st_global_16B"] == 32
+    assert f["bar_sync"] == 31  # step "sload": 34 before (one exchange of scale words a half tile)
     assert ["dec", "120"] in f["setmaxnreg"] and ["dec", "192"] in f["setmaxnreg"]
     # 4 + 4 fp8 and 2 rope 16-byte copies a thread, and the 8-byte scale row, in the prologue and the loop;
     # the V3.2 kernel's rope QK dot is gone (36 wgmma against 40)
