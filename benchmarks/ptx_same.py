@@ -11,8 +11,10 @@ the repo's git-ignored ``.kernelcamp/kernel_revs/``), compiled for each (shape, 
 ``compile_specs``, and
 its PTX compared with line information, comments, debug sections and debug-only labels left out (a moved
 line or a renamed local leaves the code the same; a changed parameter list does not, since the binary
-differs). Exit status 0 when every pair is identical, 1 when any differs (one line each), 2 on bad input
-(one ``error:`` line).
+differs). A pair that a side's ``compile_specs`` refuses (outside the config's launch domain, e.g. a warp-specialized
+config at TP8's H=16) is "skipped" when both sides refuse it and differs when one does. Exit status 0 when every
+compared pair is identical, 1 when any differs (one line each), 2 on bad input or a failed compile (one ``error:``
+line).
 
 What it is for: a refactor of ``@triton.jit`` code (e.g. the V3.2 and V4 loops made one function, campaign
 step "v4tiles" in reports/campaigns/kernel_speed/README.md) whose PTX is identical at every config runs
@@ -62,10 +64,20 @@ def normalized_ptx(ptx: str) -> str:
     return "\n".join(re.sub(r"\s+$", "", ln) for ln in keep)
 
 
+class Refused(Exception):
+    """A revision's ``compile_specs`` refuses a (shape, config) pair: outside the config's launch domain (a
+    ValueError before any compiling, e.g. a warp-specialized config at H=16 or num_stages 3 on V3.2)."""
+
+
 def split_kernel_ptx(module, shape: str, config: LaunchConfig, arch: int, batch: int = BATCH) -> str:
-    """The normalized PTX of ``module``'s split-K kernel for ``shape`` and ``config`` at ``batch``, for ``sm<arch>``."""
+    """The normalized PTX of ``module``'s split-K kernel for ``shape`` and ``config`` at ``batch``, for ``sm<arch>``.
+    Raises ``Refused`` (its first line the module's reason) when ``compile_specs`` refuses the pair; a compile that
+    fails raises what the compiler raised."""
     layout, heads, topk = SHAPES[shape]
-    spec = module.compile_specs(layout, heads, topk, config, batch=batch)[0]
+    try:
+        spec = module.compile_specs(layout, heads, topk, config, batch=batch)[0]
+    except ValueError as e:
+        raise Refused(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from e
     return normalized_ptx(compile_spec(spec, arch).asm["ptx"])
 
 
@@ -111,13 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     except (KernelcampError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    differ = 0
+    differ = skipped = 0
     for shape in shapes:
         for c in configs:
-            ptx = []
+            ptx: list[str | None] = []
+            refused = []
             for name, m in zip(names, sides, strict=True):
                 try:
                     ptx.append(split_kernel_ptx(m, shape, c, a.arch, a.batch))
+                except Refused as e:  # outside the launch domain there: compared as "no binary"
+                    ptx.append(None)
+                    refused.append(f"{name} refuses it: {e}")
                 except Exception as e:  # noqa: BLE001 - a config that does not compile there is one line, exit 2
                     root = e
                     while root.__cause__ is not None:  # Triton's CompilationError wraps the reason
@@ -129,10 +145,17 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                     )
                     return 2
+            if ptx[0] is None and ptx[1] is None:  # refused on both sides: nothing to compare, not a difference
+                skipped += 1
+                print(f"skipped {shape} {c.config_label()} (sm{a.arch}): {refused[0].split(': ', 1)[1]}")
+                continue
             same = ptx[0] == ptx[1]
             differ += not same
-            print(f"{'same   ' if same else 'DIFFERS'} {shape} {c.config_label()} (sm{a.arch})")
-    print(f"{names[0]} vs {names[1]}: {differ} of {len(shapes) * len(configs)} differ")
+            why = f"; {refused[0]}" if refused else ""
+            print(f"{'same   ' if same else 'DIFFERS'} {shape} {c.config_label()} (sm{a.arch}{why})")
+    compared = len(shapes) * len(configs) - skipped
+    tail = f", {skipped} skipped (refused by both)" if skipped else ""
+    print(f"{names[0]} vs {names[1]}: {differ} of {compared} differ{tail}")
     return 1 if differ else 0
 
 

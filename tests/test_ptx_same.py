@@ -75,3 +75,30 @@ def test_the_one_loop_refactor_compiles_to_the_same_ptx_and_v4tiles_does_not():
     r = _run(TWO_LOOPS, ONE_LOOP, "--configs", "T32_H16_w4_s2_kauto", "--shapes", "v4", "--arch", "80")
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and "does not compile for sm80" in err[0], r.stderr[-2000:]
+
+
+def test_a_pair_outside_the_launch_domain_is_skipped_on_both_sides_and_differs_on_one(monkeypatch, capsys):
+    # it used to stop at the first refused pair (exit 2), so a shape list with a warp-specialized config and TP8's
+    # H=16, or num_stages 3 on V3.2, had to be run one shape at a time
+    class Side:
+        def __init__(self, refuses):
+            self.refuses = refuses
+
+        def compile_specs(self, layout, heads, topk, config, batch):
+            if (heads, config.num_stages) in self.refuses:
+                raise ValueError(f"config {config.config_label()}: needs H a multiple of 64, got H={heads}")
+            return [f"ptx {layout} {heads} {config.config_label()}"]
+
+    sides = iter([Side({(16, 2)}), Side({(16, 2), (128, 3)})])
+    monkeypatch.setattr(ps, "_side", lambda rev, module: next(sides))
+    monkeypatch.setattr(ps, "compile_spec", lambda spec, arch: type("K", (), {"asm": {"ptx": spec}})())
+    rc = ps.main(["HEAD", "--shapes", "v32,v32_tp8", "--configs", "T32_H64_w12_s2_kauto_ws,T32_H64_w12_s3_kauto_ws"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1, out
+    assert "same    v32 T32_H64_w12_s2_kauto_ws (sm90)" in out
+    # refused by side B only: a difference, with B's reason
+    assert any(
+        ln.startswith("DIFFERS v32 T32_H64_w12_s3_kauto_ws (sm90; working tree refuses it: config") for ln in out
+    )
+    assert any(ln.startswith("skipped v32_tp8 T32_H64_w12_s2_kauto_ws (sm90): config") for ln in out), out
+    assert out[-1] == "HEAD vs working tree: 1 of 3 differ, 1 skipped (refused by both)"
