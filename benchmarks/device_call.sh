@@ -10,27 +10,41 @@
 #                         conf/experiment/kernel_speed_<STEP>_<SHAPE>.yaml), SWEEP_TIMEOUT_S -> OUT/<STEP>.tgz
 #   final                 the GPU suite and reports/kernel_bench/ re-measured (benchmarks/kernel_bench_final.sh;
 #                         SUITE_TIMEOUT_S, BENCH_TIMEOUT_S) -> OUT/final.tgz
-#   bench:NAME:ARGS       benchmarks/bench_kernel.py ARGS (comma lists; spaces as '+') --out NAME, BENCH_TIMEOUT_S
-#                         (default 200) -> OUT/NAME.tgz (kernel_bench.csv, summary.md, the log)
+#   bench:NAME:ARGS       benchmarks/bench_kernel.py ARGS (comma lists; spaces as '+', so no literal '+') --out NAME,
+#                         BENCH_TIMEOUT_S (default 200) -> OUT/NAME.tgz (kernel_bench.csv, summary.md, the log; packed
+#                         at exit too: an outer timeout's TERM stops the bench and returns what it had written)
 #   run:NAME:CMD          any command (spaces as '+'), run by bash in the clone, RUN_TIMEOUT_S (default 120) ->
 #                         OUT/NAME.log; $CARRIED is the carried tree (e.g. candidate files kept in .probe/)
+# A bench or run NAME may not be one of the call's own files: call, head, env, gpu_suite, final, bench_final.
 # OUT/head.txt names the branch, its commit, the kernel file's sha256, the GPU, the versions and the date; the
 # actions' output is tee'd into OUT/call.log. The clone is made from the bundle (a baseline's kernel_rev needs
 # the git history; the carried tree's .git, when it has one, is not the branch). Each action has its own timeout,
 # so give the device call's timeout their sum plus about 60 s (the clone, the wheels, the packing).
-# Exit status: 2 on a bad argument (one `error:` line, before anything runs), else that of the last failed action.
+# Exit status: 2 on a bad argument, OUT unset, or a branch missing from the bundle (one `error:` line, before any
+# action runs); 1 when the clone's setup (the wheels, benchmarks/device_env.sh) fails; else that of the last failed
+# action.
 set -uo pipefail
 usage="usage: device_call.sh BRANCH ACTION [ACTION ...]  (ACTION: suite | step:STEP:SHAPE[,SHAPE] | final | bench:NAME:ARGS"
 usage="$usage | run:NAME:CMD)"
-[ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
-out=${OUT:?error: OUT (the folder whose files come back) is not set}
+[ $# -ge 2 ] || { echo "error: $usage" >&2; exit 2; }
+[ -n "${OUT:-}" ] || { echo "error: OUT (the folder whose files come back) is not set" >&2; exit 2; }
+out=$OUT
+case $out in /*) ;; *) out=$PWD/$out ;; esac  # the actions run in the clone
 branch=$1
 shift
 for a in "$@"; do
   case $a in
     suite | final) ;;
     step:?*:?*) ;;
-    bench:?*:?* | run:?*:?*) ;;
+    bench:?*:?* | run:?*:?*)
+      IFS=: read -r _ name _ <<< "$a"
+      case $name in
+        call | head | env | gpu_suite | final | bench_final)
+          echo "error: action '$a': the name '$name' is one of the call's own files; choose another" >&2
+          exit 2
+          ;;
+      esac
+      ;;
     *) echo "error: unknown action '$a'; $usage" >&2; exit 2 ;;
   esac
 done
@@ -41,7 +55,8 @@ mkdir -p "$out"
 log=$out/call.log
 kc=${KC_DIR:-/tmp/kc}  # the clone (KC_DIR: for the tests)
 rm -rf "$kc" "$kc.bench"
-git clone -q -b "$branch" .probe/repo.bundle "$kc" || { echo "error: branch '$branch' is not in the bundle" >&2; exit 2; }
+git clone -q -b "$branch" .probe/repo.bundle "$kc" 2>/dev/null \
+  || { echo "error: branch '$branch' is not in .probe/repo.bundle (git bundle list-heads .probe/repo.bundle)" >&2; exit 2; }
 export CARRIED=$PWD
 cp -r .whl "$kc/" && cd "$kc" || exit 1
 {
@@ -53,6 +68,17 @@ cp -r .whl "$kc/" && cd "$kc" || exit 1
 source benchmarks/device_env.sh > "$out/env.log" 2>&1 || { cat "$out/env.log"; exit 1; }
 tail -2 "$out/env.log" | tee -a "$out/head.txt"
 export TRITON_CACHE_DIR=/tmp/triton-cache
+pack_benches() {  # each bench's folder into OUT/NAME.tgz: after the bench, and at exit (a cut call keeps its rows)
+  local d
+  for d in "$kc.bench"/*/; do
+    [ -d "$d" ] && tar czf "$out/$(basename "$d").tgz" -C "$kc.bench" "$(basename "$d")"
+  done
+}
+trap pack_benches EXIT
+# an outer timeout's TERM reaches this shell only: stop the bench or run action going on (started in the background, so
+# that the trap runs at once), then exit; the EXIT trap packs what the benches wrote
+trap 'echo "device_call.sh: stopped by a signal" >&2; [ -n "${child:-}" ] && kill -TERM "$child" 2>/dev/null; exit 143' \
+  TERM INT
 rc=0
 for a in "$@"; do
   t0=$(date +%s)
@@ -75,17 +101,23 @@ for a in "$@"; do
     bench:*)
       IFS=: read -r _ name args <<< "$a"
       mkdir -p "$kc.bench/$name"
-      # shellcheck disable=SC2086  # ARGS is a word list by design
-      timeout "${BENCH_TIMEOUT_S:-200}" python benchmarks/bench_kernel.py ${args//+/ } --out "$kc.bench/$name" \
-        > "$kc.bench/$name/bench.log" 2>&1
+      read -r -a argv <<< "${args//+/ }"  # a word list, no glob expansion
+      timeout "${BENCH_TIMEOUT_S:-200}" python benchmarks/bench_kernel.py "${argv[@]}" --out "$kc.bench/$name" \
+        > "$kc.bench/$name/bench.log" 2>&1 &
+      child=$!
+      wait "$child"
       r=$?
+      child=
       tail -5 "$kc.bench/$name/bench.log" | tee -a "$log"
-      tar czf "$out/$name.tgz" -C "$kc.bench" "$name"
+      pack_benches
       ;;
     run:*)
       IFS=: read -r _ name cmd <<< "$a"
-      timeout "${RUN_TIMEOUT_S:-120}" bash -c "${cmd//+/ }" > "$out/$name.log" 2>&1
+      timeout "${RUN_TIMEOUT_S:-120}" bash -c "${cmd//+/ }" > "$out/$name.log" 2>&1 &
+      child=$!
+      wait "$child"
       r=$?
+      child=
       tail -5 "$out/$name.log" | tee -a "$log"
       ;;
   esac

@@ -11,10 +11,10 @@ the repo's git-ignored ``.kernelcamp/kernel_revs/``), compiled for each (shape, 
 ``compile_specs``, and
 its PTX compared with line information, comments, debug sections and debug-only labels left out (a moved
 line or a renamed local leaves the code the same; a changed parameter list does not, since the binary
-differs). A pair that a side's ``compile_specs`` refuses (outside the config's launch domain, e.g. a warp-specialized
-config at TP8's H=16) is "skipped" when both sides refuse it and differs when one does. Exit status 0 when every
-compared pair is identical, 1 when any differs (one line each), 2 on bad input or a failed compile (one ``error:``
-line).
+differs). A pair that a side's ``compile_specs`` refuses with a ValueError (e.g. the warp-specialized kernel at
+num_stages 3 on V3.2) is "skipped" when both sides refuse it and differs when one does. Exit status 0 when every
+compared pair is identical, 1 when any differs (one line each), 2 on bad input, a failed compile or when both sides
+refuse every pair (one ``error:`` line).
 
 What it is for: a refactor of ``@triton.jit`` code (e.g. the V3.2 and V4 loops made one function, campaign
 step "v4tiles" in reports/campaigns/kernel_speed/README.md) whose PTX is identical at every config runs
@@ -65,8 +65,8 @@ def normalized_ptx(ptx: str) -> str:
 
 
 class Refused(Exception):
-    """A revision's ``compile_specs`` refuses a (shape, config) pair: outside the config's launch domain (a
-    ValueError before any compiling, e.g. a warp-specialized config at H=16 or num_stages 3 on V3.2)."""
+    """A revision's ``compile_specs`` refuses a (shape, config) pair with a ValueError, before any compiling (e.g. the
+    warp-specialized kernel at num_stages 3 on V3.2: a depth its shared memory does not hold)."""
 
 
 def split_kernel_ptx(module, shape: str, config: LaunchConfig, arch: int, batch: int = BATCH) -> str:
@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             why = f"; {refused[0]}" if refused else ""
             print(f"{'same   ' if same else 'DIFFERS'} {shape} {c.config_label()} (sm{a.arch}{why})")
     compared = len(shapes) * len(configs) - skipped
+    if not compared:
+        print(f"error: both sides refuse every pair ({skipped}): nothing was compared", file=sys.stderr)
+        return 2
     tail = f", {skipped} skipped (refused by both)" if skipped else ""
     print(f"{names[0]} vs {names[1]}: {differ} of {compared} differ{tail}")
     return 1 if differ else 0

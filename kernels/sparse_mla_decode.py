@@ -682,7 +682,8 @@ WS_SCALE4 = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
 WS_SCALE2 = gl.constexpr(gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0]))
 # the same scales read back from shared memory for the dequantization, each row's in the threads that hold its fp8
 # bytes (WS_GAT's rows: 2 a warp, 16 threads a row): a row's scale then reaches WS_GAT's row slice with no exchange
-# (step "sload": the exchange through shared memory cost the producer 4 of its 7 barriers a tile)
+# (step "sload": the exchanges through shared memory had cost the producer's loop 3 of its 7 barriers a tile on V4
+# and 7 of 10 on V3.2)
 WS_SCALE4_ROWS = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
 WS_SCALE2_ROWS = gl.constexpr(gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0]))
 

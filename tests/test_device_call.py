@@ -20,9 +20,13 @@ p = argparse.ArgumentParser()
 p.add_argument("--out")
 p.add_argument("--families")
 p.add_argument("--fail", action="store_true")
+p.add_argument("--hang", action="store_true")
 a = p.parse_args()
 pathlib.Path(a.out, "summary.md").write_text(f"families {a.families}\\n")
-print("measured", a.families)
+print("measured", a.families, flush=True)
+if a.hang:
+    import time
+    time.sleep(60)
 sys.exit(3 if a.fail else 0)
 """
 
@@ -99,18 +103,39 @@ def test_a_failed_action_sets_the_exit_status_and_the_next_action_still_runs(tmp
     assert (tmp_path / "out" / "good.tgz").exists()
 
 
+def test_a_call_cut_by_an_outer_timeout_still_returns_the_bench_rows_written(tmp_path):
+    tree, env = _carried(tmp_path)
+    cmd = ["timeout", "4", "bash", "benchmarks/device_call.sh", "b", "bench:cut:--families+v32+--hang", "suite"]
+    r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 124, r.stdout + r.stderr  # ended by the timeout, mid-bench, well before the bench's 60 s
+    assert "stopped by a signal" in r.stderr
+    with tarfile.open(tmp_path / "out" / "cut.tgz") as t:
+        assert t.extractfile("cut/summary.md").read() == b"families v32\n"
+
+
+def test_a_relative_out_is_taken_from_where_the_call_starts(tmp_path):
+    tree, env = _carried(tmp_path)
+    r = _run(tree, {**env, "OUT": "rel_out"}, "b", "run:x:echo+hi")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tree / "rel_out" / "x.log").read_text() == "hi\n" and (tree / "rel_out" / "head.txt").exists()
+
+
 def test_bad_input_is_one_error_line_and_nothing_runs(tmp_path):
     tree, env = _carried(tmp_path)
     for args, what in [
         (("b", "sweep"), "unknown action 'sweep'"),
         (("b", "step:only"), "unknown action 'step:only'"),
-        (("b",), "usage: device_call.sh BRANCH ACTION"),
-        (("nosuch", "suite"), "branch 'nosuch' is not in the bundle"),
+        (("b",), "error: usage: device_call.sh BRANCH ACTION"),
+        (("nosuch", "suite"), "branch 'nosuch' is not in .probe/repo.bundle"),
+        (("b", "run:head:true"), "the name 'head' is one of the call's own files"),
     ]:
         r = _run(tree, env, *args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert what in r.stderr, (args, r.stderr)
         assert not (tmp_path / "out" / "call.log").exists()
+    no_out = {k: v for k, v in env.items() if k != "OUT"}
+    r = _run(tree, no_out, "b", "suite")
+    assert r.returncode == 2 and r.stderr.strip() == "error: OUT (the folder whose files come back) is not set"
     shutil.rmtree(tree / ".probe")
     r = _run(tree, env, "b", "suite")
     assert r.returncode == 2 and "error: .probe/repo.bundle not carried" in r.stderr

@@ -186,7 +186,7 @@ def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
     # each consumer (none before: 4-byte stores straight from the wgmma accumulator layout)
     assert f["st_global_16B"] == 32
     # step "sload": the producer reads each tile's scales back in its fp8 rows' threads, with no exchange through
-    # shared memory (35 barriers before: two exchanges a half tile, each a store, a barrier, a load, a barrier)
+    # shared memory (35 barriers before, when each half's group scales went through shared memory to those threads)
     assert f["bar_sync"] == 28
 
 

@@ -78,8 +78,8 @@ def test_the_one_loop_refactor_compiles_to_the_same_ptx_and_v4tiles_does_not():
 
 
 def test_a_pair_outside_the_launch_domain_is_skipped_on_both_sides_and_differs_on_one(monkeypatch, capsys):
-    # it used to stop at the first refused pair (exit 2), so a shape list with a warp-specialized config and TP8's
-    # H=16, or num_stages 3 on V3.2, had to be run one shape at a time
+    # it used to stop at the first refused pair (exit 2), so a shape list with num_stages 3 on V3.2 (a depth the
+    # warp-specialized kernel refuses there) had to be run one shape at a time
     class Side:
         def __init__(self, refuses):
             self.refuses = refuses
@@ -102,3 +102,7 @@ def test_a_pair_outside_the_launch_domain_is_skipped_on_both_sides_and_differs_o
     )
     assert any(ln.startswith("skipped v32_tp8 T32_H64_w12_s2_kauto_ws (sm90): config") for ln in out), out
     assert out[-1] == "HEAD vs working tree: 1 of 3 differ, 1 skipped (refused by both)"
+    # every pair refused by both sides: nothing compared is not a pass
+    sides = iter([Side({(16, 2)}), Side({(16, 2)})])
+    assert ps.main(["HEAD", "--shapes", "v32_tp8", "--configs", "T32_H64_w12_s2_kauto_ws"]) == 2
+    assert capsys.readouterr().err.strip() == "error: both sides refuse every pair (1): nothing was compared"
