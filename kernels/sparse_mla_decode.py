@@ -662,6 +662,11 @@ WS_NSTAGE = gl.constexpr(2)  # depth of the cp.async staging ring (raw fp8 rows)
 # V4 may run a third staging slot (num_stages 3: 226,424 B of shared memory); V3.2's would need 243,576 B
 # (a V3.2 slot is 32 tokens x 656 B = 20,992 B)
 WS_NSTAGES = {"deepseek_v32": (2,), "deepseek_v4": (2, 3)}
+# the H=16 kernel (_sparse_mla_ws16_split_kernel, V3.2 only: DeepSeek-V3.2 at TP8): wgmma's M is 64 rows, so its
+# consumers swap the operands and put tokens on M: S^T [64 tokens, 16 heads] = K q^T, O^T [d_v, 16] = V^T P^T. A
+# ring slot holds two producer tiles (WS16_BLOCK_T = 2 x WS_BLOCK_T tokens); the producer is the V3.2 one, PAIRS
+WS16_BLOCK_T = gl.constexpr(64)
+WS16_BLOCK_H = gl.constexpr(16)
 WS_NUM_WARPS = 12  # two consumer warpgroups + one producer warpgroup: LaunchConfig.num_warps
 # registers: 12 warps x 32 threads x maxnreg 168 = 64,512 of the SM's 65,536; setmaxnreg gives the consumer
 # worker WS_REGS_CONSUMER and the producer WS_REGS_PRODUCER, the default partition (a consumer) the rest, 3 x 168 -
@@ -784,9 +789,13 @@ def _ws_scale_idx(idx_ptr, ints, tile, LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr):
+def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr, PAIRS: gl.constexpr = 0):
     # the producer warpgroup: gathers (NSTAGE - 1 tiles ahead, their indices one more iteration ahead) and
-    # the dequantization of each tile into the K-tile ring, signalled on k_ready once the ring slot is free
+    # the dequantization of each tile into the K-tile ring, signalled on k_ready once the ring slot is free.
+    # PAIRS (V3.2 only; the H=16 kernel, _sparse_mla_ws16_split_kernel): a ring slot holds two WS_BLOCK_T tiles
+    # (rows 0-31 and 32-63 of a [WS16_BLOCK_T, ...] slot, wgmma's M of 64 tokens there); the producer waits for the
+    # slot before the first of them and signals k_ready after the second. It runs an even number of tiles: one past
+    # n_tiles has -1 indices, so its gathers copy nothing and it stores zeros, masked by the consumers
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
     q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
     k_ready, k_empty, s_bar = bars
@@ -802,7 +811,10 @@ def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr):
     ig = _ws_tile_idx(idx_ptr, ints, NSTAGE - 1, WS_GAT)
     ir = _ws_tile_idx(idx_ptr, ints, NSTAGE - 1, WS_ROPE)
     isc = _ws_scale_idx(idx_ptr, ints, NSTAGE - 1, LAYOUT)
-    for i in range(n_tiles):
+    n_iter = n_tiles
+    if PAIRS:
+        n_iter = 2 * gl.cdiv(n_tiles, 2)
+    for i in range(n_iter):
         _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, (i + NSTAGE - 1) % NSTAGE, LAYOUT)
         ig = _ws_tile_idx(idx_ptr, ints, i + NSTAGE, WS_GAT)
         ir = _ws_tile_idx(idx_ptr, ints, i + NSTAGE, WS_ROPE)
@@ -811,15 +823,28 @@ def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr):
         gl.thread_barrier()  # every producer thread's copies of tile i have landed
         stage = i % NSTAGE
         slot = i % WS_NBUF
+        if PAIRS:
+            slot = (i // 2) % WS_NBUF
         if LAYOUT == 0:
             sc = st_sc.index(stage).load(WS_SCALE4_ROWS)
             lo = _ws_dequant_half(st_lo.index(stage).load(WS_GAT), sc, 0)
             hi = _ws_dequant_half(st_hi.index(stage).load(WS_GAT), sc, 2)
             rope = st_rope.index(stage).load(WS_ROPE)
-            mbarrier.wait(k_empty.index(slot), ((i // WS_NBUF) & 1) ^ 1)
-            k_lo.index(slot).store(lo)
-            k_hi.index(slot).store(hi)
-            k_rope.index(slot).store(rope)
+            if PAIRS:
+                if i % 2 == 0:
+                    mbarrier.wait(k_empty.index(slot), ((i // (2 * WS_NBUF)) & 1) ^ 1)
+                    k_lo.index(slot).slice(0, WS_BLOCK_T, dim=0).store(lo)
+                    k_hi.index(slot).slice(0, WS_BLOCK_T, dim=0).store(hi)
+                    k_rope.index(slot).slice(0, WS_BLOCK_T, dim=0).store(rope)
+                else:
+                    k_lo.index(slot).slice(WS_BLOCK_T, WS_BLOCK_T, dim=0).store(lo)
+                    k_hi.index(slot).slice(WS_BLOCK_T, WS_BLOCK_T, dim=0).store(hi)
+                    k_rope.index(slot).slice(WS_BLOCK_T, WS_BLOCK_T, dim=0).store(rope)
+            else:
+                mbarrier.wait(k_empty.index(slot), ((i // WS_NBUF) & 1) ^ 1)
+                k_lo.index(slot).store(lo)
+                k_hi.index(slot).store(hi)
+                k_rope.index(slot).store(rope)
         else:
             # V4's K tile: dims 0-255 (groups 0-3) and 256-511 (groups 4-6, then the rope in columns 192-255,
             # written over the rope bytes the dequantization decoded there: after a barrier, as other threads
@@ -835,7 +860,11 @@ def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr):
             k_hi.index(slot).slice(192, 64, dim=1).store(rope)
         fence_async_shared()  # the generic-proxy stores before the consumers' wgmma (async proxy) reads
         gl.thread_barrier()  # all stores (and reads of this staging slot) done before the one-thread arrive
-        mbarrier.arrive(k_ready.index(slot), count=1)
+        if PAIRS:
+            if i % 2 == 1:
+                mbarrier.arrive(k_ready.index(slot), count=1)
+        else:
+            mbarrier.arrive(k_ready.index(slot), count=1)
 
 
 @gluon.jit
@@ -846,6 +875,11 @@ def _ws_producer_v32(ptrs, smem, bars, ints, sm_scale_log2):
 @gluon.jit
 def _ws_producer_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
     _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, 1)
+
+
+@gluon.jit
+def _ws_producer_pairs(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, 0, 1)
 
 
 @gluon.jit
@@ -975,6 +1009,162 @@ def _ws_consumer_lo_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
 @gluon.jit
 def _ws_consumer_hi_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
     _ws_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs, 1, 0, 1)
+
+
+@gluon.jit
+def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
+    # a consumer warpgroup of the H=16 kernel, per ring slot of WS16_BLOCK_T tokens: the whole S^T = K q^T
+    # ([64 tokens, 16 heads], all 576 dims: both consumers compute it, a quarter of the H=64 kernel's QK each, so no
+    # exchange), the online softmax over tokens (axis 0), P^T through this consumer's own shared buffer (wgmma's B
+    # operand is shared memory), then O^T += V^T P^T for V's columns HALF * 256 ... + 255 ([256, 16] fp32, V^T the
+    # K-ring half read transposed); HALF 0 also stores the LSE
+    kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
+    q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
+    k_ready, k_empty, s_bar = bars
+    pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles = ints
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WS16_BLOCK_H, 16]
+    )
+    m_i = gl.full([WS16_BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
+    l_i = gl.zeros([WS16_BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
+    acc = gl.zeros([256, WS16_BLOCK_H], gl.float32, layout=acc_l)
+    zero_s = gl.zeros([WS16_BLOCK_T, WS16_BLOCK_H], gl.float32, layout=acc_l)
+    p_s = s_x.index(HALF)
+    for j in range(gl.cdiv(n_tiles, 2)):
+        slot = j % WS_NBUF
+        offs_t = t_start + j * WS16_BLOCK_T + gl.arange(0, WS16_BLOCK_T, layout=gl.SliceLayout(1, acc_l))
+        idx = gl.load(idx_ptr + pid_b.to(gl.int64) * stride_ib + offs_t, mask=offs_t < t_end, other=-1)
+        mbarrier.wait(k_ready.index(slot), (j // WS_NBUF) & 1)
+        st = warpgroup_mma(k_lo.index(slot), q_lo.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma(k_hi.index(slot), q_hi.permute((1, 0)), st, is_async=True)
+        st = warpgroup_mma(k_rope.index(slot), q_rope.permute((1, 0)), st, is_async=True)
+        st = warpgroup_mma_wait(0, deps=(st,))
+        s = gl.where((idx >= 0)[:, None], st * sm_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - m_safe[None, :])
+        l_i = l_i * alpha + gl.sum(p, 0)
+        m_i = m_new
+        acc = acc * alpha[None, :]
+        p_s.store(p.to(gl.bfloat16))
+        fence_async_shared()  # the generic-proxy stores before this warpgroup's wgmma (async proxy) reads
+        gl.thread_barrier()  # every warp's rows of P^T are stored before the wgmma reads them all
+        if HALF == 0:
+            acc = warpgroup_mma(k_lo.index(slot).permute((1, 0)), p_s, acc)
+        else:
+            acc = warpgroup_mma(k_hi.index(slot).permute((1, 0)), p_s, acc)
+        gl.thread_barrier()  # every warp's wgmma reads of the tile (and of P^T) are done before the one-thread arrive
+        mbarrier.arrive(k_empty.index(slot), count=1)
+
+    has = l_i > 0.0
+    o = acc * (1.0 / gl.where(has, l_i, 1.0))[None, :]
+    # O^T [256 columns, 16 heads] stored from the accumulator layout: a layout conversion to whole-column rows would
+    # take 16 KB of scratch a consumer, and the kernel has 20 KB left of the SM's 227 KB
+    bh = pid_b.to(gl.int64) * H + pid_h * WS16_BLOCK_H + gl.arange(0, WS16_BLOCK_H, layout=gl.SliceLayout(0, acc_l))
+    cols = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(1, acc_l))
+    if n_splits == 1:
+        gl.store(out_ptr + bh[None, :] * 512 + cols[:, None], o.to(gl.bfloat16))
+    else:
+        gl.store(part_out_ptr + (bh * max_splits + pid_s)[None, :] * 512 + cols[:, None], o)
+    if HALF == 0:
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        bh_s = pid_b.to(gl.int64) * H + pid_h * WS16_BLOCK_H + gl.arange(
+            0, WS16_BLOCK_H, layout=gl.SliceLayout(0, acc_l)
+        )
+        if n_splits == 1:
+            gl.store(lse_ptr + bh_s, lse2 * 0.6931471805599453)
+        else:
+            gl.store(part_lse_ptr + bh_s * max_splits + pid_s, lse2)
+
+
+@gluon.jit
+def _ws16_consumer_lo(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0)
+
+
+@gluon.jit
+def _ws16_consumer_hi(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, 1)
+
+
+@gluon.jit(do_not_specialize=["B", "H", "topk", "max_splits", "page_shift"])
+def _sparse_mla_ws16_split_kernel(
+    # pointers
+    q_ptr,
+    kv_u8_ptr,
+    kv_bf16_ptr,
+    kv_f32_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    # sizes
+    B,
+    H,
+    topk,
+    max_splits,
+    page_shift,
+    sm_scale_log2,
+    # strides (elements)
+    stride_qb,
+    stride_qh,
+    stride_ib,
+    NSTAGE: gl.constexpr,
+):
+    # V3.2 (d_qk 576) at H a multiple of WS16_BLOCK_H; grid (B, H / WS16_BLOCK_H, splits), a split a whole number of
+    # WS16_BLOCK_T slots; launched as _sparse_mla_ws_split_kernel (num_warps=4, maxnreg=WS_MAXNREG), the same
+    # outputs. Shared memory: q 18 KB, the K ring 2 x 72 KB, the staging ring 2 x 20.5 KB, P^T 2 x 2 KB
+    pid_b = gl.program_id(0)
+    pid_h = gl.program_id(1)
+    pid_s = gl.program_id(2)
+    n_splits = gl.num_programs(2)
+
+    offs_h = pid_h * WS16_BLOCK_H + gl.arange(0, WS16_BLOCK_H, layout=gl.SliceLayout(1, WS_ROWS16))
+    qrow = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_h[:, None] * stride_qh
+    offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
+    offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_ROWS16))
+    q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + offs_c[None, :]))
+    q_hi = gl.allocate_shared_memory(
+        gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + 256 + offs_c[None, :])
+    )
+    q_rope = gl.allocate_shared_memory(
+        gl.bfloat16, [WS16_BLOCK_H, 64], WS_SMEM16, gl.load(qrow + 512 + offs_e[None, :])
+    )
+    k_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS16_BLOCK_T, 256], WS_SMEM16)
+    k_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS16_BLOCK_T, 256], WS_SMEM16)
+    k_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS16_BLOCK_T, 64], WS_SMEM16)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    st_lo = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
+    st_hi = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
+    st_rope = gl.allocate_shared_memory(gl.bfloat16, [NSTAGE, WS_BLOCK_T, 64], flat)
+    st_sc = gl.allocate_shared_memory(gl.float32, [NSTAGE, WS_BLOCK_T, 4], flat)
+    # P^T [64 tokens, 16 heads] bf16, one buffer a consumer (wgmma's B operand: [K, N], N contiguous)
+    p_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
+    s_x = gl.allocate_shared_memory(gl.bfloat16, [2, WS16_BLOCK_T, WS16_BLOCK_H], p_l)
+    k_ready = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(WS_NBUF):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a K slot
+    fence_async_shared()
+
+    # a split is a whole number of ring slots; n_tiles counts the producer's WS_BLOCK_T tiles
+    slots_per_split = gl.cdiv(gl.cdiv(topk, WS16_BLOCK_T), n_splits)
+    t_start = pid_s * slots_per_split * WS16_BLOCK_T
+    t_end = gl.minimum(t_start + slots_per_split * WS16_BLOCK_T, topk)
+    n_tiles = gl.maximum(gl.cdiv(t_end - t_start, WS_BLOCK_T), 0)
+    ptrs = (kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr)
+    smem = (q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x)
+    bars = (k_ready, k_empty, k_ready)  # no score exchange: s_bar is never used
+    ints = (pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles)
+    args = (ptrs, smem, bars, ints, sm_scale_log2)
+    gl.warp_specialize(
+        [(_ws16_consumer_lo, args), (_ws16_consumer_hi, args), (_ws_producer_pairs, args)],
+        [4, 4],
+        [WS_REGS_CONSUMER, WS_REGS_PRODUCER],
+    )
 
 
 @gluon.jit(do_not_specialize=["B", "H", "topk", "max_splits", "page_shift"])
@@ -1229,6 +1419,7 @@ class SparseMLADecode:
             _jit_cache_size(_sparse_mla_split_kernel)
             + _jit_cache_size(_sparse_mla_combine_kernel)
             + _jit_cache_size(_sparse_mla_ws_split_kernel)
+            + _jit_cache_size(_sparse_mla_ws16_split_kernel)
         )
 
     def _config_of(self, tc: triton.Config) -> LaunchConfig:
@@ -1307,12 +1498,12 @@ class SparseMLADecode:
                 )
             _check_ws_launch(q, lay, page_size, chosen)
             n = resolve_num_splits(cfg.num_splits, B, H, topk, cfg.BLOCK_H, cfg.BLOCK_T, num_sms)
-            _sparse_mla_ws_split_kernel[(B, H // cfg.BLOCK_H, n)](
+            kernel, consts = _ws_kernel(cfg, lay.code)
+            kernel[(B, H // cfg.BLOCK_H, n)](
                 *args[:13],
                 page_size.bit_length() - 1,
                 *args[13:],
-                LAYOUT=lay.code,
-                NSTAGE=cfg.num_stages,
+                **consts,
                 num_warps=4,
                 maxnreg=WS_MAXNREG,
             )
@@ -1350,6 +1541,14 @@ class SparseMLADecode:
         return out, lse
 
 
+def _ws_kernel(config: LaunchConfig, layout_code: int) -> tuple[Any, dict[str, int]]:
+    """The warp-specialized kernel that runs ``config`` and its constexprs: the H=16 one for
+    ``T64_H16_w12_s2_k<splits>_ws`` (V3.2 only, ``launch_domain``), else the H=64 one."""
+    if _is_ws16(config):
+        return _sparse_mla_ws16_split_kernel, {"NSTAGE": config.num_stages}
+    return _sparse_mla_ws_split_kernel, {"LAYOUT": layout_code, "NSTAGE": config.num_stages}
+
+
 def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: int) -> str | None:
     """Why ``config`` cannot run this shape (one line), or None when it can: a Triton config runs every shape; the
     warp-specialized kernel needs ``num_heads`` a multiple of WS_BLOCK_H, a power-of-two page size (deepseek_v4:
@@ -1359,8 +1558,10 @@ def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: 
     if not getattr(config, "warp_specialize", False):
         return None
     lay = get_layout(layout)
-    if num_heads % int(WS_BLOCK_H):
-        return f"needs H a multiple of {int(WS_BLOCK_H)}, got H={num_heads}; use a Triton config"
+    if _is_ws16(config) and layout != "deepseek_v32":
+        return f"runs deepseek_v32 only (its K tile is V3.2's), got {layout}; use a Triton config"
+    if num_heads % config.BLOCK_H:
+        return f"needs H a multiple of {config.BLOCK_H}, got H={num_heads}; use a Triton config"
     if page_size & (page_size - 1):
         return f"needs a power-of-two page size, got {page_size}; use a Triton config"
     if lay.scale_row_bytes and page_size < 2:
@@ -1395,6 +1596,12 @@ def _check_ws_launch(q: torch.Tensor, lay: CacheLayout, page_size: int, config: 
         raise ValueError(f"{where}: needs an sm90 (Hopper) GPU, got device {q.device} (capability {cap})")
 
 
+def _fp16_groups(c: LaunchConfig) -> bool:
+    """Whether ``c`` multiplies V3.2's fp8 groups in fp16 (a Triton config with ``BLOCK_H < 64``, mma v2; the H=16
+    warp-specialized kernel multiplies in bf16)."""
+    return c.BLOCK_H < 64 and not getattr(c, "warp_specialize", False)
+
+
 def _finite_abs_max(t: torch.Tensor) -> float:
     """The largest finite |value| of ``t`` (0.0 when none is finite; non-finite values are left to the
     output, as on the bf16 path). Costs a device sync."""
@@ -1409,7 +1616,7 @@ def _check_q_fits_fp16(q: torch.Tensor, lay: CacheLayout, dot_dtype: str, config
     output is non-finite either way). Costs a device sync."""
     if dot_dtype == "fp16":
         dims, why = q, 'dot_dtype="fp16" multiplies q in fp16'
-    elif lay.code == 0 and any(c.BLOCK_H < 64 for c in configs):
+    elif lay.code == 0 and any(_fp16_groups(c) for c in configs):
         dims, why = q[..., : lay.fp8_dims], "a V3.2 config with BLOCK_H < 64 multiplies q's fp8-group dims in fp16"
     else:
         return
@@ -1444,7 +1651,7 @@ def _check_scales_fit_fp16(
     scale becomes inf and the output non-finite, although every value fits (fp8 values below 1 times the
     scale). Only the scales of the rows that ``indices`` names are read; non-finite scales pass (the output is
     non-finite on every path). Costs a device sync."""
-    if lay.code != 0 or not any(c.BLOCK_H < 64 for c in configs):
+    if lay.code != 0 or not any(_fp16_groups(c) for c in configs):
         return
     tok = indices[indices >= 0]
     if tok.numel() == 0:
@@ -1473,15 +1680,22 @@ def _block_s(n_splits: int) -> int:
     return max(2, triton.next_power_of_2(n_splits))
 
 
+def _is_ws16(c: LaunchConfig) -> bool:
+    """Whether ``c`` is the H=16 warp-specialized kernel's config (``T64_H16_w12_s2_k<splits>_ws``)."""
+    return getattr(c, "warp_specialize", False) and c.BLOCK_H == int(WS16_BLOCK_H)
+
+
 def _check_config(c: LaunchConfig) -> None:
     if getattr(c, "warp_specialize", False):
         ws = (int(WS_BLOCK_T), int(WS_BLOCK_H), WS_NUM_WARPS)
+        ws16 = (int(WS16_BLOCK_T), int(WS16_BLOCK_H), WS_NUM_WARPS)
         stages = sorted({n for v in WS_NSTAGES.values() for n in v})
-        if (c.BLOCK_T, c.BLOCK_H, c.num_warps) != ws or c.num_stages not in stages:
+        if (c.BLOCK_T, c.BLOCK_H, c.num_warps) not in (ws, ws16) or c.num_stages not in stages:
             raise ValueError(
                 f"config {c.label()}: the warp-specialized kernel runs BLOCK_T {ws[0]}, BLOCK_H {ws[1]}, "
                 f"num_warps {ws[2]}, num_stages {' or '.join(map(str, stages))} only "
-                f"(T{ws[0]}_H{ws[1]}_w{ws[2]}_s{int(WS_NSTAGE)}_k<splits>_ws; s3 on deepseek_v4 only)"
+                f"(T{ws[0]}_H{ws[1]}_w{ws[2]}_s{int(WS_NSTAGE)}_k<splits>_ws; s3 on deepseek_v4 only), or "
+                f"its H=16 form on deepseek_v32 (T{ws16[0]}_H{ws16[1]}_w{ws16[2]}_s{int(WS_NSTAGE)}_k<splits>_ws)"
             )
     else:
         for name in ("BLOCK_T", "BLOCK_H"):
@@ -1773,6 +1987,8 @@ def compile_specs(
     lay = get_layout(layout)
     _check_config(config)
     why = _ws_nstage_reason(config.num_stages, layout) if getattr(config, "warp_specialize", False) else None
+    if _is_ws16(config) and layout != "deepseek_v32":
+        why = launch_domain(config, layout, config.BLOCK_H, 2)
     if why:  # the shapes a ws config runs are the launcher's to judge; a ring that cannot compile is refused here
         raise ValueError(f"config {config.label()}: {why}")
     if dot_dtype not in _DOT_DTYPES:
@@ -1824,11 +2040,12 @@ def compile_specs(
     # (B, H, topk and max_splits are do_not_specialize in the split kernel)
     strides = {"stride_qb": num_heads * lay.d_qk, "stride_qh": lay.d_qk, "stride_ib": topk}
     if ws:  # one binary at every batch size (no split-D); the page size is a run-time argument there
+        ws_kernel, ws_consts = _ws_kernel(config, lay.code)
         ws_spec = _spec(
-            "sparse_mla_split_ws",
-            _compilable(_sparse_mla_ws_split_kernel),
+            "sparse_mla_split_ws16" if _is_ws16(config) else "sparse_mla_split_ws",
+            _compilable(ws_kernel),
             {**split_types, "page_shift": "i32"},
-            {"LAYOUT": lay.code, "NSTAGE": config.num_stages},
+            ws_consts,
             WS_NUM_WARPS,
             config.num_stages,
             strides,

@@ -147,15 +147,19 @@ def test_capture_autotune_cold_is_caught(inputs):
 
 
 WS = LaunchConfig.from_label("T32_H64_w12_s2_kauto_ws")
+WS16 = LaunchConfig.from_label("T64_H16_w12_s2_kauto_ws")
 
 
-def _ws_matches_reference(fam, page_size, splits, num_stages, seed):
+def _ws_matches_reference(fam, page_size, splits, num_stages, seed, heads=64, topk=None):
     """The warp-specialized kernel at B=8 (an all-empty row 3, 5% empty slots) against the torch reference: the
-    config it ran, zeros and -inf LSE on the empty row, the shared tolerance elsewhere."""
-    layout, H, topk = FULL[fam]
+    config it ran, zeros and -inf LSE on the empty row, the shared tolerance elsewhere. ``heads`` 16: the H=16
+    kernel (its config T64_H16_w12_...); ``topk`` replaces the shape's."""
+    layout, H, full_topk = FULL[fam]
+    topk = topk or full_topk
     inp = smd.make_inputs(layout, 8, H, topk, page_size, 65536, "cuda", seed=seed, empty_fraction=0.05)
     inp["indices"][3] = -1
-    cfg = LaunchConfig(32, 64, 12, num_stages, splits, warp_specialize=True)
+    block_t = 64 if heads == 16 else 32
+    cfg = LaunchConfig(block_t, heads, 12, num_stages, splits, warp_specialize=True)
     k = smd.SparseMLADecode(Variant(f"ws_s{num_stages}", (cfg,)))
     out, lse = k(*_args(inp))
     assert k.last_config == cfg
@@ -173,6 +177,16 @@ def test_warp_specialized_kernel_matches_reference(fam, page_size, splits):
     # 16 over 3, 6, 6, 4) and one split (the kernel stores the final output itself); pages 256 and 2 exercise the
     # run-time page shift (V4's smallest page, where its page term is 1168 << 0)
     _ws_matches_reference(fam, page_size, splits, num_stages=2, seed=2)
+
+
+@pytest.mark.parametrize("page_size", [64, 256, 1])
+@pytest.mark.parametrize("splits", ["auto", 1, 3])
+@pytest.mark.parametrize("topk", [2048, 2016, 100])
+def test_h16_warp_specialized_kernel_matches_reference(page_size, splits, topk):
+    # the H=16 kernel (V3.2 at TP8: tokens on wgmma's M, a ring slot two producer tiles): top-k 2016 ends on a
+    # half slot (63 tiles: the producer's 64th tile has -1 indices and stores zeros, masked by the consumers), 100
+    # on a partial tile; 3 splits of 2048 are 11, 11 and 10 slots; pages 256 and 1 exercise the run-time page shift
+    _ws_matches_reference("v32_tp8", page_size, splits, num_stages=2, seed=4, heads=16, topk=topk)
 
 
 @pytest.mark.parametrize("page_size", [64, 2])
@@ -211,9 +225,10 @@ def test_warp_specialized_row_of_a_table_captures(fam):
 
 @pytest.mark.parametrize(
     "fam, config",
-    [("v32", LaunchConfig(64, 64, 8, 1, "auto")), ("v32", WS), ("v4_flash", WS)],
+    [("v32", LaunchConfig(64, 64, 8, 1, "auto")), ("v32", WS), ("v4_flash", WS), ("v32_tp8", WS16)],
     ids=lambda x: x if isinstance(x, str) else x.label(),
-)  # the V3.2 table's B=1 row (split-D 2, 32 splits) and the warp-specialized rows of both tables at B=4
+)  # the V3.2 table's B=1 row (split-D 2, 32 splits), the warp-specialized rows of both tables and the H=16 kernel
+# at B=4
 def test_graph_replays_over_new_q_give_each_new_result(fam, config):
     # a server replays one graph per batch bucket over new inputs written in place: each replay's combine must
     # read that replay's partial outputs, never those the previous one left (written for campaign step "pdl",
