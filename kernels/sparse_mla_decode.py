@@ -1069,8 +1069,8 @@ def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
         gl.store(part_out_ptr + (bh * max_splits + pid_s)[None, :] * 512 + cols[:, None], o)
     if HALF == 0:
         lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        bh_s = pid_b.to(gl.int64) * H + pid_h * WS16_BLOCK_H + gl.arange(
-            0, WS16_BLOCK_H, layout=gl.SliceLayout(0, acc_l)
+        bh_s = (
+            pid_b.to(gl.int64) * H + pid_h * WS16_BLOCK_H + gl.arange(0, WS16_BLOCK_H, layout=gl.SliceLayout(0, acc_l))
         )
         if n_splits == 1:
             gl.store(lse_ptr + bh_s, lse2 * 0.6931471805599453)
@@ -1126,9 +1126,7 @@ def _sparse_mla_ws16_split_kernel(
     offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
     offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_ROWS16))
     q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + offs_c[None, :]))
-    q_hi = gl.allocate_shared_memory(
-        gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + 256 + offs_c[None, :])
-    )
+    q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + 256 + offs_c[None, :]))
     q_rope = gl.allocate_shared_memory(
         gl.bfloat16, [WS16_BLOCK_H, 64], WS_SMEM16, gl.load(qrow + 512 + offs_e[None, :])
     )
