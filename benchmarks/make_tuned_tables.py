@@ -190,10 +190,19 @@ def render(
             if tolerance
             else "."
         ),
-        f"# Measured {_field(r0, 'measured_at')[:10]} on {_field(r0, 'gpu_name')}, driver {_field(r0, 'driver')}, "
-        f"torch {_field(r0, 'torch')}, Triton {_field(r0, 'triton')},",
-        f"# kernel source {_field(r0, 'kernel_source_hash')}.",
     ]
+    # each run the winners came from (several grids: several runs, each named with the batch sizes it decided)
+    runs: dict[tuple[str, ...], list[int]] = {}
+    for w in winners:
+        r = w["row"]
+        key = tuple(
+            _field(r, k) for k in ("measured_at", "gpu_name", "driver", "torch", "triton", "kernel_source_hash")
+        )
+        runs.setdefault((key[0][:10], *key[1:]), []).append(w["B"])
+    for (date, gpu, driver, torch_v, triton_v, kernel), batches in runs.items():
+        where = "" if len(runs) == 1 else f"(B={', '.join(map(str, batches))}) "
+        head.append(f"# Measured {where}{date} on {gpu}, driver {driver}, torch {torch_v}, Triton {triton_v},")
+        head.append(f"# kernel source {kernel}.")
     for w in winners:
         line = f"#   B={w['B']}: {w['config']} {w['p50_us']:.1f} us"
         f = w.get("fastest", w)

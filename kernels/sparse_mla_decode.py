@@ -99,6 +99,16 @@ tile of its own: its d_qk is 512, and its V is all 512 dims); the consumers spli
 V3.2's rope dot. It needs H a multiple of 64, a power-of-two page size (V4: at least 2) and an sm90 GPU; Gluon has
 no interpreter, so the CPU tests cover it by cross-compiling only.
 
+H=16 warp-specialized kernel (``T64_H16_w12_s2_k<splits>_ws``, V3.2 only: DeepSeek-V3.2 at TP8;
+``_sparse_mla_ws16_split_kernel``, campaign step "ws16"): wgmma's M is 64 rows, so with 16 heads a program puts
+tokens on M instead of heads. Its consumers compute S^T = K q^T ([64 tokens, 16 heads], all 576 dims in each of the
+two: no exchange of halves), the online softmax over tokens, and O^T += V^T P^T for their 256 of V's columns (V^T the
+K tile read transposed, P^T through a 2 KB shared buffer a consumer). Its producer is the V3.2 one above, filling each
+64-token ring slot with two 32-token tiles (``PAIRS``); a split is a whole number of slots. 212,520 B of shared
+memory, one program per SM; a third staging slot would need 21 KB more than the SM has. H200 (grid 9,
+reports/campaigns/kernel_speed/grid_9/): TP8 B=128 113.8 us with one split against 127.5 us for the Triton table's
+row, B=64 63.6 (2 splits) against 70.8, B=32 37.2 (4) against 42.2.
+
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
 

@@ -120,6 +120,46 @@ def test_launch_refusals_are_one_line(kw, match):
     assert "\n" not in str(e.value) and "warp-specialized" in str(e.value)
 
 
+WS16 = LaunchConfig.from_label("T64_H16_w12_s2_kauto_ws")
+
+
+def test_h16_kernel_runs_v32_at_a_multiple_of_16_heads_only():
+    # step "ws16": the H=16 warp-specialized kernel's config, its launch domain and its one-line refusals
+    assert WS16.label() == "T64_H16_w12_s2_kauto_ws" and WS16.warp_specialize
+    smd.SparseMLADecode(Variant("ws16", (WS16,)))  # the config is accepted
+    assert smd.launch_domain(WS16, "deepseek_v32", 16, 64) is None
+    assert smd.launch_domain(WS16, "deepseek_v32", 128, 64) is None
+    assert "needs H a multiple of 16, got H=24" in smd.launch_domain(WS16, "deepseek_v32", 24, 64)
+    assert "runs deepseek_v32 only" in smd.launch_domain(WS16, "deepseek_v4", 64, 64)
+    with pytest.raises(ValueError, match="T64_H16_w12_s2_kauto_ws: runs deepseek_v32 only"):
+        smd.compile_specs("deepseek_v4", 64, 512, WS16)
+    for label in ("T32_H16_w12_s2_kauto_ws", "T64_H32_w12_s2_kauto_ws"):
+        with pytest.raises(ValueError, match="T64_H16_w12_s2_k<splits>_ws"):
+            smd.SparseMLADecode(Variant("ws", (LaunchConfig.from_label(label),)))
+    # a third staging slot does not fit (V3.2's rows): refused at launch, as the H=64 kernel's on V3.2
+    s3 = LaunchConfig.from_label("T64_H16_w12_s3_kauto_ws")
+    assert "runs num_stages 2 on deepseek_v32, got 3" in smd.launch_domain(s3, "deepseek_v32", 16, 64)
+    x = _v32(H=16)
+    k = smd.SparseMLADecode(Variant("ws16", (WS16,)), check_indices=False)
+    with pytest.raises(ValueError, match="Triton interpreter" if os.environ.get("TRITON_INTERPRET") else "sm90"):
+        k(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
+
+
+def test_h16_kernel_is_not_refused_for_q_outside_fp16():
+    # the H=16 kernel multiplies in bf16: the fp16 range check of q (for the Triton H=16 configs, mma v2) must not
+    # refuse its input; it had, as every BLOCK_H < 64 config counted as an fp16 one
+    x = _v32(H=16)
+    x["q"][0, 0, 0] = 1e5
+    k = smd.SparseMLADecode(Variant("ws16", (WS16,)))
+    with pytest.raises(ValueError) as e:
+        k(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
+    assert "fp16" not in str(e.value) and "warp-specialized" in str(e.value)
+    # a Triton H=16 config still refuses it, in one line
+    t = smd.SparseMLADecode(Variant("t", (LaunchConfig(32, 16, 4, 2, "auto"),)))
+    with pytest.raises(ValueError, match="q: .*fp16"):
+        t(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
+
+
 def test_page_size_must_be_a_power_of_two():
     x = smd.make_inputs("deepseek_v32", 1, 64, 32, 48, 96, "cpu")
     k = smd.SparseMLADecode(Variant("ws", (WS,)), check_indices=False)
@@ -213,6 +253,24 @@ def test_v4_cross_compiles_for_sm90_with_16_byte_gathers():
     assert f3["shared"] == 226424 and f3["shared"] + f3["cubin"]["static_shared_bytes"] <= 232448
     assert f3["cubin"]["registers"] == 168 and f3["cubin"]["local_bytes"] == 0
     assert f3["copies"] == 33  # two prologue gathers and the loop's, 11 copies each
+
+
+def test_h16_kernel_cross_compiles_for_sm90_one_program_per_sm_without_spills():
+    code = _WS_SM90.replace("LAYOUT, HEADS, TOPK, STAGES", "'deepseek_v32', 16, 2048, 2").replace(
+        "LaunchConfig(32, 64, 12, stages", "LaunchConfig(64, 16, 12, stages"
+    )
+    f = _json_in_child(code)
+    assert f["names"] == ["sparse_mla_split_ws16", "sparse_mla_combine"] and f["warps"] == 12
+    assert f["cubin"]["registers"] == 168 and f["cubin"]["local_bytes"] == 0
+    # q 18 KB, the K ring 2 x 72 KB (64-token slots), the staging ring 2 x 20.5 KB, P^T 2 x 2 KB: one program per SM;
+    # a third staging slot (20,992 B) would not fit
+    assert f["shared"] == 212520
+    assert f["shared"] + f["cubin"]["static_shared_bytes"] + 20992 > 232448
+    assert ["dec", "120"] in f["setmaxnreg"] and ["dec", "192"] in f["setmaxnreg"]
+    # V3.2's gathers (16-byte copies, 22 a thread as in the H=64 kernel); per consumer 36 QK wgmma (576 dims in
+    # K steps of 16) and 16 P.V (4 M tiles of 64 columns x 4 K steps of 16 tokens)
+    assert f["copy_bytes"] == [16] and f["copies"] == 22
+    assert f["wgmma"] == 2 * (36 + 16)
 
 
 def test_the_inspector_compiles_it_in_its_child_with_its_options(tmp_path):

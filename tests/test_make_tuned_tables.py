@@ -84,13 +84,20 @@ def test_one_winner_everywhere_is_written_as_a_single_config():
 def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
     d = "reports/campaigns/kernel_speed"
     # grid_5 (step "table5"): eleven batch sizes on the kernel file of 8a4651a, a larger row's config kept
-    # within 2% of the fastest; grid_7 (step "ws") and grid_8 (step "wsv4") the same for V3.2 and V4-Flash with the
+    # within 2% of the fastest (the TP8 table since step "ws16" with grid_9's H=16 warp-specialized rows); grid_7 (step "ws") and grid_8 (step "wsv4") the same for V3.2 and V4-Flash with the
     # warp-specialized kernel's configs; the tables before them are the steps' baselines (conf/baseline/*_grid3,
     # *_grid4, *_v4tiles at tolerance 0; the V4 table of step table5, *_table5, pinned to its kernel_rev), each made
     # from its own grid
     jobs = [
         ("v32", "tuned_deepseek_v32", [f"{d}/grid_7/v32.csv"], "0.02", "conf/variant"),
-        ("v32_tp8", "tuned_deepseek_v32_tp8", [f"{d}/grid_5/v32_tp8.csv"], "0.02", "conf/variant"),
+        (
+            "v32_tp8",
+            "tuned_deepseek_v32_tp8",
+            [f"{d}/grid_5/v32_tp8.csv", f"{d}/grid_9/v32_tp8.csv"],
+            "0.02",
+            "conf/variant",
+        ),
+        ("v32_tp8", "tuned_deepseek_v32_tp8_sload", [f"{d}/grid_5/v32_tp8.csv"], "0.02", "conf/baseline"),
         ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/grid_8/v4_flash.csv"], "0.02", "conf/variant"),
         ("v4_flash", "tuned_deepseek_v4_flash_table5", [f"{d}/grid_5/v4_flash.csv"], "0.02", "conf/baseline"),
         ("v32", "tuned_deepseek_v32_grid3", [f"{d}/grid_3/v32.csv"], "0", "conf/baseline"),
@@ -230,3 +237,23 @@ def test_foreign_grids_and_an_unwritable_out_are_one_error_line_each(tmp_path, c
         == 0
     )
     assert "# Measured ? on ?" in (tmp_path / "out" / "t.yaml").read_text()
+
+
+def test_winners_from_two_runs_name_each_run_with_its_batch_sizes():
+    # a table made from two grids (grid 5's Triton rows and grid 9's H=16 warp-specialized ones): the header had
+    # named only the first winner's run, so grid 9's rows read as measured on 2026-12-02 with grid 5's kernel
+    old = {"measured_at": "2026-12-02T10:00:00Z", "gpu_name": "H200", "kernel_source_hash": "aaaa"}
+    new = {"measured_at": "2026-12-03T11:27:46Z", "gpu_name": "H200", "kernel_source_hash": "bbbb"}
+    rows = [
+        _row(1, "T64_H16_w8_s2_kauto", 11.1, **old),
+        _row(16, "T32_H16_w4_s3_k16", 27.0, **old),
+        _row(128, "T32_H16_w4_s3_k2", 127.5, **new),
+        _row(128, "T64_H16_w12_s2_k1_ws", 113.8, **new),
+    ]
+    winners = mtt.best_per_batch(rows, "v32")
+    text = mtt.render("t", "v32", [Path("a.csv"), Path("b.csv")], winners, mtt.table_rows(winners))
+    assert "# Measured (B=1, 16) 2026-12-02 on H200" in text and "# kernel source aaaa." in text
+    assert "# Measured (B=128) 2026-12-03 on H200" in text and "# kernel source bbbb." in text
+    # one run: the line as before, without the batch sizes
+    one = mtt.render("t", "v32", [Path("a.csv")], winners[:2], mtt.table_rows(winners[:2]))
+    assert "# Measured 2026-12-02 on H200" in one and one.count("# Measured") == 1
