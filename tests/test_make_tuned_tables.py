@@ -84,10 +84,11 @@ def test_one_winner_everywhere_is_written_as_a_single_config():
 def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
     d = "reports/campaigns/kernel_speed"
     # grid_5 (step "table5"): eleven batch sizes on the kernel file of 8a4651a, a larger row's config kept
-    # within 2% of the fastest (the TP8 table since step "ws16" with grid_9's H=16 warp-specialized rows); grid_7 (step "ws") and grid_8 (step "wsv4") the same for V3.2 and V4-Flash with the
-    # warp-specialized kernel's configs; the tables before them are the steps' baselines (conf/baseline/*_grid3,
-    # *_grid4, *_v4tiles at tolerance 0; the V4 table of step table5, *_table5, pinned to its kernel_rev), each made
-    # from its own grid
+    # within 2% of the fastest (the TP8 table since step "ws16" with grid_9's H=16 warp-specialized rows); grid_7
+    # (step "ws") and grid_8 (step "wsv4") the same for V3.2 and V4-Flash with the warp-specialized kernel's configs;
+    # the tables before them are the steps' baselines (conf/baseline/*_grid3, *_grid4, *_v4tiles at tolerance 0; the
+    # V4 table of step table5, *_table5, pinned to its kernel_rev; the TP8 table of step table5 again as
+    # *_tp8_sload, pinned to main's kernel file before step ws16), each made from its own grid
     jobs = [
         ("v32", "tuned_deepseek_v32", [f"{d}/grid_7/v32.csv"], "0.02", "conf/variant"),
         (
