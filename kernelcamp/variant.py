@@ -26,10 +26,11 @@ CUDA-graph capture (a captured graph has one batch size)::
       - {max_batch: 8, BLOCK_T: 16, BLOCK_H: 64, num_warps: 8, num_stages: 2, num_splits: auto}
       - {BLOCK_T: 32, BLOCK_H: 64, num_warps: 8, num_stages: 2, num_splits: 2}
 
-A config with ``warp_specialize: true`` runs the warp-specialized split kernel (Gluon, sm90 only; the V3.2 and V4
-layouts; kernels/sparse_mla_decode.py) instead of the Triton one: its tile sizes are that kernel's (BLOCK_T 32,
-BLOCK_H 64, num_stages 2: the depth of its cp.async staging ring, 3 allowed on V4) and ``num_warps`` is the
-program's 12 warps (two consumer warpgroups and a producer warpgroup); its label ends in ``_ws``.
+A config with ``warp_specialize: true`` runs a warp-specialized split kernel (Gluon, sm90 only;
+kernels/sparse_mla_decode.py) instead of the Triton one: its tile sizes are that kernel's (BLOCK_T 32, BLOCK_H 64 on
+the V3.2 and V4 layouts; BLOCK_T 64, BLOCK_H 16 for V3.2 at 16 heads a program, the H=16 kernel; num_stages 2: the
+depth of its cp.async staging ring, 3 allowed on V4) and ``num_warps`` is the program's 12 warps (two consumer
+warpgroups and a producer warpgroup); its label ends in ``_ws``.
 
 Mixing the two (a top-level launch field on a list variant, e.g. ``-S +variant.num_warps=8``) or a
 key the kernel does not take is rejected with a message that says what to write instead

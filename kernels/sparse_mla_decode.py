@@ -96,8 +96,14 @@ tile at BLOCK_H 64 (above). H200: V3.2 B=128 261.4 us (279 TFLOPS) against 404.1
 own rows: the producer gathers data bytes 0-255 and 256-511, the 64 rope values and the 8-byte scale row,
 dequantizes groups 0-3 and 4-6 with their ue8m0 exponents and writes the rope into K's dims 448-511 (V4 has no rope
 tile of its own: its d_qk is 512, and its V is all 512 dims); the consumers split QK at dim 256 as on V3.2, without
-V3.2's rope dot. It needs H a multiple of 64, a power-of-two page size (V4: at least 2) and an sm90 GPU; Gluon has
-no interpreter, so the CPU tests cover it by cross-compiling only.
+V3.2's rope dot. Later campaign steps (reports/campaigns/kernel_speed/README.md): V4's consumers load their own q
+halves while the producer gathers the first tile ("qload"); a one-split output leaves through the consumer's idle
+half of the K ring in 16-byte row stores ("ostage", "ostage32"); the producer reads each tile's scales in the threads
+of the fp8 rows they scale ("sload"). Dequantizing 8 values a thread, a row a warp, so that the producer's K-ring
+stores meet no bank conflicts, was equivalent on both shapes and was not taken ("kst"). H200, final benchmark 20:
+V3.2 B=128 241.5 us (302 TFLOPS), V4-Flash B=128 36.9 us (35% of roofline). It needs H a multiple of 64, a
+power-of-two page size (V4: at least 2) and an sm90 GPU; Gluon has no interpreter, so the CPU tests cover it by
+cross-compiling only.
 
 H=16 warp-specialized kernel (``T64_H16_w12_s2_k<splits>_ws``, V3.2 only: DeepSeek-V3.2 at TP8;
 ``_sparse_mla_ws16_split_kernel``, campaign step "ws16"): wgmma's M is 64 rows, so with 16 heads a program puts
