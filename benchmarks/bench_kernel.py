@@ -536,8 +536,8 @@ def _kernel_call(launcher: smd.SparseMLADecode, x: dict[str, Any], layout: str, 
 
 def runs_on(cfg: LaunchConfig, fam: str, page_size: int = 64) -> bool:
     """Whether ``cfg`` is timed on family ``fam`` at ``page_size``: a head tile no larger than the family's heads
-    need, and a warp-specialized config only inside its kernel's launch domain (H a multiple of its 64-head tile,
-    a power-of-two page size: ``launch_domain`` in kernels/sparse_mla_decode.py)."""
+    need, and a warp-specialized config only inside its kernel's launch domain (H a multiple of its head tile, 64 or
+    the H=16 kernel's 16, a power-of-two page size: ``launch_domain`` in kernels/sparse_mla_decode.py)."""
     layout, H, _ = FAMILIES[fam]
     if cfg.BLOCK_H > max(16, triton_next_pow2(H)):
         return False

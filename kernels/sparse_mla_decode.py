@@ -101,7 +101,7 @@ halves while the producer gathers the first tile ("qload"); a one-split output l
 half of the K ring in 16-byte row stores ("ostage", "ostage32"); the producer reads each tile's scales in the threads
 of the fp8 rows they scale ("sload"). Dequantizing 8 values a thread, a row a warp, so that the producer's K-ring
 stores meet no bank conflicts, was equivalent on both shapes and was not taken ("kst"). H200, final benchmark 20:
-V3.2 B=128 241.5 us (302 TFLOPS), V4-Flash B=128 36.9 us (35% of roofline). It needs H a multiple of 64, a
+V3.2 B=128 241.5 us (302 TFLOPS), V4-Flash B=128 36.8 us (35% of roofline). It needs H a multiple of 64, a
 power-of-two page size (V4: at least 2) and an sm90 GPU; Gluon has no interpreter, so the CPU tests cover it by
 cross-compiling only.
 
@@ -111,7 +111,7 @@ tokens on M instead of heads. Its consumers compute S^T = K q^T ([64 tokens, 16 
 two: no exchange of halves), the online softmax over tokens, and O^T += V^T P^T for their 256 of V's columns (V^T the
 K tile read transposed, P^T through a 2 KB shared buffer a consumer). Its producer is the V3.2 one above, filling each
 64-token ring slot with two 32-token tiles (``PAIRS``); a split is a whole number of slots. 212,520 B of shared
-memory, one program per SM; a third staging slot would need 21 KB more than the SM has. H200 (grid 9,
+memory, one program per SM; a third staging slot (20,992 B) does not fit: 18,904 B are left. H200 (grid 9,
 reports/campaigns/kernel_speed/grid_9/): TP8 B=128 113.8 us with one split against 127.5 us for the Triton table's
 row, B=64 63.6 (2 splits) against 70.8, B=32 37.2 (4) against 42.2.
 
@@ -1366,15 +1366,16 @@ class SparseMLADecode:
 
     ``check_indices`` (default True): check every index is in ``[-1, num_pages*page_size)`` before
     launching, and that q's finite values fit fp16 where the path multiplies them in fp16
-    (``_check_q_fits_fp16``: ``dot_dtype="fp16"``, or a V3.2 config with ``BLOCK_H < 64``); with
+    (``_check_q_fits_fp16``: ``dot_dtype="fp16"``, or a V3.2 Triton config with ``BLOCK_H < 64``); with
     ``dot_dtype="fp16"`` also the dequantized rows the indices name (``_check_cache_fits_fp16``), and with a
-    V3.2 config with ``BLOCK_H < 64`` their group scales (``_check_scales_fit_fp16``). It costs
+    V3.2 Triton config with ``BLOCK_H < 64`` their group scales (``_check_scales_fit_fp16``). It costs
     a device sync (a min/max reduction and a copy to host, ~10-20 us) and is skipped automatically
     while a CUDA graph is being captured (a sync is illegal there); pass ``check_indices=False`` on hot
     paths whose inputs are trusted.
 
-    ``dot_dtype`` is the dot operand dtype of the wgmma configs and of V4; a V3.2 config with
-    ``BLOCK_H < 64`` multiplies its fp8 groups in fp16 whatever it is, so q's first 512 dims must lie
+    ``dot_dtype`` is the dot operand dtype of the wgmma configs and of V4; a V3.2 Triton config with
+    ``BLOCK_H < 64`` (mma v2; not the H=16 warp-specialized kernel, which runs bf16) multiplies its fp8 groups in
+    fp16 whatever it is, so q's first 512 dims must lie
     within fp16's range there (|q| < 65504; module docstring), and so must the group scales of the rows it
     reads (P times a scale is taken in fp16): ``ValueError`` naming q or kv_cache otherwise, when checks are on.
     """
@@ -1565,7 +1566,8 @@ def _ws_kernel(config: LaunchConfig, layout_code: int) -> tuple[Any, dict[str, i
 
 def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: int) -> str | None:
     """Why ``config`` cannot run this shape (one line), or None when it can: a Triton config runs every shape; the
-    warp-specialized kernel needs ``num_heads`` a multiple of WS_BLOCK_H, a power-of-two page size (deepseek_v4:
+    warp-specialized kernel needs ``num_heads`` a multiple of its head tile (64; the H=16 kernel: 16, and
+    deepseek_v32 only), a power-of-two page size (deepseek_v4:
     at least 2, so that its 584-byte tokens leave each page's 576-byte data rows 16-byte aligned) and a
     ``num_stages`` of ``WS_NSTAGES[layout]``. The device is not part of it (``_check_ws_launch``). The verify stage
     judges a config only at the shapes of its domain (``kernelcamp.verify.kernel``)."""

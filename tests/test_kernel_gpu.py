@@ -189,6 +189,18 @@ def test_h16_warp_specialized_kernel_matches_reference(page_size, splits, topk):
     _ws_matches_reference("v32_tp8", page_size, splits, num_stages=2, seed=4, heads=16, topk=topk)
 
 
+@pytest.mark.parametrize("B, H", [(5, 16), (2, 128)])
+def test_h16_kernel_with_empty_splits_and_several_head_tiles_matches_reference(B, H):
+    # (added after a review; first run on the GPU by the next device call) B=5 at TP8's H=16: auto splits are
+    # 132 // 5 = 26 over 32 slots, 2 slots a split, so 10 splits get no token (an empty partial, LSE -inf); H=128:
+    # 8 head tiles a request (pid_h up to 7), 8 splits at B=2
+    inp = smd.make_inputs("deepseek_v32", B, H, 2048, 64, 65536, "cuda", seed=6, empty_fraction=0.05)
+    k = smd.SparseMLADecode(Variant("ws16", (WS16,)))
+    out, lse = k(*_args(inp))
+    assert k.last_config == WS16
+    _assert_close(inp, out, lse)
+
+
 @pytest.mark.parametrize("page_size", [64, 2])
 @pytest.mark.parametrize("splits", ["auto", 3])
 def test_v4_flash_three_staging_slots_match_reference(page_size, splits):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from nointerp import ROOT, env_without_interpreter
 
 from kernelcamp.errors import KernelcampError
@@ -157,6 +158,23 @@ def test_h16_kernel_is_not_refused_for_q_outside_fp16():
     # a Triton H=16 config still refuses it, in one line
     t = smd.SparseMLADecode(Variant("t", (LaunchConfig(32, 16, 4, 2, "auto"),)))
     with pytest.raises(ValueError, match="q: .*fp16"):
+        t(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
+
+
+def test_h16_kernel_is_not_refused_for_group_scales_outside_fp16():
+    # the other half of the same fix: a cache row's group scale of 65504 or more refuses a Triton H=16 config (it
+    # multiplies P by the scale in fp16), not the H=16 warp-specialized kernel
+    x = _v32(H=16)
+    tok = int(x["indices"][0, 0])
+    ps = x["page_size"]
+    row = (tok // ps) * 656 * ps + (tok % ps) * 656  # V3.2: 656-byte rows, the four fp32 scales at bytes 512-527
+    x["kv_cache"].view(-1).view(torch.float32)[(row + 512) // 4] = 1e5
+    k = smd.SparseMLADecode(Variant("ws16", (WS16,)))
+    with pytest.raises(ValueError) as e:
+        k(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
+    assert "scale" not in str(e.value) and "warp-specialized" in str(e.value)
+    t = smd.SparseMLADecode(Variant("t", (LaunchConfig(32, 16, 4, 2, "auto"),)))
+    with pytest.raises(ValueError, match="kv_cache: .*group scale of 100000"):
         t(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
 
 

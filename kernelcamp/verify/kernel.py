@@ -12,8 +12,8 @@ Capture: :func:`kernelcamp.verify.capture.check_capture_safety` on each variant'
 the same shape (a warmed server); skipped with the reason on a CPU.
 
 A config is judged only at the shapes of its launch domain (the kernel module's ``launch_domain``: the
-warp-specialized kernel needs H a multiple of 64, ...): a case outside it is recorded with ``skipped`` and the
-reason, and a config with no case inside it fails.
+warp-specialized kernel needs H a multiple of its head tile, 64 or 16, ...): a case outside it is recorded with
+``skipped`` and the reason, and a config with no case inside it fails.
 
 Each side launches its own kernel module (:func:`kernelcamp.spec.kernel_for`: the baseline the file at
 ``baseline.kernel_rev`` when set); inputs and the reference come from the working tree's.
