@@ -1076,7 +1076,7 @@ def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
     has = l_i > 0.0
     o = acc * (1.0 / gl.where(has, l_i, 1.0))[None, :]
     # O^T [256 columns, 16 heads] stored from the accumulator layout: a layout conversion to whole-column rows would
-    # take 16 KB of scratch a consumer, and the kernel has 20 KB left of the SM's 227 KB
+    # take 16 KB of scratch a consumer, and the kernel has 18,904 B left of the 232,448 a program may use
     bh = pid_b.to(gl.int64) * H + pid_h * WS16_BLOCK_H + gl.arange(0, WS16_BLOCK_H, layout=gl.SliceLayout(0, acc_l))
     cols = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(1, acc_l))
     if n_splits == 1:
