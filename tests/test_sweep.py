@@ -279,3 +279,60 @@ def test_sigterm_while_the_queue_is_counted_still_stops_the_sweep(tmp_path: Path
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+def _fake_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, active) -> subprocess.Popen:
+    """A sweep whose one worker never exits (a DVC queue worker hung in its shutdown), over a queue that is drained
+    after the first count; ``active(n)`` gives the n-th count of running experiments."""
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setattr(sweep, "prepare_tracking_store", lambda root: None)
+    monkeypatch.setattr(sweep, "stop_slot_servers", lambda root, slots: [])
+    counts = iter([1] + [0] * 100000)
+    monkeypatch.setattr(sweep, "queued_count", lambda root: next(counts))
+    calls = {"n": 0}
+
+    def count_active(root: Path) -> int:
+        calls["n"] += 1
+        return active(calls["n"])
+
+    monkeypatch.setattr(sweep, "active_count", count_active)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    monkeypatch.setattr(
+        sweep, "start_workers", lambda root, gpus, log_dir: [sweep.Worker(0, "0", "n", worker, tmp_path / "w.log")]
+    )
+    return worker
+
+
+def test_a_worker_hung_after_the_queue_drained_is_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a CI run: one of two DVC queue workers logged "shutting down due to empty queue" and never exited; the sweep
+    # waited for it until the test's 240 s timeout. Now it stops a worker still alive drain_grace_s after the queue
+    # was seen drained, and the sweep succeeds (its experiments had finished)
+    worker = _fake_sweep(tmp_path, monkeypatch, active=lambda n: 0)
+    lines: list[str] = []
+    try:
+        assert sweep.run_sweep(tmp_path, ["0"], poll_s=0.01, log=lines.append, drain_grace_s=0.2) == 0
+        assert worker.poll() is not None, "the hung worker must be stopped"
+        assert any("have not exited" in m and "GPU(s) 0" in m for m in lines), lines
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def test_a_worker_with_a_running_experiment_is_not_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # nothing queued but an experiment still running: the grace period has not begun, whatever time passes
+    seen = {"alive": []}
+
+    def active(n: int) -> int:
+        if n <= 40:
+            seen["alive"].append(worker.poll() is None)
+            return 1
+        return 0
+
+    worker = _fake_sweep(tmp_path, monkeypatch, active=active)
+    try:
+        assert sweep.run_sweep(tmp_path, ["0"], poll_s=0.01, log=lambda m: None, drain_grace_s=0.1) == 0
+        assert len(seen["alive"]) == 40 and all(seen["alive"]), "stopped while an experiment ran"
+        assert worker.poll() is not None
+    finally:
+        if worker.poll() is None:
+            worker.kill()
