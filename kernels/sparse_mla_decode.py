@@ -1028,6 +1028,30 @@ def _ws_consumer_hi_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
 
 
 @gluon.jit
+def _ws_q_v32(q_ptr, pid_b, pid_h, stride_qb, stride_qh, BLOCK_H: gl.constexpr):
+    # V3.2's q tile [BLOCK_H, 576] bf16 (heads pid_h * BLOCK_H ...) into shared memory, as wgmma operands: dims 0-255,
+    # 256-511 and the 64 rope dims (the H=64 kernel's and the H=16 kernel's)
+    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, WS_ROWS16))
+    qrow = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_h[:, None] * stride_qh
+    offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
+    offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_ROWS16))
+    q_lo = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 256], WS_SMEM16, gl.load(qrow + offs_c[None, :]))
+    q_hi = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 256], WS_SMEM16, gl.load(qrow + 256 + offs_c[None, :]))
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], WS_SMEM16, gl.load(qrow + 512 + offs_e[None, :]))
+    return q_lo, q_hi, q_rope
+
+
+@gluon.jit
+def _ws_split(topk, pid_s, n_splits, SPLIT_T: gl.constexpr):
+    # split pid_s's top-k slots [t_start, t_end), a whole number of SPLIT_T-token units (the H=64 kernel's tile, the
+    # H=16 kernel's 64-token ring slot), and its count of the producer's WS_BLOCK_T tiles
+    units = gl.cdiv(gl.cdiv(topk, SPLIT_T), n_splits)
+    t_start = pid_s * units * SPLIT_T
+    t_end = gl.minimum(t_start + units * SPLIT_T, topk)
+    return t_start, t_end, gl.maximum(gl.cdiv(t_end - t_start, WS_BLOCK_T), 0)
+
+
+@gluon.jit
 def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
     # a consumer warpgroup of the H=16 kernel, per ring slot of WS16_BLOCK_T tokens: the whole S^T = K q^T
     # ([64 tokens, 16 heads], all 576 dims: both consumers compute it, a quarter of the H=64 kernel's QK each, so no
@@ -1137,15 +1161,7 @@ def _sparse_mla_ws16_split_kernel(
     pid_s = gl.program_id(2)
     n_splits = gl.num_programs(2)
 
-    offs_h = pid_h * WS16_BLOCK_H + gl.arange(0, WS16_BLOCK_H, layout=gl.SliceLayout(1, WS_ROWS16))
-    qrow = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_h[:, None] * stride_qh
-    offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
-    offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_ROWS16))
-    q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + offs_c[None, :]))
-    q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + 256 + offs_c[None, :]))
-    q_rope = gl.allocate_shared_memory(
-        gl.bfloat16, [WS16_BLOCK_H, 64], WS_SMEM16, gl.load(qrow + 512 + offs_e[None, :])
-    )
+    q_lo, q_hi, q_rope = _ws_q_v32(q_ptr, pid_b, pid_h, stride_qb, stride_qh, WS16_BLOCK_H)
     k_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS16_BLOCK_T, 256], WS_SMEM16)
     k_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS16_BLOCK_T, 256], WS_SMEM16)
     k_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS16_BLOCK_T, 64], WS_SMEM16)
@@ -1164,11 +1180,7 @@ def _sparse_mla_ws16_split_kernel(
         mbarrier.init(k_empty.index(i), count=2)  # both consumers release a K slot
     fence_async_shared()
 
-    # a split is a whole number of ring slots; n_tiles counts the producer's WS_BLOCK_T tiles
-    slots_per_split = gl.cdiv(gl.cdiv(topk, WS16_BLOCK_T), n_splits)
-    t_start = pid_s * slots_per_split * WS16_BLOCK_T
-    t_end = gl.minimum(t_start + slots_per_split * WS16_BLOCK_T, topk)
-    n_tiles = gl.maximum(gl.cdiv(t_end - t_start, WS_BLOCK_T), 0)
+    t_start, t_end, n_tiles = _ws_split(topk, pid_s, n_splits, WS16_BLOCK_T)  # a split: whole ring slots
     ptrs = (kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr)
     smem = (q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x)
     bars = (k_ready, k_empty, k_ready)  # no score exchange: s_bar is never used
@@ -1220,17 +1232,7 @@ def _sparse_mla_ws_split_kernel(
     # its consumers (LOAD_Q). V4 has no q_rope / k_rope: their names stand for q_hi / k_hi there, never read (V4's
     # rope is dims 448-511)
     if LAYOUT == 0:
-        offs_h = pid_h * WS_BLOCK_H + gl.arange(0, WS_BLOCK_H, layout=gl.SliceLayout(1, WS_ROWS16))
-        qrow = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_h[:, None] * stride_qh
-        offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
-        offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_ROWS16))
-        q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + offs_c[None, :]))
-        q_hi = gl.allocate_shared_memory(
-            gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16, gl.load(qrow + 256 + offs_c[None, :])
-        )
-        q_rope = gl.allocate_shared_memory(
-            gl.bfloat16, [WS_BLOCK_H, 64], WS_SMEM16, gl.load(qrow + 512 + offs_e[None, :])
-        )
+        q_lo, q_hi, q_rope = _ws_q_v32(q_ptr, pid_b, pid_h, stride_qb, stride_qh, WS_BLOCK_H)
     else:
         q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16)
         q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16)
@@ -1265,10 +1267,7 @@ def _sparse_mla_ws_split_kernel(
     mbarrier.init(s_bar.index(1), count=1)
     fence_async_shared()
 
-    tiles_per_split = gl.cdiv(gl.cdiv(topk, WS_BLOCK_T), n_splits)
-    t_start = pid_s * tiles_per_split * WS_BLOCK_T
-    t_end = gl.minimum(t_start + tiles_per_split * WS_BLOCK_T, topk)
-    n_tiles = gl.maximum(gl.cdiv(t_end - t_start, WS_BLOCK_T), 0)
+    t_start, t_end, n_tiles = _ws_split(topk, pid_s, n_splits, WS_BLOCK_T)
     ptrs = (kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr)
     smem = (q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x)
     bars = (k_ready, k_empty, s_bar)

@@ -146,19 +146,26 @@ def test_h16_kernel_runs_v32_at_a_multiple_of_16_heads_only():
         k(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
 
 
-def test_h16_kernel_is_not_refused_for_q_outside_fp16():
-    # the H=16 kernel multiplies in bf16: the fp16 range check of q (for the Triton H=16 configs, mma v2) must not
-    # refuse its input; it had, as every BLOCK_H < 64 config counted as an fp16 one
-    x = _v32(H=16)
-    x["q"][0, 0, 0] = 1e5
+def _h16_refusals(x, triton_match):
+    """The one-line refusal of ``x`` by the H=16 warp-specialized kernel (on a CPU it always refuses: no sm90 GPU),
+    after checking that a Triton H=16 config (mma v2, fp16 products) refuses it with ``triton_match``."""
+    t = smd.SparseMLADecode(Variant("t", (LaunchConfig(32, 16, 4, 2, "auto"),)))
+    with pytest.raises(ValueError, match=triton_match):
+        t(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
     k = smd.SparseMLADecode(Variant("ws16", (WS16,)))
     with pytest.raises(ValueError) as e:
         k(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
-    assert "fp16" not in str(e.value) and "warp-specialized" in str(e.value)
-    # a Triton H=16 config still refuses it, in one line
-    t = smd.SparseMLADecode(Variant("t", (LaunchConfig(32, 16, 4, 2, "auto"),)))
-    with pytest.raises(ValueError, match="q: .*fp16"):
-        t(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
+    return str(e.value)
+
+
+def test_h16_kernel_is_not_refused_for_q_outside_fp16():
+    # the H=16 kernel multiplies in bf16: the fp16 range check of q (for the Triton H=16 configs, mma v2) must not
+    # refuse its input; it had, as every BLOCK_H < 64 config counted as an fp16 one. A Triton H=16 config still
+    # refuses it, in one line
+    x = _v32(H=16)
+    x["q"][0, 0, 0] = 1e5
+    why = _h16_refusals(x, "q: .*fp16")
+    assert "fp16" not in why and "warp-specialized" in why
 
 
 def test_h16_kernel_is_not_refused_for_group_scales_outside_fp16():
@@ -169,13 +176,8 @@ def test_h16_kernel_is_not_refused_for_group_scales_outside_fp16():
     ps = x["page_size"]
     row = (tok // ps) * 656 * ps + (tok % ps) * 656  # V3.2: 656-byte rows, the four fp32 scales at bytes 512-527
     x["kv_cache"].view(-1).view(torch.float32)[(row + 512) // 4] = 1e5
-    k = smd.SparseMLADecode(Variant("ws16", (WS16,)))
-    with pytest.raises(ValueError) as e:
-        k(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
-    assert "scale" not in str(e.value) and "warp-specialized" in str(e.value)
-    t = smd.SparseMLADecode(Variant("t", (LaunchConfig(32, 16, 4, 2, "auto"),)))
-    with pytest.raises(ValueError, match="kv_cache: .*group scale of 100000"):
-        t(x["q"], x["kv_cache"], x["indices"], x["layout"], x["page_size"], x["sm_scale"])
+    why = _h16_refusals(x, "kv_cache: .*group scale of 100000")
+    assert "scale" not in why and "warp-specialized" in why
 
 
 def test_page_size_must_be_a_power_of_two():
