@@ -107,13 +107,16 @@ cross-compiling only.
 
 H=16 warp-specialized kernel (``T64_H16_w12_s2_k<splits>_ws``, V3.2 only: DeepSeek-V3.2 at TP8;
 ``_sparse_mla_ws16_split_kernel``, campaign step "ws16"): wgmma's M is 64 rows, so with 16 heads a program puts
-tokens on M instead of heads. Its consumers compute S^T = K q^T ([64 tokens, 16 heads], all 576 dims in each of the
-two: no exchange of halves), the online softmax over tokens, and O^T += V^T P^T for their 256 of V's columns (V^T the
-K tile read transposed, P^T through a 2 KB shared buffer a consumer). Its producer is the V3.2 one above, filling each
-64-token ring slot with two 32-token tiles (``PAIRS``); a split is a whole number of slots. 212,520 B of shared
-memory, one program per SM; a third staging slot (20,992 B) does not fit: 18,904 B are left. H200 (grid 9,
-reports/campaigns/kernel_speed/grid_9/): TP8 B=128 113.8 us with one split against 127.5 us for the Triton table's
-row, B=64 63.6 (2 splits) against 70.8, B=32 37.2 (4) against 42.2.
+tokens on M instead of heads. Its consumer computes S^T = K q^T ([64 tokens, 16 heads], all 576 dims), the online
+softmax over tokens, and O^T += V^T P^T for all of V's columns (V^T the K tile read transposed, P^T through a 2 KB
+shared buffer). H200 (grid 9, reports/campaigns/kernel_speed/grid_9/), with two consumers (each the whole S^T, a half
+of V's columns) and one producer filling each 64-token ring slot with two 32-token tiles: TP8 B=128 113.8 us with one
+split against 127.5 us for the Triton table's row, B=64 63.6 (2 splits) against 70.8, B=32 37.2 (4) against 42.2. The
+producer looked like the limit (about 1.75 us a tile, the V4-Flash producer's own; gathering two tiles ahead made it
+slower, step "ahead"), so step "p2"
+(not yet measured) gives the kernel one consumer and two producers (``_ws16_producer``), each the V3.2 producer above
+for every other tile, a half of each slot, with its own staging slot refilled before it dequantizes. A split is a
+whole number of slots; 210,216 B of shared memory, one program per SM.
 
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
@@ -805,13 +808,9 @@ def _ws_scale_idx(idx_ptr, ints, tile, LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr, PAIRS: gl.constexpr = 0):
+def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr):
     # the producer warpgroup: gathers (NSTAGE - 1 tiles ahead, their indices one more iteration ahead) and
-    # the dequantization of each tile into the K-tile ring, signalled on k_ready once the ring slot is free.
-    # PAIRS (V3.2 only; the H=16 kernel, _sparse_mla_ws16_split_kernel): a ring slot holds two WS_BLOCK_T tiles
-    # (rows 0-31 and 32-63 of a [WS16_BLOCK_T, ...] slot, wgmma's M of 64 tokens there); the producer waits for the
-    # slot before the first of them and signals k_ready after the second. It runs an even number of tiles: one past
-    # n_tiles has -1 indices, so its gathers copy nothing and it stores zeros, masked by the consumers
+    # the dequantization of each tile into the K-tile ring, signalled on k_ready once the ring slot is free
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
     q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
     k_ready, k_empty, s_bar = bars
@@ -827,10 +826,7 @@ def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr, PA
     ig = _ws_tile_idx(idx_ptr, ints, NSTAGE - 1, WS_GAT)
     ir = _ws_tile_idx(idx_ptr, ints, NSTAGE - 1, WS_ROPE)
     isc = _ws_scale_idx(idx_ptr, ints, NSTAGE - 1, LAYOUT)
-    n_iter = n_tiles
-    if PAIRS:
-        n_iter = 2 * gl.cdiv(n_tiles, 2)
-    for i in range(n_iter):
+    for i in range(n_tiles):
         _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, (i + NSTAGE - 1) % NSTAGE, LAYOUT)
         ig = _ws_tile_idx(idx_ptr, ints, i + NSTAGE, WS_GAT)
         ir = _ws_tile_idx(idx_ptr, ints, i + NSTAGE, WS_ROPE)
@@ -839,28 +835,15 @@ def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr, PA
         gl.thread_barrier()  # every producer thread's copies of tile i have landed
         stage = i % NSTAGE
         slot = i % WS_NBUF
-        if PAIRS:
-            slot = (i // 2) % WS_NBUF
         if LAYOUT == 0:
             sc = st_sc.index(stage).load(WS_SCALE4_ROWS)
             lo = _ws_dequant_half(st_lo.index(stage).load(WS_GAT), sc, 0)
             hi = _ws_dequant_half(st_hi.index(stage).load(WS_GAT), sc, 2)
             rope = st_rope.index(stage).load(WS_ROPE)
-            if PAIRS:
-                if i % 2 == 0:
-                    mbarrier.wait(k_empty.index(slot), ((i // (2 * WS_NBUF)) & 1) ^ 1)
-                    k_lo.index(slot).slice(0, WS_BLOCK_T, dim=0).store(lo)
-                    k_hi.index(slot).slice(0, WS_BLOCK_T, dim=0).store(hi)
-                    k_rope.index(slot).slice(0, WS_BLOCK_T, dim=0).store(rope)
-                else:
-                    k_lo.index(slot).slice(WS_BLOCK_T, WS_BLOCK_T, dim=0).store(lo)
-                    k_hi.index(slot).slice(WS_BLOCK_T, WS_BLOCK_T, dim=0).store(hi)
-                    k_rope.index(slot).slice(WS_BLOCK_T, WS_BLOCK_T, dim=0).store(rope)
-            else:
-                mbarrier.wait(k_empty.index(slot), ((i // WS_NBUF) & 1) ^ 1)
-                k_lo.index(slot).store(lo)
-                k_hi.index(slot).store(hi)
-                k_rope.index(slot).store(rope)
+            mbarrier.wait(k_empty.index(slot), ((i // WS_NBUF) & 1) ^ 1)
+            k_lo.index(slot).store(lo)
+            k_hi.index(slot).store(hi)
+            k_rope.index(slot).store(rope)
         else:
             # V4's K tile: dims 0-255 (groups 0-3) and 256-511 (groups 4-6, then the rope in columns 192-255,
             # written over the rope bytes the dequantization decoded there: after a barrier, as other threads
@@ -876,11 +859,7 @@ def _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, LAYOUT: gl.constexpr, PA
             k_hi.index(slot).slice(192, 64, dim=1).store(rope)
         fence_async_shared()  # the generic-proxy stores before the consumers' wgmma (async proxy) reads
         gl.thread_barrier()  # all stores (and reads of this staging slot) done before the one-thread arrive
-        if PAIRS:
-            if i % 2 == 1:
-                mbarrier.arrive(k_ready.index(slot), count=1)
-        else:
-            mbarrier.arrive(k_ready.index(slot), count=1)
+        mbarrier.arrive(k_ready.index(slot), count=1)
 
 
 @gluon.jit
@@ -894,8 +873,57 @@ def _ws_producer_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
 
 
 @gluon.jit
-def _ws_producer_pairs(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws_producer(ptrs, smem, bars, ints, sm_scale_log2, 0, 1)
+def _ws16_producer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
+    # one of the H=16 kernel's two producer warpgroups (_sparse_mla_ws16_split_kernel; step "p2"): V3.2's tiles,
+    # gathered, dequantized and stored as _ws_producer's, this producer's being tiles 2j + HALF, the rows
+    # HALF * 32 ... + 31 of ring slot j (a slot is wgmma's M of 64 tokens: one tile of each producer). It waits for the
+    # slot, stores its half and arrives on k_ready, which counts both producers. Its own staging slot HALF holds one
+    # tile: the staged bytes are read into registers and the slot refilled with the producer's next tile before it
+    # dequantizes (one gather in flight while it works, two for the pair). A tile past n_tiles has -1 indices: its
+    # gathers copy nothing and it stores zeros, masked by the consumer
+    kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
+    q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
+    k_ready, k_empty, s_bar = bars
+    pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles = ints
+    ig = _ws_tile_idx(idx_ptr, ints, HALF, WS_GAT)
+    ir = _ws_tile_idx(idx_ptr, ints, HALF, WS_ROPE)
+    isc = _ws_tile_idx(idx_ptr, ints, HALF, WS_SCALE4)
+    _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, HALF, 0)
+    ig = _ws_tile_idx(idx_ptr, ints, 2 + HALF, WS_GAT)
+    ir = _ws_tile_idx(idx_ptr, ints, 2 + HALF, WS_ROPE)
+    isc = _ws_tile_idx(idx_ptr, ints, 2 + HALF, WS_SCALE4)
+    for j in range(gl.cdiv(n_tiles, 2)):
+        slot = j % WS_NBUF
+        async_copy.wait_group(0)
+        gl.thread_barrier()  # every thread's copies of this producer's tile have landed
+        sc = st_sc.index(HALF).load(WS_SCALE4_ROWS)
+        bits_lo = st_lo.index(HALF).load(WS_GAT)
+        bits_hi = st_hi.index(HALF).load(WS_GAT)
+        rope = st_rope.index(HALF).load(WS_ROPE)
+        gl.thread_barrier()  # every thread's reads of the staging slot are done before its refill
+        _ws_issue_gather(ptrs, smem, page_shift, ig, ir, isc, HALF, 0)
+        ig = _ws_tile_idx(idx_ptr, ints, 2 * j + 4 + HALF, WS_GAT)
+        ir = _ws_tile_idx(idx_ptr, ints, 2 * j + 4 + HALF, WS_ROPE)
+        isc = _ws_tile_idx(idx_ptr, ints, 2 * j + 4 + HALF, WS_SCALE4)
+        lo = _ws_dequant_half(bits_lo, sc, 0)
+        hi = _ws_dequant_half(bits_hi, sc, 2)
+        mbarrier.wait(k_empty.index(slot), ((j // WS_NBUF) & 1) ^ 1)
+        k_lo.index(slot).slice(HALF * WS_BLOCK_T, WS_BLOCK_T, dim=0).store(lo)
+        k_hi.index(slot).slice(HALF * WS_BLOCK_T, WS_BLOCK_T, dim=0).store(hi)
+        k_rope.index(slot).slice(HALF * WS_BLOCK_T, WS_BLOCK_T, dim=0).store(rope)
+        fence_async_shared()  # the generic-proxy stores before the consumer's wgmma (async proxy) reads
+        gl.thread_barrier()  # all stores done before the one-thread arrive
+        mbarrier.arrive(k_ready.index(slot), count=1)
+
+
+@gluon.jit
+def _ws16_producer_0(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws16_producer(ptrs, smem, bars, ints, sm_scale_log2, 0)
+
+
+@gluon.jit
+def _ws16_producer_1(ptrs, smem, bars, ints, sm_scale_log2):
+    _ws16_producer(ptrs, smem, bars, ints, sm_scale_log2, 1)
 
 
 @gluon.jit
@@ -1052,12 +1080,12 @@ def _ws_split(topk, pid_s, n_splits, SPLIT_T: gl.constexpr):
 
 
 @gluon.jit
-def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
-    # a consumer warpgroup of the H=16 kernel, per ring slot of WS16_BLOCK_T tokens: the whole S^T = K q^T
-    # ([64 tokens, 16 heads], all 576 dims: both consumers compute it, a quarter of the H=64 kernel's QK each, so no
-    # exchange), the online softmax over tokens (axis 0), P^T through this consumer's own shared buffer (wgmma's B
-    # operand is shared memory), then O^T += V^T P^T for V's columns HALF * 256 ... + 255 ([256, 16] fp32, V^T the
-    # K-ring half read transposed); HALF 0 also stores the LSE
+def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2):
+    # the H=16 kernel's consumer warpgroup (the default partition), per ring slot of WS16_BLOCK_T tokens: S^T = K q^T
+    # ([64 tokens, 16 heads], all 576 dims), the online softmax over tokens (axis 0), P^T through shared memory
+    # (wgmma's B operand), then O^T += V^T P^T for all 512 of V's columns as two [256, 16] fp32 accumulators (V^T: the
+    # K tile's two column halves read transposed); it stores the output and the LSE. Step "p2": one consumer, as the
+    # H=16 QK is a quarter of the H=64 kernel's; its two producers fill the ring
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
     q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
     k_ready, k_empty, s_bar = bars
@@ -1067,9 +1095,10 @@ def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
     )
     m_i = gl.full([WS16_BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
     l_i = gl.zeros([WS16_BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
-    acc = gl.zeros([256, WS16_BLOCK_H], gl.float32, layout=acc_l)
+    acc_lo = gl.zeros([256, WS16_BLOCK_H], gl.float32, layout=acc_l)
+    acc_hi = gl.zeros([256, WS16_BLOCK_H], gl.float32, layout=acc_l)
     zero_s = gl.zeros([WS16_BLOCK_T, WS16_BLOCK_H], gl.float32, layout=acc_l)
-    p_s = s_x.index(HALF)
+    p_s = s_x.index(0)
     for j in range(gl.cdiv(n_tiles, 2)):
         slot = j % WS_NBUF
         offs_t = t_start + j * WS16_BLOCK_T + gl.arange(0, WS16_BLOCK_T, layout=gl.SliceLayout(1, acc_l))
@@ -1086,46 +1115,35 @@ def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
         p = gl.exp2(s - m_safe[None, :])
         l_i = l_i * alpha + gl.sum(p, 0)
         m_i = m_new
-        acc = acc * alpha[None, :]
+        acc_lo = acc_lo * alpha[None, :]
+        acc_hi = acc_hi * alpha[None, :]
         p_s.store(p.to(gl.bfloat16))
         fence_async_shared()  # the generic-proxy stores before this warpgroup's wgmma (async proxy) reads
         gl.thread_barrier()  # every warp's rows of P^T are stored before the wgmma reads them all
-        if HALF == 0:
-            acc = warpgroup_mma(k_lo.index(slot).permute((1, 0)), p_s, acc)
-        else:
-            acc = warpgroup_mma(k_hi.index(slot).permute((1, 0)), p_s, acc)
+        acc_lo = warpgroup_mma(k_lo.index(slot).permute((1, 0)), p_s, acc_lo, is_async=True)
+        acc_hi = warpgroup_mma(k_hi.index(slot).permute((1, 0)), p_s, acc_hi, is_async=True)
+        acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
         gl.thread_barrier()  # every warp's wgmma reads of the tile (and of P^T) are done before the one-thread arrive
         mbarrier.arrive(k_empty.index(slot), count=1)
 
     has = l_i > 0.0
-    o = acc * (1.0 / gl.where(has, l_i, 1.0))[None, :]
-    # O^T [256 columns, 16 heads] stored from the accumulator layout: a layout conversion to whole-column rows would
-    # take 16 KB of scratch a consumer, and the kernel has 18,904 B left of the 232,448 a program may use
+    inv_l = (1.0 / gl.where(has, l_i, 1.0))[None, :]
+    # O^T [256 columns, 16 heads] a half, stored from the accumulator layout (a conversion to whole-column rows would
+    # need 16 KB of scratch a half, and the kernel has 21,208 B left of the 232,448 a program may use)
     bh = pid_b.to(gl.int64) * H + pid_h * WS16_BLOCK_H + gl.arange(0, WS16_BLOCK_H, layout=gl.SliceLayout(0, acc_l))
-    cols = HALF * 256 + gl.arange(0, 256, layout=gl.SliceLayout(1, acc_l))
+    cols = gl.arange(0, 256, layout=gl.SliceLayout(1, acc_l))
     if n_splits == 1:
-        gl.store(out_ptr + bh[None, :] * 512 + cols[:, None], o.to(gl.bfloat16))
+        gl.store(out_ptr + bh[None, :] * 512 + cols[:, None], (acc_lo * inv_l).to(gl.bfloat16))
+        gl.store(out_ptr + bh[None, :] * 512 + 256 + cols[:, None], (acc_hi * inv_l).to(gl.bfloat16))
     else:
-        gl.store(part_out_ptr + (bh * max_splits + pid_s)[None, :] * 512 + cols[:, None], o)
-    if HALF == 0:
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        bh_s = (
-            pid_b.to(gl.int64) * H + pid_h * WS16_BLOCK_H + gl.arange(0, WS16_BLOCK_H, layout=gl.SliceLayout(0, acc_l))
-        )
-        if n_splits == 1:
-            gl.store(lse_ptr + bh_s, lse2 * 0.6931471805599453)
-        else:
-            gl.store(part_lse_ptr + bh_s * max_splits + pid_s, lse2)
-
-
-@gluon.jit
-def _ws16_consumer_lo(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, 0)
-
-
-@gluon.jit
-def _ws16_consumer_hi(ptrs, smem, bars, ints, sm_scale_log2):
-    _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, 1)
+        base = part_out_ptr + (bh * max_splits + pid_s)[None, :] * 512 + cols[:, None]
+        gl.store(base, acc_lo * inv_l)
+        gl.store(base + 256, acc_hi * inv_l)
+    lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    if n_splits == 1:
+        gl.store(lse_ptr + bh, lse2 * 0.6931471805599453)
+    else:
+        gl.store(part_lse_ptr + bh * max_splits + pid_s, lse2)
 
 
 @gluon.jit(do_not_specialize=["B", "H", "topk", "max_splits", "page_shift"])
@@ -1155,7 +1173,8 @@ def _sparse_mla_ws16_split_kernel(
 ):
     # V3.2 (d_qk 576) at H a multiple of WS16_BLOCK_H; grid (B, H / WS16_BLOCK_H, splits), a split a whole number of
     # WS16_BLOCK_T slots; launched as _sparse_mla_ws_split_kernel (num_warps=4, maxnreg=WS_MAXNREG), the same
-    # outputs. Shared memory: q 18 KB, the K ring 2 x 72 KB, the staging ring 2 x 20.5 KB, P^T 2 x 2 KB
+    # outputs. Shared memory: q 18 KB, the K ring 2 x 72 KB, the staging ring 2 x 20.5 KB (a slot a producer), P^T
+    # 2 KB
     pid_b = gl.program_id(0)
     pid_h = gl.program_id(1)
     pid_s = gl.program_id(2)
@@ -1170,14 +1189,14 @@ def _sparse_mla_ws16_split_kernel(
     st_hi = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
     st_rope = gl.allocate_shared_memory(gl.bfloat16, [NSTAGE, WS_BLOCK_T, 64], flat)
     st_sc = gl.allocate_shared_memory(gl.float32, [NSTAGE, WS_BLOCK_T, 4], flat)
-    # P^T [64 tokens, 16 heads] bf16, one buffer a consumer (wgmma's B operand: [K, N], N contiguous)
+    # P^T [64 tokens, 16 heads] bf16, the consumer's (wgmma's B operand: [K, N], N contiguous)
     p_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
-    s_x = gl.allocate_shared_memory(gl.bfloat16, [2, WS16_BLOCK_T, WS16_BLOCK_H], p_l)
+    s_x = gl.allocate_shared_memory(gl.bfloat16, [1, WS16_BLOCK_T, WS16_BLOCK_H], p_l)
     k_ready = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(WS_NBUF):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a K slot
+        mbarrier.init(k_ready.index(i), count=2)  # both producers fill a K slot, a half each
+        mbarrier.init(k_empty.index(i), count=1)  # the consumer releases it
     fence_async_shared()
 
     t_start, t_end, n_tiles = _ws_split(topk, pid_s, n_splits, WS16_BLOCK_T)  # a split: whole ring slots
@@ -1187,9 +1206,9 @@ def _sparse_mla_ws16_split_kernel(
     ints = (pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles)
     args = (ptrs, smem, bars, ints, sm_scale_log2)
     gl.warp_specialize(
-        [(_ws16_consumer_lo, args), (_ws16_consumer_hi, args), (_ws_producer_pairs, args)],
+        [(_ws16_consumer, args), (_ws16_producer_0, args), (_ws16_producer_1, args)],
         [4, 4],
-        [WS_REGS_CONSUMER, WS_REGS_PRODUCER],
+        [WS_REGS_PRODUCER, WS_REGS_PRODUCER],
     )
 
 

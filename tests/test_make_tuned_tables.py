@@ -99,6 +99,13 @@ def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
             "conf/variant",
         ),
         ("v32_tp8", "tuned_deepseek_v32_tp8_sload", [f"{d}/grid_5/v32_tp8.csv"], "0.02", "conf/baseline"),
+        (
+            "v32_tp8",
+            "tuned_deepseek_v32_tp8_ws16",
+            [f"{d}/grid_5/v32_tp8.csv", f"{d}/grid_9/v32_tp8.csv"],
+            "0.02",
+            "conf/baseline",
+        ),
         ("v4_flash", "tuned_deepseek_v4_flash", [f"{d}/grid_8/v4_flash.csv"], "0.02", "conf/variant"),
         ("v4_flash", "tuned_deepseek_v4_flash_table5", [f"{d}/grid_5/v4_flash.csv"], "0.02", "conf/baseline"),
         ("v32", "tuned_deepseek_v32_grid3", [f"{d}/grid_3/v32.csv"], "0", "conf/baseline"),
