@@ -83,8 +83,9 @@ def test_one_winner_everywhere_is_written_as_a_single_config():
 
 def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
     d = "reports/campaigns/kernel_speed"
-    # grid_5 (step "table5"): eleven batch sizes on the kernel file of 8a4651a, a larger row's config kept
-    # within 2% of the fastest (the TP8 table since step "ws16" with grid_9's H=16 warp-specialized rows); grid_7
+    # grid_5 (step "table5"): eleven batch sizes on the kernel file of 8a4651a, a larger row's config kept within 2%
+    # of the fastest (the TP8 table since step "table10" with grid_10's and grid_11's rows of step "p2"'s H=16 kernel
+    # from B=8 on; before it, *_tp8_ws16 and *_tp8_p2, with grid_9's rows of step "ws16"'s kernel from B=32 on); grid_7
     # (step "ws") and grid_8 (step "wsv4") the same for V3.2 and V4-Flash with the warp-specialized kernel's configs;
     # the tables before them are the steps' baselines (conf/baseline/*_grid3, *_grid4, *_v4tiles at tolerance 0; the
     # V4 table of step table5, *_table5, pinned to its kernel_rev; the TP8 table of step table5 again as
@@ -94,9 +95,16 @@ def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
         (
             "v32_tp8",
             "tuned_deepseek_v32_tp8",
-            [f"{d}/grid_5/v32_tp8.csv", f"{d}/grid_9/v32_tp8.csv"],
+            [f"{d}/grid_5/v32_tp8.csv", f"{d}/grid_10/v32_tp8.csv", f"{d}/grid_11/v32_tp8.csv"],
             "0.02",
             "conf/variant",
+        ),
+        (
+            "v32_tp8",
+            "tuned_deepseek_v32_tp8_p2",
+            [f"{d}/grid_5/v32_tp8.csv", f"{d}/grid_9/v32_tp8.csv"],
+            "0.02",
+            "conf/baseline",
         ),
         ("v32_tp8", "tuned_deepseek_v32_tp8_sload", [f"{d}/grid_5/v32_tp8.csv"], "0.02", "conf/baseline"),
         (
