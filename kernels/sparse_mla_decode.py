@@ -105,7 +105,7 @@ V3.2 B=128 241.5 us (302 TFLOPS), V4-Flash B=128 36.8 us (35% of roofline). It n
 power-of-two page size (V4: at least 2) and an sm90 GPU; Gluon has no interpreter, so the CPU tests cover it by
 cross-compiling only.
 
-H=16 warp-specialized kernel (``T64_H16_w12_s2_k<splits>_ws``, V3.2 only: DeepSeek-V3.2 at TP8;
+H=16 warp-specialized kernel (``T64_H16_w12_s2_k<splits>_ws``, V3.2 only, H a multiple of 16: DeepSeek-V3.2 at TP8;
 ``_sparse_mla_ws16_split_kernel``, campaign step "ws16"): wgmma's M is 64 rows, so with 16 heads a program puts
 tokens on M instead of heads. Its consumer computes S^T = K q^T ([64 tokens, 16 heads], all 576 dims), the online
 softmax over tokens, and O^T += V^T P^T for all of V's columns (V^T the K tile read transposed, P^T through a 2 KB
@@ -113,10 +113,11 @@ shared buffer). H200 (grid 9, reports/campaigns/kernel_speed/grid_9/), with two 
 of V's columns) and one producer filling each 64-token ring slot with two 32-token tiles: TP8 B=128 113.8 us with one
 split against 127.5 us for the Triton table's row, B=64 63.6 (2 splits) against 70.8, B=32 37.2 (4) against 42.2. The
 producer looked like the limit (about 1.75 us a tile, the V4-Flash producer's own; gathering two tiles ahead made it
-slower, step "ahead"), so step "p2"
-(not yet measured) gives the kernel one consumer and two producers (``_ws16_producer``), each the V3.2 producer above
-for every other tile, a half of each slot, with its own staging slot refilled before it dequantizes. A split is a
-whole number of slots; 210,216 B of shared memory, one program per SM.
+slower, step "ahead"), so step "p2" gave the kernel one consumer and two producers (``_ws16_producer``), each the
+V3.2 producer above for every other tile, a half of each slot, with its own staging slot refilled before it
+dequantizes: faster, 0.80x (H200, reports/campaigns/kernel_speed/p2_sweep/; final benchmark 21: TP8 B=128 90.2 us,
+1,969 GB/s). The TP8 table runs it from B=5 on (grids 10 and 11, step "table10"), and V3.2's at B=1 (8 head groups,
+step "b1h16"). A split is a whole number of slots; 210,216 B of shared memory, one program per SM.
 
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
