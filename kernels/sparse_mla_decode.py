@@ -668,8 +668,9 @@ def _sparse_mla_combine_kernel(
 # Warp-specialized split kernel, V3.2 and V4 (Gluon, sm90): a config with warp_specialize runs it (module docstring).
 # Its partitions take their arguments as four tuples, and V4's a fifth, qargs = (q_ptr, stride_qb, stride_qh) (Gluon
 # passes a worker only values and shared-memory descriptors, no constexprs: the tile sizes are the module constants
-# WS_*, the page size a run-time log2, page_shift, and the layout and a consumer's half are fixed by thin wrappers,
-# _ws_producer_v32 / _v4 and _ws_consumer_lo / _hi / _lo_v4 / _hi_v4):
+# WS_*, the page size a run-time log2, page_shift, and the layout and a consumer's or producer's half are fixed by thin
+# wrappers, _ws_producer_v32 / _v4, _ws_consumer_lo / _hi / _lo_v4 / _hi_v4 and the H=16 kernel's _ws16_producer_0 /
+# _1):
 #   ptrs = (kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr)
 #   smem = (q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x)
 #   bars = (k_ready, k_empty, s_bar)
@@ -683,15 +684,18 @@ WS_NSTAGE = gl.constexpr(2)  # depth of the cp.async staging ring (raw fp8 rows)
 # (a V3.2 slot is 32 tokens x 656 B = 20,992 B)
 WS_NSTAGES = {"deepseek_v32": (2,), "deepseek_v4": (2, 3)}
 # the H=16 kernel (_sparse_mla_ws16_split_kernel, V3.2 only: DeepSeek-V3.2 at TP8): wgmma's M is 64 rows, so its
-# consumers swap the operands and put tokens on M: S^T [64 tokens, 16 heads] = K q^T, O^T [d_v, 16] = V^T P^T. A
-# ring slot holds two producer tiles (WS16_BLOCK_T = 2 x WS_BLOCK_T tokens); the producer is the V3.2 one, PAIRS
+# consumer swaps the operands and puts tokens on M: S^T [64 tokens, 16 heads] = K q^T, O^T [d_v, 16] = V^T P^T. A
+# ring slot holds two producer tiles (WS16_BLOCK_T = 2 x WS_BLOCK_T tokens), one from each of its two producers
+# (_ws16_producer, step "p2")
 WS16_BLOCK_T = gl.constexpr(64)
 WS16_BLOCK_H = gl.constexpr(16)
-WS_NUM_WARPS = 12  # two consumer warpgroups + one producer warpgroup: LaunchConfig.num_warps
-# registers: 12 warps x 32 threads x maxnreg 168 = 64,512 of the SM's 65,536; setmaxnreg gives the consumer
-# worker WS_REGS_CONSUMER and the producer WS_REGS_PRODUCER, the default partition (a consumer) the rest, 3 x 168 -
-# 192 - 120 = 192. With 208 / 88 the producer spilled and V3.2 B=128 took 361.7 against 316.9 us (H200,
-# reports/campaigns/kernel_speed/candidates_14/).
+WS_NUM_WARPS = 12  # three warpgroups: LaunchConfig.num_warps (the H=64 kernel two consumers + one producer, the
+# H=16 kernel one consumer + two producers)
+# registers: 12 warps x 32 threads x maxnreg 168 = 64,512 of the SM's 65,536; setmaxnreg gives the H=64 kernel's
+# consumer worker WS_REGS_CONSUMER and its producer WS_REGS_PRODUCER, the default partition (a consumer) the rest,
+# 3 x 168 - 192 - 120 = 192; the H=16 kernel's two producers WS_REGS_PRODUCER each, its consumer (the default
+# partition) 3 x 168 - 2 x 120 = 264, capped at setmaxnreg's largest, 256. With 208 / 88 the H=64 kernel's producer
+# spilled and V3.2 B=128 took 361.7 against 316.9 us (H200, reports/campaigns/kernel_speed/candidates_14/).
 WS_MAXNREG = 168
 WS_REGS_CONSUMER = gl.constexpr(192)
 WS_REGS_PRODUCER = gl.constexpr(120)

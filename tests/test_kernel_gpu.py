@@ -184,16 +184,16 @@ def test_warp_specialized_kernel_matches_reference(fam, page_size, splits):
 @pytest.mark.parametrize("topk", [2048, 2016, 100])
 def test_h16_warp_specialized_kernel_matches_reference(page_size, splits, topk):
     # the H=16 kernel (V3.2 at TP8: tokens on wgmma's M, a ring slot two producer tiles): top-k 2016 ends on a
-    # half slot (63 tiles: the producer's 64th tile has -1 indices and stores zeros, masked by the consumers), 100
-    # on a partial tile; 3 splits of 2048 are 11, 11 and 10 slots; pages 256 and 1 exercise the run-time page shift
+    # half slot (63 tiles: producer 1's last tile, the 64th, has -1 indices and stores zeros, masked by the consumer),
+    # 100 on a partial tile; 3 splits of 2048 are 11, 11 and 10 slots; pages 256 and 1 exercise the run-time page shift
     _ws_matches_reference("v32_tp8", page_size, splits, num_stages=2, seed=4, heads=16, topk=topk)
 
 
 @pytest.mark.parametrize("B, H", [(5, 16), (2, 128)])
 def test_h16_kernel_with_empty_splits_and_several_head_tiles_matches_reference(B, H):
-    # (added after a review; first run on the GPU by the next device call) B=5 at TP8's H=16: auto splits are
-    # 132 // 5 = 26 over 32 slots, 2 slots a split, so 10 splits get no token (an empty partial, LSE -inf); H=128:
-    # 8 head tiles a request (pid_h up to 7), 8 splits at B=2
+    # (added after a review; first run on the GPU in step "p2"'s device call, 2026-12-03) B=5 at TP8's H=16: auto
+    # splits are 132 // 5 = 26 over 32 slots, 2 slots a split, so 10 splits get no token (an empty partial, LSE -inf);
+    # H=128: 8 head tiles a request (pid_h up to 7), 8 splits at B=2
     inp = smd.make_inputs("deepseek_v32", B, H, 2048, 64, 65536, "cuda", seed=6, empty_fraction=0.05)
     k = smd.SparseMLADecode(Variant("ws16", (WS16,)))
     out, lse = k(*_args(inp))
