@@ -40,6 +40,14 @@ from kernelcamp.signals import Terminated, signals_raise
 # idles on an empty queue for 10 s before its monitor shuts it down (the idle timeout of `dvc queue start`, per its
 # review in treeverse/dvc.org pull request 3715), so a minute leaves it ample time
 DRAIN_GRACE_S = 60.0
+# DVC's queue workers share one filesystem broker (kombu's), and two starting at once can write its pidbox exchange
+# file together and leave invalid JSON: the other worker then exits at once with "unexpected error - Expecting value:
+# line 1 column 1 (char 0)" (dvc-task issue 73; DVC pull request 7903's review; a CI run of tests/test_sweep.py). So
+# the sweep starts its workers one at a time, each once the one before has logged that it is ready (at most
+# READY_TIMEOUT_S), and starts again, at most START_RETRIES times, a worker that exits with an error before it took
+# any experiment while experiments are still queued
+READY_TIMEOUT_S = 30.0
+START_RETRIES = 2
 
 
 def detect_gpus() -> list[str]:
@@ -68,6 +76,7 @@ class Worker:
     node: str
     proc: subprocess.Popen
     log: Path
+    restarts: int = 0
 
 
 def _node_name(repo_root: Path, slot: int, gpu: str) -> str:
@@ -113,26 +122,61 @@ def active_count(repo_root: Path) -> int:
         return sum(1 for _ in repo.experiments.celery_queue.iter_active())
 
 
-def start_workers(repo_root: Path, gpus: list[str], log_dir: Path) -> list[Worker]:
-    """Start one ``dvc exp queue-worker`` per GPU (new process group each), logging to ``log_dir``."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    workers = []
-    for slot, gpu in zip(worker_slots(gpus), gpus, strict=True):
-        node = _node_name(repo_root, slot, gpu)
-        cmd = ["dvc", "exp", "queue-worker", node]
-        log = log_dir / f"worker-slot{slot}-gpu{gpu}.log"
-        fh = open(log, "ab")  # noqa: SIM115 - owned by the child process
-        proc = subprocess.Popen(
-            cmd,
+def _spawn(repo_root: Path, slot: int, gpu: str, node: str, log: Path) -> subprocess.Popen:
+    """Start ``dvc exp queue-worker node`` pinned to ``gpu`` (its own process group), appending to ``log``."""
+    fh = open(log, "ab")  # noqa: SIM115 - owned by the child process
+    try:
+        return subprocess.Popen(
+            ["dvc", "exp", "queue-worker", node],
             cwd=repo_root,
             env=worker_env(dict(os.environ), gpu, slot),
             stdout=fh,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    finally:
         fh.close()
-        workers.append(Worker(slot, gpu, node, proc, log))
+
+
+def _log_text(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def worker_ready(w: Worker) -> bool:
+    """Whether the worker has logged that it is ready (celery's ``<node> ready.`` line) or has exited."""
+    return w.proc.poll() is not None or f"{w.node} ready." in _log_text(w.log)
+
+
+def took_experiment(w: Worker) -> bool:
+    """Whether the worker's log shows it received a task (celery's ``Task ...[id] received``): an experiment."""
+    return "] received" in _log_text(w.log)
+
+
+def start_workers(
+    repo_root: Path, gpus: list[str], log_dir: Path, ready_timeout_s: float = READY_TIMEOUT_S, poll_s: float = 0.2
+) -> list[Worker]:
+    """Start one ``dvc exp queue-worker`` per GPU (new process group each), logging to ``log_dir``, one at a time:
+    each once the one before is ready (:func:`worker_ready`) or ``ready_timeout_s`` has passed (READY_TIMEOUT_S)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    workers = []
+    for slot, gpu in zip(worker_slots(gpus), gpus, strict=True):
+        if workers:
+            deadline = time.monotonic() + ready_timeout_s
+            while not worker_ready(workers[-1]) and time.monotonic() < deadline:
+                time.sleep(poll_s)
+        node = _node_name(repo_root, slot, gpu)
+        log = log_dir / f"worker-slot{slot}-gpu{gpu}.log"
+        workers.append(Worker(slot, gpu, node, _spawn(repo_root, slot, gpu, node, log), log))
     return workers
+
+
+def restart_worker(repo_root: Path, w: Worker) -> None:
+    """Start ``w``'s worker again (same GPU, slot, node name and log), counting it in ``w.restarts``."""
+    w.proc = _spawn(repo_root, w.slot, w.gpu, w.node, w.log)
+    w.restarts += 1
 
 
 def stop_workers(workers: list[Worker], grace_s: float = 10.0) -> None:
@@ -194,7 +238,8 @@ def stop_slot_servers(repo_root: Path, slots: list[int]) -> list[int]:
 def run_sweep(
     repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print, drain_grace_s: float = DRAIN_GRACE_S
 ) -> int:
-    """Drain the DVC queue with one worker per GPU; return 0 if every worker exited cleanly.
+    """Drain the DVC queue with one worker per GPU; return 0 if every worker exited cleanly (or failed at its start,
+    before it took an experiment, and the others drained the queue: READY_TIMEOUT_S above).
 
     When the queue is drained, or on Ctrl-C (exit 130) or SIGTERM (exit 143), the workers are stopped
     with their process groups (the running experiment's stages too) and the embedded servers of
@@ -241,17 +286,28 @@ def run_sweep(
     drained_since = None
     try:
         workers = start_workers(repo_root, gpus, log_dir)
-        while any(w.proc.poll() is None for w in workers):
+        while True:
             time.sleep(poll_s)
-            alive = [f"gpu{w.gpu}" for w in workers if w.proc.poll() is None]
             drained = False
+            queued = None
             try:
                 queued = queued_count(repo_root)
                 left = f"{queued} of {n} still queued, "
                 drained = queued == 0 and active_count(repo_root) == 0
             except Exception:  # noqa: BLE001 - progress only: DVC may hold its queue lock right now
                 left = ""
+            for w in workers:
+                rc = w.proc.poll()
+                if rc not in (None, 0) and queued and not took_experiment(w) and w.restarts < START_RETRIES:
+                    log(
+                        f"sweep: the worker on GPU {w.gpu} exited with {rc} before it took an experiment (log: "
+                        f"{w.log}); starting it again ({w.restarts + 1} of {START_RETRIES})"
+                    )
+                    restart_worker(repo_root, w)
+            alive = [f"gpu{w.gpu}" for w in workers if w.proc.poll() is None]
             log(f"sweep: {time.monotonic() - t0:6.0f} s, {left}workers running: {', '.join(alive) or 'none'}")
+            if not alive:
+                break
             now = time.monotonic()
             drained_since = (drained_since or now) if drained else None
             if drained_since is not None and now - drained_since >= drain_grace_s:
@@ -278,9 +334,21 @@ def run_sweep(
         sig.close()
     if interrupted:
         return interrupted[1]
-    bad = [w for w in workers if w.proc.returncode != 0 and w.gpu not in idle_stopped]
-    for w in bad:
-        log(f"sweep: worker on GPU {w.gpu} exited with {w.proc.returncode}; log: {w.log}")
+    try:
+        left_queued = queued_count(repo_root)
+    except Exception:  # noqa: BLE001 - unknown: a worker that failed at its start then counts as failed
+        left_queued = None
+    failed = [w for w in workers if w.proc.returncode != 0 and w.gpu not in idle_stopped]
+    # a worker that failed at its start (no experiment taken) spoiled nothing once the others drained the queue
+    bad = [w for w in failed if took_experiment(w) or left_queued != 0]
+    for w in failed:
+        if w in bad:
+            log(f"sweep: worker on GPU {w.gpu} exited with {w.proc.returncode}; log: {w.log}")
+        else:
+            log(
+                f"sweep: warning: the worker on GPU {w.gpu} exited with {w.proc.returncode} before it took an "
+                f"experiment (log: {w.log}); the other workers drained the queue"
+            )
     log(
         f"sweep: done in {time.monotonic() - t0:.0f} s; "
         "`dvc exp show` lists the results, `dvc queue status` any failures"

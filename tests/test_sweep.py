@@ -336,3 +336,85 @@ def test_a_worker_with_a_running_experiment_is_not_stopped(tmp_path: Path, monke
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+def _scripted_spawn(monkeypatch: pytest.MonkeyPatch, scripts: dict[str, list[str]]) -> list[tuple[str, float]]:
+    """Replace the worker start with Python scripts: ``scripts[gpu]`` lists, one per start of that GPU's worker, a
+    script run with ``LOG`` (its log path) and ``NODE`` (its node name) defined; returns the (gpu, time) of each
+    start."""
+    import time
+
+    starts: list[tuple[str, float]] = []
+
+    def spawn(repo_root: Path, slot: int, gpu: str, node: str, log: Path) -> subprocess.Popen:
+        starts.append((gpu, time.monotonic()))
+        code = f"LOG = {str(log)!r}; NODE = {node!r}\n" + scripts[gpu][sum(g == gpu for g, _ in starts) - 1]
+        return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+    monkeypatch.setattr(sweep, "_spawn", spawn)
+    return starts
+
+
+READY = "import time; time.sleep({delay}); open(LOG, 'a').write(NODE + ' ready.\\n')\n"
+TOOK = "open(LOG, 'a').write('Task dvc.repo.experiments.queue.tasks.run_exp[x] received\\n')\n"
+FAIL_AT_START = (
+    "open(LOG, 'a').write('ERROR: unexpected error - Expecting value: line 1 column 1 (char 0)\\n'); exit(255)"
+)
+
+
+def _queue(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, counts: list[int]) -> None:
+    """A repo whose queue counts are ``counts`` in turn (the first: the sweep's start), then 0; nothing active."""
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setattr(sweep, "prepare_tracking_store", lambda root: None)
+    monkeypatch.setattr(sweep, "stop_slot_servers", lambda root, slots: [])
+    it = iter(counts)
+    monkeypatch.setattr(sweep, "queued_count", lambda root: next(it, 0))
+    monkeypatch.setattr(sweep, "active_count", lambda root: 0)
+
+
+def test_workers_start_one_at_a_time_each_once_the_one_before_is_ready(tmp_path, monkeypatch) -> None:
+    # a CI run: two DVC queue workers started together, and one exited at once with DVC's "unexpected error -
+    # Expecting value: line 1 column 1 (char 0)" (the filesystem broker's pidbox file written by both: dvc-task #73)
+    starts = _scripted_spawn(
+        monkeypatch, {"7": [READY.format(delay=0.5) + "time.sleep(1)"], "9": ["import time; time.sleep(1)"]}
+    )
+    workers = sweep.start_workers(tmp_path, ["7", "9"], tmp_path / "logs", ready_timeout_s=10, poll_s=0.05)
+    try:
+        assert [g for g, _ in starts] == ["7", "9"]
+        assert starts[1][1] - starts[0][1] >= 0.5, "the second worker started before the first was ready"
+    finally:
+        sweep.stop_workers(workers, grace_s=1)
+    # a worker that never says it is ready holds the next one back only ready_timeout_s
+    starts.clear()
+    workers = sweep.start_workers(tmp_path, ["7", "9"], tmp_path / "logs2", ready_timeout_s=0.3, poll_s=0.05)
+    try:
+        assert 0.3 <= starts[1][1] - starts[0][1] < 5
+    finally:
+        sweep.stop_workers(workers, grace_s=1)
+
+
+def test_a_worker_that_fails_at_its_start_is_started_again(tmp_path, monkeypatch) -> None:
+    _queue(monkeypatch, tmp_path, [1, 1, 1, 1])
+    starts = _scripted_spawn(monkeypatch, {"9": [FAIL_AT_START, TOOK]})
+    lines: list[str] = []
+    assert sweep.run_sweep(tmp_path, ["9"], poll_s=0.05, log=lines.append) == 0
+    assert [g for g, _ in starts] == ["9", "9"]
+    assert any("exited with 255 before it took an experiment" in m and "(1 of 2)" in m for m in lines), lines
+
+
+def test_a_worker_failed_at_its_start_after_the_others_drained_the_queue_is_a_warning(tmp_path, monkeypatch) -> None:
+    # the CI run above: worker 9 failed at once, worker 7 ran both experiments and the queue was drained
+    _queue(monkeypatch, tmp_path, [2])
+    _scripted_spawn(monkeypatch, {"7": [READY.format(delay=0) + TOOK], "9": [FAIL_AT_START]})
+    lines: list[str] = []
+    assert sweep.run_sweep(tmp_path, ["7", "9"], poll_s=0.05, log=lines.append) == 0
+    assert any(m.startswith("sweep: warning: the worker on GPU 9 exited with 255") for m in lines), lines
+
+
+def test_a_worker_that_fails_at_every_start_fails_the_sweep(tmp_path, monkeypatch) -> None:
+    _queue(monkeypatch, tmp_path, [1] * 1000)
+    starts = _scripted_spawn(monkeypatch, {"9": [FAIL_AT_START] * 3})
+    lines: list[str] = []
+    assert sweep.run_sweep(tmp_path, ["9"], poll_s=0.05, log=lines.append) == 1
+    assert len(starts) == 1 + sweep.START_RETRIES
+    assert any(m.startswith("sweep: worker on GPU 9 exited with 255") for m in lines), lines
