@@ -159,17 +159,24 @@ def start_workers(
     repo_root: Path, gpus: list[str], log_dir: Path, ready_timeout_s: float = READY_TIMEOUT_S, poll_s: float = 0.2
 ) -> list[Worker]:
     """Start one ``dvc exp queue-worker`` per GPU (new process group each), logging to ``log_dir``, one at a time:
-    each once the one before is ready (:func:`worker_ready`) or ``ready_timeout_s`` has passed (READY_TIMEOUT_S)."""
+    each once the one before is ready (:func:`worker_ready`) or ``ready_timeout_s`` has passed (READY_TIMEOUT_S).
+
+    Whatever stops it part way (a worker that cannot be started, Ctrl-C or SIGTERM while it waits) stops the workers
+    it has started before it propagates, so none is left holding a GPU."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    workers = []
-    for slot, gpu in zip(worker_slots(gpus), gpus, strict=True):
-        if workers:
-            deadline = time.monotonic() + ready_timeout_s
-            while not worker_ready(workers[-1]) and time.monotonic() < deadline:
-                time.sleep(poll_s)
-        node = _node_name(repo_root, slot, gpu)
-        log = log_dir / f"worker-slot{slot}-gpu{gpu}.log"
-        workers.append(Worker(slot, gpu, node, _spawn(repo_root, slot, gpu, node, log), log))
+    workers: list[Worker] = []
+    try:
+        for slot, gpu in zip(worker_slots(gpus), gpus, strict=True):
+            if workers:
+                deadline = time.monotonic() + ready_timeout_s
+                while not worker_ready(workers[-1]) and time.monotonic() < deadline:
+                    time.sleep(poll_s)
+            node = _node_name(repo_root, slot, gpu)
+            log = log_dir / f"worker-slot{slot}-gpu{gpu}.log"
+            workers.append(Worker(slot, gpu, node, _spawn(repo_root, slot, gpu, node, log), log))
+    except BaseException:
+        stop_workers(workers)
+        raise
     return workers
 
 

@@ -418,3 +418,26 @@ def test_a_worker_that_fails_at_every_start_fails_the_sweep(tmp_path, monkeypatc
     assert sweep.run_sweep(tmp_path, ["9"], poll_s=0.05, log=lines.append) == 1
     assert len(starts) == 1 + sweep.START_RETRIES
     assert any(m.startswith("sweep: worker on GPU 9 exited with 255") for m in lines), lines
+
+
+def test_a_start_stopped_part_way_stops_the_workers_it_started(tmp_path, monkeypatch) -> None:
+    # the start now waits between workers: a worker that cannot be started (or Ctrl-C in the wait) must not leave
+    # the ones already started holding their GPUs
+    started: list[subprocess.Popen] = []
+
+    def spawn(repo_root: Path, slot: int, gpu: str, node: str, log: Path) -> subprocess.Popen:
+        if gpu == "9":
+            raise OSError("dvc: not found")
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        started.append(p)
+        return p
+
+    monkeypatch.setattr(sweep, "_spawn", spawn)
+    try:
+        with pytest.raises(OSError):
+            sweep.start_workers(tmp_path, ["7", "9"], tmp_path / "logs", ready_timeout_s=0.1, poll_s=0.05)
+        assert len(started) == 1 and started[0].poll() is not None, "the first worker was left running"
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
