@@ -1085,6 +1085,29 @@ def _ws_split(topk, pid_s, n_splits, SPLIT_T: gl.constexpr):
 
 
 @gluon.jit
+def _ws_rings(BLOCK_T: gl.constexpr, NSTAGE: gl.constexpr, LAYOUT: gl.constexpr):
+    # the shared-memory rings of both warp-specialized kernels: the K-tile ring (WS_NBUF slots of BLOCK_T tokens: dims
+    # 0-255, 256-511 and V3.2's rope; V4 has no rope tile, k_rope stands for k_hi there, never read) and the raw-row
+    # staging ring (NSTAGE slots of one WS_BLOCK_T tile: fp8 dims 0-255 and 256-511, the bf16 rope, the scales: V3.2's
+    # four fp32, V4's 8-byte scale row as two 4-byte words, fp32 bits taken apart as int32)
+    k_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, BLOCK_T, 256], WS_SMEM16)
+    k_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, BLOCK_T, 256], WS_SMEM16)
+    if LAYOUT == 0:
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, BLOCK_T, 64], WS_SMEM16)
+    else:
+        k_rope = k_hi
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    st_lo = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
+    st_hi = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
+    st_rope = gl.allocate_shared_memory(gl.bfloat16, [NSTAGE, WS_BLOCK_T, 64], flat)
+    if LAYOUT == 0:
+        st_sc = gl.allocate_shared_memory(gl.float32, [NSTAGE, WS_BLOCK_T, 4], flat)
+    else:
+        st_sc = gl.allocate_shared_memory(gl.float32, [NSTAGE, WS_BLOCK_T, 2], flat)
+    return k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc
+
+
+@gluon.jit
 def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2):
     # the H=16 kernel's consumer warpgroup (the default partition), per ring slot of WS16_BLOCK_T tokens: S^T = K q^T
     # ([64 tokens, 16 heads], all 576 dims), the online softmax over tokens (axis 0), P^T through shared memory
@@ -1186,14 +1209,8 @@ def _sparse_mla_ws16_split_kernel(
     n_splits = gl.num_programs(2)
 
     q_lo, q_hi, q_rope = _ws_q_v32(q_ptr, pid_b, pid_h, stride_qb, stride_qh, WS16_BLOCK_H)
-    k_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS16_BLOCK_T, 256], WS_SMEM16)
-    k_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS16_BLOCK_T, 256], WS_SMEM16)
-    k_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS16_BLOCK_T, 64], WS_SMEM16)
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    st_lo = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
-    st_hi = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
-    st_rope = gl.allocate_shared_memory(gl.bfloat16, [NSTAGE, WS_BLOCK_T, 64], flat)
-    st_sc = gl.allocate_shared_memory(gl.float32, [NSTAGE, WS_BLOCK_T, 4], flat)
+    # a K-ring slot holds WS16_BLOCK_T tokens, two producer tiles; a staging slot one tile (a slot a producer)
+    k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc = _ws_rings(WS16_BLOCK_T, NSTAGE, 0)
     # P^T [64 tokens, 16 heads] bf16, the consumer's (wgmma's B operand: [K, N], N contiguous)
     p_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
     s_x = gl.allocate_shared_memory(gl.bfloat16, [1, WS16_BLOCK_T, WS16_BLOCK_H], p_l)
@@ -1261,22 +1278,8 @@ def _sparse_mla_ws_split_kernel(
         q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16)
         q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_BLOCK_H, 256], WS_SMEM16)
         q_rope = q_hi
-    # the K-tile ring (dims 0-255, 256-511, V3.2's rope) and the raw-row staging ring
-    k_lo = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], WS_SMEM16)
-    k_hi = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 256], WS_SMEM16)
-    if LAYOUT == 0:
-        k_rope = gl.allocate_shared_memory(gl.bfloat16, [WS_NBUF, WS_BLOCK_T, 64], WS_SMEM16)
-    else:
-        k_rope = k_hi
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    st_lo = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
-    st_hi = gl.allocate_shared_memory(gl.uint8, [NSTAGE, WS_BLOCK_T, 256], flat)
-    st_rope = gl.allocate_shared_memory(gl.bfloat16, [NSTAGE, WS_BLOCK_T, 64], flat)
-    # the scales: V3.2's four fp32, V4's 8-byte scale row as two 4-byte words (fp32 bits, taken apart as int32)
-    if LAYOUT == 0:
-        st_sc = gl.allocate_shared_memory(gl.float32, [NSTAGE, WS_BLOCK_T, 4], flat)
-    else:
-        st_sc = gl.allocate_shared_memory(gl.float32, [NSTAGE, WS_BLOCK_T, 2], flat)
+    # the K-tile ring and the raw-row staging ring
+    k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc = _ws_rings(WS_BLOCK_T, NSTAGE, LAYOUT)
     # the partial-score exchange [consumer * 2 + tile parity]: 32-byte units XOR-swizzled over 4 rows, so a warp's
     # eight rows of an accumulator fragment store in 2 wavefronts, not 8 (unswizzled, 128-byte rows all land on the
     # same banks: 4x the ideal wavefronts in Nsight Compute, and B=128 316.9 against 261.4 us; candidates_14/)
