@@ -341,11 +341,13 @@ def run_sweep(
         sig.close()
     if interrupted:
         return interrupted[1]
-    try:
-        left_queued = queued_count(repo_root)
-    except Exception:  # noqa: BLE001 - unknown: a worker that failed at its start then counts as failed
-        left_queued = None
     failed = [w for w in workers if w.proc.returncode != 0 and w.gpu not in idle_stopped]
+    left_queued = None
+    if failed:  # the queue is counted (a DVC repo opened) only where a worker failed
+        try:
+            left_queued = queued_count(repo_root)
+        except Exception:  # noqa: BLE001 - unknown: a worker that failed at its start then counts as failed
+            pass
     # a worker that failed at its start (no experiment taken) spoiled nothing once the others drained the queue
     bad = [w for w in failed if took_experiment(w) or left_queued != 0]
     for w in failed:
