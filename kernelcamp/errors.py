@@ -10,5 +10,8 @@ class KernelcampError(Exception):
 
 
 def as_written(value: object) -> str:
-    """A config value in an error message as the user wrote it in YAML: ``null`` for None, else its repr."""
+    """A config value in an error message as the user wrote it in YAML: ``null`` for None, ``true`` and
+    ``false`` for booleans, else its repr."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return "null" if value is None else repr(value)

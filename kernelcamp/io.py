@@ -152,6 +152,29 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+def pid_start_time(pid: int | None) -> int | None:
+    """Process ``pid``'s start time (clock ticks after boot, ``/proc/<pid>/stat`` field 22), or None when
+    it is gone or unreadable. With the pid it names one process: a pid the kernel reused after the
+    recorded process died has another start time (proc(5))."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def same_process(pid: int | None, start_time: int | None) -> bool:
+    """Whether the process a state file or record names (``pid`` and the :func:`pid_start_time` taken
+    when it was started) is still that process: alive, and not a later process given the same pid.
+    ``start_time`` None (a record written before start times were kept) checks only that it is alive;
+    an unreadable start time counts as another process."""
+    if not pid_alive(pid):
+        return False
+    return start_time is None or pid_start_time(pid) == start_time
+
+
 def stage_main(fn: Callable[[], int | None]) -> None:
     """Run a stage's ``main``: a ``KernelcampError`` becomes one ``error:`` line and exit status 2.
 

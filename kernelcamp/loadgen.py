@@ -93,7 +93,12 @@ _WORDS = (
 ).split()
 
 
-def default_prompts(n: int = 64, words: int = 24) -> list[str]:
+#: Words (the embedded server's tokens) of each default prompt; ``kernelcamp.spec`` checks every
+#: ``max_tokens`` against ``server.max_context_tokens`` with it.
+DEFAULT_PROMPT_WORDS = 24
+
+
+def default_prompts(n: int = 64, words: int = DEFAULT_PROMPT_WORDS) -> list[str]:
     """A fixed, deterministic prompt set: ``n`` prompts of ``words`` words, each ending in a unique word."""
     out = []
     for i in range(n):

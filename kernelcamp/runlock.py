@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import pid_alive, write_json_atomic
+from kernelcamp.io import pid_start_time, same_process, write_json_atomic
 
 
 def _ppid_and_cmd(pid: int) -> tuple[int | None, list[str]]:
@@ -40,21 +40,8 @@ def _ppid_and_cmd(pid: int) -> tuple[int | None, list[str]]:
     return ppid, cmd
 
 
-def _start_time(pid: int | None) -> int | None:
-    """The process's start time (clock ticks after boot, ``/proc/<pid>/stat`` field 22), or None: with
-    the pid it names one process, so a pid reused after the owner died is never taken for it."""
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _owner_alive(claim: dict[str, Any]) -> bool:
-    pid = claim.get("owner_pid")
-    return pid_alive(pid) and claim.get("owner_start") in (None, _start_time(pid))
+    return same_process(claim.get("owner_pid"), claim.get("owner_start"))
 
 
 def _is_dvc(cmd: list[str]) -> bool:
@@ -130,7 +117,7 @@ def claim_run(root: Path, stage: str, params_sha256: str, owner: int | None = No
             return cur
         claim = {
             "owner_pid": owner,
-            "owner_start": _start_time(owner),
+            "owner_start": pid_start_time(owner),
             "params_sha256": params_sha256,
             "stage": stage,
             "claimed_at_ms": int(time.time() * 1000),  # the run's start, for the MLflow run's duration

@@ -47,11 +47,25 @@ import yaml
 from kernelcamp.errors import KernelcampError, as_written
 from kernelcamp.hashes import kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.kernel_rev import KernelRev, import_kernel_rev, resolve_kernel_rev
-from kernelcamp.variant import Variant, parse_variant
+from kernelcamp.ports import PORT_STRIDE
+from kernelcamp.variant import NAME_RE, Variant, parse_variant
 
 #: The kernel package every kernel module lives in; the DVC stages depend on the whole folder.
 KERNEL_PACKAGE = "kernels"
 _MODULE_RE = re.compile(rf"^{KERNEL_PACKAGE}\.[A-Za-z_][A-Za-z0-9_]*$")
+#: A ``server.env`` key: a POSIX shell variable name, since it is exported on the ssh command line and
+#: becomes an MLflow param key (where ``:`` or ``/`` would be rewritten or refused).
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: The longest time any ``*_s`` / ``max_seconds`` key may give: a week. Larger values overflow
+#: ``time.sleep`` and ``threading`` timeouts (``OverflowError`` at 1e308) long after ``spec`` passed them.
+MAX_SECONDS = 7 * 24 * 3600.0
+#: Options of ``kernelcamp serve`` that the deploy sets from ``server.host``/``server.port`` and the
+#: params file: ``server.args`` giving them would serve somewhere other than what the records say.
+SERVE_OWN_ARGS = ("--params", "--host", "--port", "--device")
+#: A remote directory the ssh deploy quotes into a remote shell and hands to scp: no characters either
+#: could read another way (scp's legacy protocol passes the path through the remote shell).
+REMOTE_DIR_RE = re.compile(r"^[A-Za-z0-9_./+@=-]+$")
+
 #: What build.json records of the run spec (and the later stages check it against): build depends on
 #: the variant's configs and the kernel, not on the server flags that the deployed variant hash covers.
 BUILD_KEYS = (
@@ -70,7 +84,9 @@ MEASURE_KEYS = (*DEPLOY_KEYS, "baseline_hash", "baseline_kernel_source_hash")
 
 
 def _f(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
-    """A dataclass field with range metadata: ge, gt, le, lt, choices, pow2, unique, nonempty."""
+    """A dataclass field with range metadata: ge, gt, le, lt, choices, pow2, unique, nonempty, name
+    (``kernelcamp.variant.NAME_RE``), multiline (a shell command: newlines and tabs allowed; every other
+    string refuses control characters)."""
     if isinstance(default, (list, dict)):
         value = default
         return field(default_factory=lambda: type(value)(value), metadata=meta)
@@ -82,7 +98,7 @@ def _f(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
 
 @dataclass(kw_only=True)
 class KernelSpec:
-    name: str = _f()
+    name: str = _f(name=True)
     module: str = _f()
     dot_dtype: str = _f("bf16", choices=("bf16", "fp16"))
 
@@ -117,7 +133,7 @@ class ModelSpec:
 
 @dataclass(kw_only=True)
 class WorkloadSpec:
-    name: str = _f()
+    name: str = _f(name=True)
     layout: str = _f(choices=("deepseek_v32", "deepseek_v4"))
     num_heads: int = _f(ge=1)
     topk: int = _f(ge=1)
@@ -131,7 +147,7 @@ class WorkloadSpec:
 
 @dataclass(kw_only=True)
 class ServerSpec:
-    name: str = _f("default")
+    name: str = _f("default", name=True)
     host: str = _f("127.0.0.1", nonempty=True)
     port: int = _f(8765, ge=1, le=65535)
     cuda_graphs: bool = _f(True)
@@ -153,7 +169,7 @@ class KernelBenchSpec:
     rounds: int = _f(ge=2)  # the maximum (kernelcamp.stats.SequentialPlan)
     min_rounds: int = _f(ge=2)
     look_every: int = _f(ge=1)
-    max_seconds: float | None = _f(gt=0)  # null: no time budget
+    max_seconds: float | None = _f(gt=0, le=MAX_SECONDS)  # null: no time budget
     replays_per_round: int = _f(ge=1)
     warmup: int = _f(ge=0)
     cpu_rounds: int = _f(ge=2)
@@ -166,18 +182,18 @@ class ServingBenchSpec:
     enabled: bool = _f(True)
     concurrency: list[int] = _f(ge=1, unique=True, nonempty=True)
     max_tokens: int = _f(ge=1)
-    timeout_s: float = _f(gt=0)
+    timeout_s: float = _f(gt=0, le=MAX_SECONDS)
     measure_baseline: bool = _f(True)
-    baseline_port_offset: int = _f(1, ge=1, le=1000)
-    warmup_s: float = _f(ge=0)
-    window_s: float = _f(gt=0)
+    baseline_port_offset: int = _f(1, ge=1, le=PORT_STRIDE - 1)  # inside the worker's ports (kernelcamp.ports)
+    warmup_s: float = _f(ge=0, le=MAX_SECONDS)
+    window_s: float = _f(gt=0, le=MAX_SECONDS)
     repeats: int = _f(ge=2)  # the maximum
     min_repeats: int = _f(ge=2)
-    max_seconds: float | None = _f(gt=0)  # null: no time budget
+    max_seconds: float | None = _f(gt=0, le=MAX_SECONDS)  # null: no time budget
     cpu_concurrency: list[int] = _f(ge=1, unique=True, nonempty=True)
     cpu_max_tokens: int = _f(ge=1)
-    cpu_warmup_s: float = _f(ge=0)
-    cpu_window_s: float = _f(gt=0)
+    cpu_warmup_s: float = _f(ge=0, le=MAX_SECONDS)
+    cpu_window_s: float = _f(gt=0, le=MAX_SECONDS)
     cpu_repeats: int = _f(ge=2)
 
 
@@ -236,14 +252,14 @@ class BuildSpec:
 @dataclass(kw_only=True)
 class DeploySpec:
     kind: str = _f(choices=("embedded", "command", "ssh"))
-    health_timeout_s: float = _f(600.0, gt=0)
-    poll_interval_s: float = _f(0.5, gt=0)
-    port_free_timeout_s: float = _f(10.0, ge=0)
+    health_timeout_s: float = _f(600.0, gt=0, le=MAX_SECONDS)
+    poll_interval_s: float = _f(0.5, gt=0, le=MAX_SECONDS)
+    port_free_timeout_s: float = _f(10.0, ge=0, le=MAX_SECONDS)
     # command
     url: str | None = _f(None, nonempty=True)
     kernel_dest: str | None = _f(None)
-    launch: str | None = _f(None)
-    stop: str | None = _f(None)
+    launch: str | None = _f(None, multiline=True)
+    stop: str | None = _f(None, multiline=True)
     # ssh
     host: str | None = _f(None, no_dash=True, nonempty=True)
     port: int | None = _f(None, ge=1, le=65535)
@@ -251,7 +267,7 @@ class DeploySpec:
     identity_file: str | None = _f(None)
     ssh_options: list[str] = _f([])
     remote_dir: str | None = _f(None, no_dash=True)
-    restart: str | None = _f(None)
+    restart: str | None = _f(None, multiline=True)
 
 
 #: Sections parsed into the dataclasses above (variant, baseline and target have their own parsers).
@@ -331,6 +347,16 @@ def _check_value(where: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> An
             raise KernelcampError(f"{where} is empty: give a value")
         if meta.get("no_dash") and value.startswith("-"):
             raise KernelcampError(f"{where} = {value!r}: must not start with '-' (it would reach ssh as an option)")
+        if meta.get("name") and not NAME_RE.match(value):
+            raise KernelcampError(
+                f"{where} = {value!r}: a name is letters, digits and _ . + - (it names files, report headings "
+                "and MLflow params); rename it"
+            )
+        bad = [c for c in value if ord(c) < 32 and not (meta.get("multiline") and c in "\n\t")] or [
+            c for c in value if ord(c) == 127
+        ]
+        if bad:
+            raise KernelcampError(f"{where} = {value!r}: holds a control character ({bad[0]!r}); remove it")
         return value
     for key, test, words in (
         ("ge", lambda v, b: v >= b, ">="),
@@ -595,7 +621,9 @@ def _check_serving_with_kernel_rev(rev: str, bench: BenchmarkSpec) -> None:
 
 
 def _check_across_keys(sections: Mapping[str, Any]) -> None:
-    """Checks that involve two keys: a minimum never above its maximum."""
+    """Checks that involve two keys or more than a type and a range: a minimum never above its maximum,
+    then :func:`_check_server`, :func:`_check_ports`, :func:`_check_tokens`, :func:`_check_targets`,
+    :func:`_check_deploy` and :func:`_check_tracking`. Each raises ``KernelcampError`` naming the key."""
     bk, sv = sections["benchmark"].kernel, sections["benchmark"].serving
     for where, lo, hi, hi_name in (
         ("benchmark.kernel.min_rounds", bk.min_rounds, bk.rounds, "benchmark.kernel.rounds"),
@@ -603,6 +631,128 @@ def _check_across_keys(sections: Mapping[str, Any]) -> None:
     ):
         if lo > hi:
             raise KernelcampError(f"{where} = {lo}: must be <= {hi_name} ({hi}), the maximum")
+    _check_server(sections["server"])
+    _check_ports(sections["server"], sv)
+    _check_tokens(sections)
+    _check_targets(sections["build"], sections["benchmark"])
+    _check_deploy(sections["deploy"])
+    _check_tracking(sections["tracking"])
+
+
+def _check_server(server: ServerSpec) -> None:
+    """``server.env``: shell variable names, values a string or a number (exported as text on this
+    machine and on the ssh host, logged as MLflow params); ``server.args``: none of :data:`SERVE_OWN_ARGS`."""
+    for key, value in server.env.items():
+        if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+            raise KernelcampError(
+                f"server.env key {key!r}: an environment variable name is letters, digits and _, "
+                "not starting with a digit (e.g. NCCL_DEBUG)"
+            )
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise KernelcampError(
+                f"server.env.{key} = {as_written(value)}: give a string or a number; quote a flag "
+                "('1', 'true'), since YAML reads yes/no/true as booleans and null as nothing"
+            )
+        if "\0" in str(value):
+            raise KernelcampError(f"server.env.{key} holds a NUL character: an environment value cannot")
+    for i, arg in enumerate(server.args):
+        if arg.split("=", 1)[0] in SERVE_OWN_ARGS:
+            raise KernelcampError(
+                f"server.args.{i} = {arg!r}: the deploy sets {arg.split('=', 1)[0]} itself; use "
+                "server.host, server.port or server.device, so that the records name where it served"
+            )
+
+
+def _check_ports(server: ServerSpec, sv: ServingBenchSpec) -> None:
+    """The ports this run may use (``server.port`` up to ``PORT_STRIDE - 1`` above it, a sweep worker's
+    the same above its own base: :mod:`kernelcamp.ports`) all exist, i.e. are <= 65535."""
+    from kernelcamp.ports import worker_port
+
+    top = worker_port(server.port) + PORT_STRIDE - 1
+    if top > 65535:
+        whose = "this sweep worker's base port" if top - server.port >= PORT_STRIDE else "it"
+        raise KernelcampError(
+            f"server.port = {server.port}: this run may use ports up to {top} (the server's fallbacks and the "
+            f"serving baseline's, up to {PORT_STRIDE - 1} above {whose}), beyond 65535; "
+            f"use at most {65535 - (top - server.port)}"
+        )
+
+
+def _check_tokens(sections: Mapping[str, Any]) -> None:
+    """With the embedded server, every ``max_tokens`` plus the load generator's prompt fits
+    ``server.max_context_tokens`` (the server refuses a request that does not: every request of a
+    level would fail with HTTP 400 after the deploy succeeded)."""
+    if sections["deploy"].kind != "embedded":
+        return  # another server's context is its own
+    from kernelcamp.loadgen import DEFAULT_PROMPT_WORDS
+
+    ctx = sections["server"].max_context_tokens
+    sv, vs = sections["benchmark"].serving, sections["verify"].serving
+    for where, n in (
+        ("benchmark.serving.max_tokens", sv.max_tokens),
+        ("benchmark.serving.cpu_max_tokens", sv.cpu_max_tokens),
+        ("verify.serving.max_tokens", vs.max_tokens),
+    ):
+        if n + DEFAULT_PROMPT_WORDS > ctx:
+            raise KernelcampError(
+                f"{where} = {n}: with the {DEFAULT_PROMPT_WORDS}-token prompts it exceeds server.max_context_tokens "
+                f"({ctx}); use at most {ctx - DEFAULT_PROMPT_WORDS} or raise server.max_context_tokens"
+            )
+
+
+def _check_targets(build: BuildSpec, bench: BenchmarkSpec) -> None:
+    """``build.also_targets`` and ``benchmark.run_as_target`` name files of ``conf/target/``."""
+    from kernelcamp.targets import named_targets
+
+    known = named_targets()
+    names = [(f"build.also_targets.{i}", t) for i, t in enumerate(build.also_targets)]
+    if bench.run_as_target is not None:
+        names.append(("benchmark.run_as_target", bench.run_as_target))
+    for where, name in names:
+        if name not in known:
+            raise KernelcampError(f"{where} = {name!r}: not a target of conf/target/; choose one of {known}")
+
+
+def _check_deploy(deploy: DeploySpec) -> None:
+    """For ``deploy.kind: ssh``: host and user as ssh reads them (``kernelcamp.deploy.ssh.check_ssh_args``)
+    and a ``remote_dir`` of :data:`REMOTE_DIR_RE`'s characters, not starting with ``~`` (quoted for the
+    remote shell it would be a folder named ``~``, while scp would expand it)."""
+    if deploy.kind != "ssh":
+        return
+    from kernelcamp.deploy.ssh import check_ssh_args
+
+    check_ssh_args(deploy.host, deploy.user, deploy.remote_dir, prefix="deploy.")
+    rdir = deploy.remote_dir
+    if rdir is not None and rdir != "???" and not REMOTE_DIR_RE.match(rdir):
+        raise KernelcampError(
+            f"deploy.remote_dir = {rdir!r}: use a path of letters, digits and _ . / + @ = - only (the remote "
+            "shell and scp must read it the same way; ~ is not expanded: write the home folder out)"
+        )
+
+
+def _check_tracking(tracking: TrackingSpec) -> None:
+    """``tracking.uri``: a local store (``sqlite:``, ``file:`` or a bare path) by an absolute path. A
+    queued experiment runs in a temporary copy that DVC deletes: a relative store would go with it."""
+    uri = tracking.uri
+    if not uri:
+        return
+    scheme, sep, rest = uri.partition(":")
+    if not sep or len(scheme) == 1:  # a bare path (a Windows drive letter counts as one)
+        path = uri
+    elif scheme == "sqlite":
+        path = rest[3:] if rest.startswith("///") else None
+        if path is None:
+            raise KernelcampError(f"tracking.uri = {uri!r}: a SQLite store is sqlite:////absolute/path/mlflow.db")
+    elif scheme == "file":
+        path = rest[2:] if rest.startswith("//") else rest
+    else:
+        return  # a server (http, https, databricks, ...)
+    if not path.startswith("/"):
+        raise KernelcampError(
+            f"tracking.uri = {uri!r}: a relative store path would resolve in the run's working folder (a queued "
+            "experiment's is a temporary copy); give an absolute path, or leave tracking.uri null for "
+            "$DVC_ROOT/mlflow.db"
+        )
 
 
 def _check_against_target(v: Variant, section: str, target: Any) -> None:

@@ -109,6 +109,10 @@ def named_targets() -> list[str]:
 
 
 def _read_target_file(name: str) -> dict[str, Any]:
+    """``conf/target/<name>.yaml`` as a mapping; ``KernelcampError`` for a name that is not one of
+    :func:`named_targets` (a path such as ``../x`` or ``/tmp/x`` never leaves ``conf/target/``)."""
+    if name not in named_targets():
+        raise KernelcampError(f"unknown target {name!r}: choose one of {named_targets()} (files of conf/target/)")
     path = conf_dir() / "target" / f"{name}.yaml"
     if not path.exists():
         raise KernelcampError(f"unknown target {name!r}: no {path}; choose one of {named_targets()}")

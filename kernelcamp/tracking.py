@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import pid_alive, repo_relative
+from kernelcamp.io import pid_start_time, repo_relative, same_process
 from kernelcamp.provenance import dvc_root
 from kernelcamp.signals import Terminated, signals_raise
 
@@ -187,7 +187,8 @@ def ensure_store(params: Mapping[str, Any] | None = None) -> tuple[str, str]:
 
 
 def close_stale_runs(client, experiment_id: str) -> list[str]:
-    """Mark KILLED the RUNNING runs of this host whose owning process is gone; return their ids."""
+    """Mark KILLED the RUNNING runs of this host whose owning process is gone (its pid dead, or alive with
+    another start time than the run's ``kernelcamp.pid_start`` tag: a reused pid); return their ids."""
     host = socket.gethostname()
     closed = []
     runs = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000)
@@ -196,7 +197,8 @@ def close_stale_runs(client, experiment_id: str) -> list[str]:
         if tags.get(TAG_PREFIX + "host") != host or not str(tags.get(TAG_PREFIX + "pid", "")).isdigit():
             continue
         pid = int(tags[TAG_PREFIX + "pid"])
-        if pid == os.getpid() or pid_alive(pid):
+        start = tags.get(TAG_PREFIX + "pid_start")
+        if pid == os.getpid() or same_process(pid, int(start) if str(start).isdigit() else None):
             continue
         client.set_tag(run.info.run_id, TAG_PREFIX + "closed_reason", f"owning process {pid} on {host} is gone")
         client.set_terminated(run.info.run_id, status="KILLED")
@@ -213,18 +215,31 @@ def _one_line(e: BaseException | str) -> str:
 
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Dotted keys of a nested mapping; dicts and lists of mappings recurse (list index as a key),
-    lists of scalars stay one JSON value; None is ``null``. Illegal MLflow key characters become ``_``."""
+    lists of scalars stay one JSON value; None is ``null``. Illegal MLflow key characters become ``_``.
+
+    Raises ``KernelcampError`` when two keys become one that way (``a:b`` and ``a_b``), or a key holds a
+    ``..`` path part (MLflow refuses it): a param must never be dropped or fail the run after it measured.
+    ``kernelcamp.spec`` refuses such keys in the free-form mapping ``server.env`` before any stage runs."""
     out: dict[str, str] = {}
+
+    def put(key: str, value: str, given: str) -> None:
+        if key in out or ".." in given.split("/"):
+            raise KernelcampError(
+                f"param key {given} cannot be logged to MLflow as it is (it holds '..', or it clashes with another "
+                f"key as {key}): rename it in conf/"
+            )
+        out[key] = value
+
     for k, v in params.items():
         key = f"{prefix}{_ILLEGAL.sub('_', str(k))}"
-        if isinstance(v, Mapping):
-            out.update(flatten_params(v, key + "."))
-        elif isinstance(v, (list, tuple)) and any(isinstance(x, Mapping) for x in v):
-            out.update(flatten_params({str(i): x for i, x in enumerate(v)}, key + "."))
+        if isinstance(v, Mapping) or (isinstance(v, (list, tuple)) and any(isinstance(x, Mapping) for x in v)):
+            sub = v if isinstance(v, Mapping) else {str(i): x for i, x in enumerate(v)}
+            for kk, vv in flatten_params(sub, key + ".").items():
+                put(kk, vv, kk)
         elif isinstance(v, (list, tuple)) or v is None or isinstance(v, bool):
-            out[key] = json.dumps(v)
+            put(key, json.dumps(v), f"{prefix}{k}")
         else:
-            out[key] = str(v)
+            put(key, str(v), f"{prefix}{k}")
     return out
 
 
@@ -321,7 +336,11 @@ def start_run(
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
     uri, exp_id = ensure_store(params)
-    base = {TAG_PREFIX + "pid": str(os.getpid()), TAG_PREFIX + "host": socket.gethostname()}
+    base = {
+        TAG_PREFIX + "pid": str(os.getpid()),
+        TAG_PREFIX + "pid_start": str(pid_start_time(os.getpid())),
+        TAG_PREFIX + "host": socket.gethostname(),
+    }
     name = run_name or os.environ.get("DVC_EXP_NAME") or ((params.get("variant") or {}).get("name")) or "run"
     with store_lock(uri):
         client = _client(uri)

@@ -48,11 +48,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kernelcamp.errors import KernelcampError
+
+#: A name that reaches a report heading, a plot label, an MLflow param and a file name (a variant's, a
+#: workload's, a server flag set's): letters, digits and ``_ . + -``, as conf/'s file names are.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 LAUNCH_FIELDS = ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages", "num_splits", "warp_specialize")
 AUTOTUNE_KEYS = ("B", "H", "topk")
@@ -302,8 +307,8 @@ def _batch_table(name: str, rows: tuple[LaunchConfig, ...], raw: Mapping[str, An
 def parse_variant(raw: Mapping[str, Any], section: str = "variant") -> Variant:
     """Parse the ``variant`` (or ``baseline``) section of params.yaml.
 
-    Raises ``KernelcampError`` for a missing name, a top-level launch field on a list variant, an
-    unknown key, a bad value, an autotune key the kernel does not know, or a ``kernel_rev`` that is
+    Raises ``KernelcampError`` for a missing name or one outside ``NAME_RE``, a top-level launch field on a
+    list variant, an unknown key, a bad value, an autotune key the kernel does not know, or a ``kernel_rev`` that is
     not a string or is set outside the baseline (see the module docstring).
     """
     if not isinstance(raw, Mapping):
@@ -311,6 +316,11 @@ def parse_variant(raw: Mapping[str, Any], section: str = "variant") -> Variant:
     name = raw.get("name")
     if not name or not isinstance(name, str):
         raise KernelcampError(f"{section}.name is missing: every file in conf/{section}/ sets name: <file name>")
+    if not NAME_RE.match(name):
+        raise KernelcampError(
+            f"{section}.name = {name!r}: a name is letters, digits and _ . + - (it names files, report headings "
+            "and MLflow params); rename it"
+        )
     rev = _kernel_rev(raw, section)
     v = _parse_body(raw, section, name)
     return v if rev is None else replace(v, kernel_rev=rev)

@@ -201,6 +201,52 @@ def test_command_target_launch_reuse_stop(params, tmp_path):
     assert port_is_free(port)
 
 
+@pytest.mark.parametrize("recorded_start", ["other", "none"])
+def test_a_stale_command_state_never_stops_a_stranger(tmp_path: Path, recorded_start: str) -> None:
+    """command.json named a pid that now belongs to an unrelated process (the server died, the pid was
+    reused): stop_command killed that process's group. With the start time recorded it is left alone.
+    A state without one (written before start times were kept) names a live group; it is stopped, as
+    before."""
+    victim = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True, stdout=subprocess.DEVNULL
+    )
+    try:
+        from kernelcamp.io import pid_start_time
+
+        st = {"pid": victim.pid, "pgid": victim.pid}
+        if recorded_start == "other":
+            st["start_time"] = pid_start_time(victim.pid) - 1
+        (tmp_path / ".kernelcamp").mkdir()
+        (tmp_path / ".kernelcamp" / "command.json").write_text(json.dumps(st))
+        stopped = stop_command(tmp_path)
+        time.sleep(0.2)
+        assert (victim.poll() is None) == (recorded_start == "other")
+        assert stopped == (recorded_start == "none")
+        assert not (tmp_path / ".kernelcamp" / "command.json").exists()
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_stale_embedded_state_never_stops_another_kernelcamp_process(tmp_path: Path) -> None:
+    """The embedded state's check (alive, 'kernelcamp' in its command line) took any kernelcamp process
+    given the dead server's pid for the server; its start time now tells them apart."""
+    from kernelcamp.deploy.common import stop_state
+    from kernelcamp.io import pid_start_time
+
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "kernelcamp"], start_new_session=True
+    )
+    try:
+        path = tmp_path / "server.json"
+        path.write_text(json.dumps({"pid": other.pid, "pgid": other.pid, "start_time": pid_start_time(other.pid) + 1}))
+        assert not stop_state(path, wait_port=False)
+        assert other.poll() is None and not path.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
 class LocalRunner:
     """A fake remote: runs commands with bash locally; ``corrupt`` flips the copy of one file."""
 

@@ -219,7 +219,77 @@ BAD = [
     ("benchmark.kernel.min_rounds", 100, r"benchmark\.kernel\.min_rounds = 100: must be <= benchmark\.kernel\.rounds"),
     ("benchmark.serving.min_repeats", 9, r"benchmark\.serving\.min_repeats = 9: must be <= benchmark\.serving\.rep"),
     ("benchmark.kernel.max_seconds", 0, r"benchmark\.kernel\.max_seconds = 0\.0: must be > 0"),
+    # values the spec passed that failed, injected or misled later (twenty-first session's review):
+    # an env key reached the ssh restart line unquoted (`X=1; touch /tmp/p; Y` ran `touch`), crashed
+    # Popen (`A=B`), or became an MLflow key that failed the report (`a/../b`) or dropped a value (`K:1`)
+    ("server.env", {"X=1; touch /tmp/p; Y": "v"}, r"server\.env key 'X=1; touch /tmp/p; Y': an environment"),
+    ("server.env", {"A=B": "1"}, r"server\.env key 'A=B'"),
+    ("server.env", {"a/../b": "1"}, r"server\.env key 'a/\.\./b'"),
+    ("server.env", {"K:1": "x"}, r"server\.env key 'K:1'"),
+    ("server.env", {"NUL": "a\0b"}, r"server\.env\.NUL holds a NUL character"),
+    ("server.env", {"FLAG": True}, r"server\.env\.FLAG = true: give a string or a number; quote a flag"),
+    ("server.env", {"FLAG": None}, r"server\.env\.FLAG = null: give a string or a number"),
+    ("server.args", ["--port", "9"], r"server\.args\.0 = '--port': the deploy sets --port itself"),
+    ("server.args", ["--host=0.0.0.0"], r"server\.args\.0 = '--host=0\.0\.0\.0': the deploy sets --host itself"),
+    # names reach report headings (a forged `# Decision` line), plot labels (mathtext crashed) and files
+    ("variant.name", "evil\n\n# Decision: **faster**", r"variant\.name = 'evil\\n.*a name is letters, digits"),
+    ("variant.name", "cost$\\frac$", r"variant\.name = 'cost\$\\\\frac\$': a name is letters"),
+    ("server.name", "a b", r"server\.name = 'a b': a name is letters"),
+    ("workload.name", "x|y", r"workload\.name = 'x\|y': a name is letters"),
+    ("tracking.experiment", "a\nb", r"tracking\.experiment = 'a\\nb': holds a control character"),
+    # a target name was read as a path (`/tmp/x` -> /tmp/x.yaml) and unknown ones failed only in build
+    ("build.also_targets", ["/tmp/evil"], r"build\.also_targets\.0 = '/tmp/evil': not a target of conf/target/"),
+    ("build.also_targets", ["../../dvc"], r"build\.also_targets\.0 = '\.\./\.\./dvc': not a target"),
+    ("benchmark.run_as_target", "sm99", r"benchmark\.run_as_target = 'sm99': not a target of conf/target/"),
+    # ports past 65535 crashed the baseline port check with OverflowError; offsets past 9 failed in benchmark
+    ("server.port", 65535, r"server\.port = 65535: this run may use ports up to 65544 .* use at most 65526"),
+    ("benchmark.serving.baseline_port_offset", 50, r"baseline_port_offset = 50: must be <= 9"),
+    # every request failed with HTTP 400 after a deploy that succeeded
+    ("benchmark.serving.max_tokens", 4096, r"benchmark\.serving\.max_tokens = 4096: with the 24-token prompts"),
+    ("benchmark.serving.cpu_max_tokens", 2030, r"cpu_max_tokens = 2030: .* use at most 2024"),
+    ("verify.serving.max_tokens", 2048, r"verify\.serving\.max_tokens = 2048"),
+    # time.sleep(1e308) raises OverflowError at the first failed readiness probe
+    ("deploy.poll_interval_s", 1e308, r"deploy\.poll_interval_s = 1e\+308: must be <= 604800"),
+    ("benchmark.serving.window_s", 1e9, r"benchmark\.serving\.window_s = 1000000000\.0: must be <= 604800"),
+    # a relative store resolved in a queued experiment's temporary copy, deleted after the run
+    ("tracking.uri", "sqlite:///mlflow.db", r"tracking\.uri = 'sqlite:///mlflow\.db': a relative store path"),
+    ("tracking.uri", "mlruns", r"tracking\.uri = 'mlruns': a relative store path"),
+    ("tracking.uri", "file:./mlruns", r"tracking\.uri = 'file:\./mlruns': a relative store path"),
+    ("tracking.uri", "sqlite://mlflow.db", r"a SQLite store is sqlite:////absolute/path/mlflow\.db"),
 ]
+
+GOOD = [
+    ("server.env", {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": 4, "_X1": 0.5}),
+    ("server.args", ["--log-level", "info"]),
+    ("server.port", 65526),
+    ("benchmark.serving.baseline_port_offset", 9),
+    ("benchmark.serving.max_tokens", 2024),
+    ("build.also_targets", ["sm90", "sm120"]),
+    ("tracking.uri", "sqlite:////abs/mlflow.db"),
+    ("tracking.uri", "http://mlflow.example:5000"),
+    ("tracking.uri", "file:///abs/mlruns"),
+    ("variant.name", "bt16_w4.v2+try-1"),
+    ("deploy", {"kind": "command", "url": "u", "kernel_dest": "/k", "launch": "cd /x &&\n  ./serve\t--a"}),
+]
+
+
+@pytest.mark.parametrize("key,value", GOOD, ids=[f"{k}={v!r}" for k, v in GOOD])
+def test_values_next_to_the_refused_ones_pass(key: str, value) -> None:
+    """Each check refuses its kind and no more: the neighbouring good values parse."""
+    parse_spec(_with(PARAMS, key, value))
+
+
+def test_a_max_tokens_check_is_the_embedded_servers_only() -> None:
+    """Another server's context is its own: with deploy.kind command a long max_tokens passes."""
+    p = _with(PARAMS, "deploy", {"kind": "command", "url": "u", "kernel_dest": "/k", "launch": "x"})
+    parse_spec(_with(p, "benchmark.serving.max_tokens", 100000))
+
+
+def test_a_sweep_workers_ports_are_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sweep slot 2 serves at server.port + 30: its range must fit under 65535 as well."""
+    monkeypatch.setenv("KERNELCAMP_WORKER_SLOT", "2")
+    with pytest.raises(KernelcampError, match=r"server\.port = 65500: .*up to 65539 .*worker's base port"):
+        parse_spec(_with(PARAMS, "server.port", 65500))
 
 
 def _with(params: dict, key: str, value) -> dict:
@@ -247,6 +317,47 @@ def test_ssh_fields_that_would_reach_ssh_as_options_are_refused(key: str, value:
     p = _with(PARAMS, "deploy", {"kind": "ssh", "host": "gpu1", "remote_dir": "/srv/k", "restart": "r", "url": "u"})
     with pytest.raises(KernelcampError, match=re.escape(f"{key} = {value!r}: must not start with '-'")):
         parse_spec(_with(p, key, value))
+
+
+@pytest.mark.parametrize("value", ["~/kernelcamp", "/srv/k dir", "/srv/$(touch x)", "/srv/k;rm", "/srv/`id`"])
+def test_a_remote_dir_the_shell_and_scp_would_read_apart_is_refused(value: str) -> None:
+    """``~/k`` quoted for the remote shell made a folder named ``~`` while scp expanded it; spaces and shell
+    characters reach scp's legacy protocol unquoted."""
+    p = _with(PARAMS, "deploy", {"kind": "ssh", "host": "gpu1", "remote_dir": value, "restart": "r", "url": "u"})
+    with pytest.raises(KernelcampError, match=r"deploy\.remote_dir = .*: use a path of letters, digits"):
+        parse_spec(p)
+
+
+def test_a_null_ssh_port_means_22(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``deploy.port: null`` passed the spec, then ``int(None)`` crashed the ssh deploy."""
+    from kernelcamp.deploy import ssh
+
+    seen = {}
+
+    class Runner(ssh.SshRunner):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            seen["port"] = self.port
+            raise KernelcampError("stop here")
+
+    p = _with(PARAMS, "deploy", {"kind": "ssh", "host": "gpu1", "port": None, "remote_dir": "/srv/k", "restart": "r"})
+    p["deploy"]["url"] = "http://127.0.0.1:9"
+    spec = parse_spec(p)
+    monkeypatch.setattr(ssh, "SshRunner", Runner)
+    with pytest.raises(KernelcampError, match="stop here"):
+        ssh.deploy_ssh(spec.raw, tmp_path)
+    assert seen["port"] == 22
+
+
+def test_a_target_name_never_leaves_conf_target(tmp_path: Path) -> None:
+    """``load_target("/tmp/x")`` read /tmp/x.yaml: ``conf/target/`` joined with an absolute path is that path."""
+    from kernelcamp.targets import load_target
+
+    (tmp_path / "evil.yaml").write_text((ROOT / "conf" / "target" / "sm90.yaml").read_text())
+    for name in (str(tmp_path / "evil"), "../target/sm90", "sm90/../sm90"):
+        with pytest.raises(KernelcampError, match=r"unknown target .*: choose one of"):
+            load_target(name)
+    assert load_target("sm90").name == "sm90"
 
 
 def test_the_spec_stage_refuses_bad_params_before_writing_anything(run_spec_stage) -> None:

@@ -136,6 +136,54 @@ def test_stale_running_run_is_closed(store):
     assert "is gone" in r.data.tags["kernelcamp.closed_reason"]
 
 
+def test_a_run_whose_pid_went_to_another_process_is_closed(store):
+    """Closing stale runs checked only that the owner's pid was alive: a pid reused by an unrelated process
+    kept a dead run RUNNING. The run's pid_start tag tells the two apart."""
+    from mlflow.tracking import MlflowClient
+
+    run = tracking.start_run(PARAMS)  # owned by this (live) process
+    client = MlflowClient(tracking.tracking_uri(PARAMS))
+    tags = client.get_run(run.run_id).data.tags
+    assert tags["kernelcamp.pid_start"].isdigit()
+    # the same live pid, another start time: the process that made the run is gone, its pid reused
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        client.set_tag(run.run_id, "kernelcamp.pid", str(other.pid))
+        tracking.ensure_store(PARAMS)
+        assert client.get_run(run.run_id).info.status == "KILLED"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_run_of_a_live_owner_stays_running(store):
+    """The other side of the check above: a live owner with its own start time keeps its run."""
+    from mlflow.tracking import MlflowClient
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run = tracking.start_run(PARAMS)
+        client = MlflowClient(tracking.tracking_uri(PARAMS))
+        start = tracking.pid_start_time(other.pid)
+        client.set_tag(run.run_id, "kernelcamp.pid", str(other.pid))
+        client.set_tag(run.run_id, "kernelcamp.pid_start", str(start))
+        tracking.ensure_store(PARAMS)
+        assert client.get_run(run.run_id).info.status == "RUNNING"
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.parametrize(
+    "params", [{"env": {"K:1": "x", "K_1": "y"}}, {"env": {"a/../b": "1"}}, {"a.b": 1, "a": {"b": 2}}]
+)
+def test_params_that_would_clash_or_be_refused_in_mlflow_stop_before_logging(params):
+    """``K:1`` and ``K_1`` both became ``K_1`` and one value was silently dropped; ``a/../b`` failed the
+    report's run after everything was measured."""
+    with pytest.raises(KernelcampError, match="cannot be logged to MLflow as it is"):
+        tracking.flatten_params(params)
+
+
 def test_overlong_param_goes_to_an_artifact_not_truncated(store):
     long_value = "x" * (tracking.MAX_PARAM_LEN + 10)
     with tracking.tracked_run(PARAMS) as run:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from kernelcamp.deploy.common import (
     workspace,
 )
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import repo_relative, write_json_atomic, write_text_atomic
+from kernelcamp.io import pid_start_time, repo_relative, same_process, write_json_atomic, write_text_atomic
 from kernelcamp.provenance import dvc_root, now_utc, sha256_file
 
 
@@ -59,7 +60,7 @@ def deploy_command(params: dict[str, Any], root: str | Path | None = None) -> di
     if cfg.get("stop"):
         subprocess.run(cfg["stop"], shell=True, env=env, timeout=120, check=False)
     if st:
-        kill_group(st.get("pid"), st.get("pgid"), grace_s=15.0)
+        _stop_recorded(st, grace_s=15.0)
     with open(log, "ab") as lf:
         proc = subprocess.Popen(
             cfg["launch"],
@@ -76,6 +77,7 @@ def deploy_command(params: dict[str, Any], root: str | Path | None = None) -> di
         {
             "pid": proc.pid,
             "pgid": proc.pid,
+            "start_time": pid_start_time(proc.pid),
             "url": url,
             "variant_hash": vhash,
             "flags": flags,
@@ -109,14 +111,39 @@ def deploy_command(params: dict[str, Any], root: str | Path | None = None) -> di
 
 
 def stop_command(root: str | Path | None = None) -> bool:
-    """Stop the process group the command target launched (state ``.kernelcamp/command.json``)."""
+    """Stop the process group the command target launched (state ``.kernelcamp/command.json``), if it is
+    still that one (:func:`_stop_recorded`); True if its leader was running and was stopped."""
     path = state_dir(root) / "command.json"
     st = _read_state(path)
-    stopped = bool(st and _alive(st.get("pid")))
-    if st:
-        kill_group(st.get("pid"), st.get("pgid"), grace_s=10.0)
+    stopped = bool(st) and _stop_recorded(st, grace_s=10.0)
     path.unlink(missing_ok=True)
     return stopped
+
+
+def _stop_recorded(st: dict[str, Any], grace_s: float) -> bool:
+    """Stop the process group a command.json state names, unless its pid now belongs to another process.
+
+    The leader still the recorded process (:func:`kernelcamp.io.same_process`, by its start time): the
+    group is stopped (True). The leader gone: what is left of its group (the state's pgid is the leader's
+    pid) is sent SIGTERM (no process has that pid, and a pid stays out of reuse while it is some group's
+    id, so the group is still ours; False). The pid alive with another
+    start time: the server died and the pid went to an unrelated process: nothing is signalled (a line
+    on stderr says so; False)."""
+    pid, pgid = st.get("pid"), st.get("pgid")
+    if same_process(pid, st.get("start_time")):
+        kill_group(pid, pgid, grace_s=grace_s)
+        return True
+    if _alive(pid):
+        print(
+            f"deploy: not stopping pid {pid}: it is not the process this deploy launched (its start time "
+            "differs: that server exited and the pid was reused)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    if pgid and pgid == pid:  # no process has that pid now, so a group of that id can only be what is left of ours
+        kill_group(pgid, pgid, grace_s=grace_s)
+    return False
 
 
 #: The :class:`~kernelcamp.deploy.DeployKind` functions of this kind.

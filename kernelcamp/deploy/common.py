@@ -17,7 +17,7 @@ import httpx
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import kernel_module_path, kernel_source_hash, project_root, server_flags, variant_hash
-from kernelcamp.io import pid_alive, repo_relative
+from kernelcamp.io import pid_alive, repo_relative, same_process
 from kernelcamp.ports import in_sweep, port_is_free, worker_slot
 from kernelcamp.provenance import dvc_root, now_utc
 from kernelcamp.serve.client import INFO_PATH, auth_headers
@@ -292,12 +292,12 @@ def _record(
 
 
 def stop_state(path: Path, grace_s: float = 15.0, wait_port: bool = True) -> bool:
-    """Stop the kernelcamp server recorded in state file ``path`` (if it is still ours: alive and a
-    kernelcamp command line), wait for its port to be free (unless ``wait_port`` is false), remove the
-    file; True if one was stopped."""
+    """Stop the kernelcamp server recorded in state file ``path`` (if it is still ours: the same process,
+    by pid and start time (:func:`kernelcamp.io.same_process`), and a kernelcamp command line), wait for
+    its port to be free (unless ``wait_port`` is false), remove the file; True if one was stopped."""
     st = _read_state(path)
     stopped = False
-    if st and _alive(st.get("pid")) and "kernelcamp" in _cmdline(st["pid"]):
+    if st and same_process(st.get("pid"), st.get("start_time")) and "kernelcamp" in _cmdline(st["pid"]):
         kill_group(st["pid"], st.get("pgid"), grace_s)
         stopped = True
     if wait_port and st and st.get("port"):

@@ -30,7 +30,7 @@ from kernelcamp.deploy.common import (
 )
 from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import server_flags
-from kernelcamp.io import repo_relative, write_json_atomic, write_text_atomic
+from kernelcamp.io import pid_start_time, repo_relative, write_json_atomic, write_text_atomic
 from kernelcamp.ports import PORT_STRIDE, baseline_port, worker_port
 from kernelcamp.provenance import now_utc, sha256_file
 from kernelcamp.serve.client import CUDA_PROFILED_WHY, client_url, exposure_warning
@@ -271,6 +271,7 @@ def start_embedded(
             {
                 "pid": proc.pid,
                 "pgid": proc.pid,
+                "start_time": pid_start_time(proc.pid),
                 "host": host,
                 "port": port,
                 "url": url,

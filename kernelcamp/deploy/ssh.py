@@ -118,7 +118,7 @@ def deploy_ssh(params: dict[str, Any], root: str | Path | None = None, runner: A
     check_ssh_args(str(cfg["host"]), cfg.get("user"), str(cfg["remote_dir"]), prefix="deploy.")
     variant, khash, flags, vhash, kpath = _variant_facts(params)
     runner = runner or SshRunner(
-        cfg["host"], cfg.get("port", 22), cfg.get("user"), cfg.get("identity_file"), cfg.get("ssh_options")
+        cfg["host"], cfg.get("port") or 22, cfg.get("user"), cfg.get("identity_file"), cfg.get("ssh_options")
     )
     url, rdir = cfg["url"].rstrip("/"), str(cfg["remote_dir"])
     sdir = state_dir(root)

@@ -1041,7 +1041,9 @@ def _load_serve_params(path: str) -> dict[str, Any]:
 
 def build_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to ``sub`` (the subparsers of :func:`kernelcamp.cli.build_parser`)."""
-    ap = sub.add_parser("serve", description=__doc__.split("\n")[0])
+    # no abbreviations: server.args reach this parser after the deploy's own --host/--port, and
+    # kernelcamp.spec refuses those names in server.args (SERVE_OWN_ARGS); "--po" must not pass as --port
+    ap = sub.add_parser("serve", description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--params", default="params.yaml", help="params.yaml (variant, workload, server, kernel)")
     ap.add_argument("--host", default=None, help="bind address (default: server.host, else 127.0.0.1)")
     ap.add_argument("--port", type=int, default=None, help="port (default: server.port, else 8765)")
