@@ -19,7 +19,7 @@ import yaml
 
 from kernelcamp.io import load_params, pid_alive
 from kernelcamp.serve.front import _step_line
-from kernelcamp.serve.testing import free_port
+from kernelcamp.serve.testing import free_port, post_and_leave
 
 ROOT = Path(__file__).resolve().parents[1]
 INFO = "/v1/kernelcamp/info"
@@ -179,6 +179,36 @@ def test_a_stream_its_client_left_is_cancelled_in_the_engine(served):
             time.sleep(0.05)
     assert after["free_pages"] == before["free_pages"]
     assert after["tokens_generated"] - before["tokens_generated"] < 200
+
+
+def test_non_streamed_requests_whose_clients_left_are_cancelled_in_the_engine(served):
+    """Before: the front waited for every token of a non-streamed completion (or chat) whose client had
+    closed its socket 50 ms after sending, and the engine decoded it to its end (requests_finished +1,
+    requests_cancelled +0); now the front cancels it in the engine, as it does a stream's."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    max_tokens = 250  # the fixture's context is 256 tokens; seconds of decoding at batch 4 on a 2-core CPU
+    with _client(served) as c:
+        before = c.get(INFO, params={"steps": 0}).json()["counts"]
+        for i in range(2):
+            body = {"prompt": f"left {i}", "max_tokens": max_tokens}
+            post_and_leave(served.url, "/v1/completions", json.dumps(body).encode(), auth)
+            chat = {"messages": [{"role": "user", "content": f"left {i}"}], "max_tokens": max_tokens}
+            post_and_leave(served.url, "/v1/chat/completions", json.dumps(chat).encode(), auth)
+        deadline = time.monotonic() + 60
+        while True:
+            after = c.get(INFO, params={"steps": 0}).json()["counts"]
+            if (
+                after["running"] == 0
+                and after["waiting"] == 0
+                and after["requests_total"] >= before["requests_total"] + 4
+            ):
+                break
+            assert time.monotonic() < deadline, (before, after)
+            time.sleep(0.05)
+    assert after["requests_cancelled"] - before["requests_cancelled"] == 4, (before, after)
+    assert after["requests_finished"] == before["requests_finished"], (before, after)
+    assert after["free_pages"] == before["free_pages"], (before, after)
+    assert after["tokens_generated"] - before["tokens_generated"] < 4 * max_tokens // 2, (before, after)
 
 
 def test_neither_process_outlives_the_other(tmp_path):

@@ -481,7 +481,9 @@ def make_front_app(link: EngineLink, api_key: str | None = None, gc_freeze: bool
         except RuntimeError as e:
             return _error(str(e), 503 if not link.error else 500)
         # the link's errors already say "engine error: ..."
-        return await _completion_response(rid, chat, req, prompt_tokens, link.batches(rid, q), error_prefix="")
+        return await _completion_response(
+            rid, chat, req, prompt_tokens, link.batches(rid, q), error_prefix="", request=request
+        )
 
     _add_completion_routes(app, _complete)
 

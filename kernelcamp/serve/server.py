@@ -956,7 +956,7 @@ def make_app(
         except ValueError as e:
             return _error(str(e), 400, "messages" if chat else "prompt", "context_length_exceeded")
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        return await _completion_response(rid, chat, req, len(r.prompt), eng.token_batches(r))
+        return await _completion_response(rid, chat, req, len(r.prompt), eng.token_batches(r), request=request)
 
     _add_completion_routes(app, _complete)
     return app
