@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Annotated, Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -236,6 +237,20 @@ MAX_BODY_BYTES = 4 << 20
 #: accepted plus the request id, and httpx before 0.28 wrote JSON with ASCII escapes (a 4-byte UTF-8
 #: character becomes a 12-byte surrogate pair).
 ENGINE_BODY_FACTOR = 4
+#: Seconds a request's body may take to arrive after its headers (``server.body_timeout_s``; 408 after
+#: that): a client that sent headers and part of a body held its connection forever, and enough of them
+#: starved /health and real requests. The benchmark's and deploy's bodies (a few kB on loopback) take
+#: milliseconds; 30 s still lets a full MAX_BODY_BYTES body through a link of about 1.2 Mbit/s.
+BODY_TIMEOUT_S = 30.0
+#: Open connections past which uvicorn answers each new request 503 at once (``server.max_connections``,
+#: uvicorn's ``limit_concurrency``). Uvicorn never times out a client that has not finished its headers
+#: (its keep-alive timer starts only after a response), nor one whose response is in progress, so this
+#: cap, not a timeout, keeps such clients from taking every file descriptor: with more of them than the
+#: cap the server answers 503 to everyone until they leave (a proxy in front, e.g. nginx's
+#: ``client_header_timeout``, is the fix for that). 256: 2.7x the benchmark's highest concurrency (96)
+#: and server.max_running_requests (96); the front process holds about two descriptors per request
+#: (the client's and one to its engine process), far below the usual limit of 1024.
+MAX_CONNECTIONS = 256
 
 
 class _Guard:
@@ -243,14 +258,33 @@ class _Guard:
     key is set, then 415 for a POST whose ``Content-Type`` is not JSON (a cross-site form or
     ``text/plain`` request never reaches a handler), then 413 for a body over ``max_body_bytes``
     (:data:`MAX_BODY_BYTES`), from its ``Content-Length`` or, for a chunked body, as soon as the bytes
-    read pass the limit; a body within it is read here and handed on whole."""
+    read pass the limit, and 408 (``Connection: close``) for a body not read whole within
+    ``body_timeout_s`` seconds of its headers (:data:`BODY_TIMEOUT_S`); a body within both is read here
+    and handed on whole."""
 
-    def __init__(self, app: Any, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(
+        self,
+        app: Any,
+        api_key: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ):
         self.app, self.key = app, (api_key or "").encode() or None
         self.max_body = int(max_body_bytes)
+        self.body_timeout_s = float(body_timeout_s)
 
     def _too_large(self) -> JSONResponse:
         return _error(f"request body over {self.max_body} bytes: send a shorter prompt", 413, code="request_too_large")
+
+    def _too_slow(self) -> JSONResponse:
+        resp = _error(
+            f"the request body did not arrive within {self.body_timeout_s:g} s of its headers "
+            "(server.body_timeout_s): send it whole",
+            408,
+            code="request_timeout",
+        )
+        resp.headers["Connection"] = "close"  # the rest of the body may still come: never read it as a request
+        return resp
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -276,16 +310,26 @@ class _Guard:
                 declared = headers.get("content-length", b"").strip()
                 if declared.isdigit() and int(declared) > self.max_body:
                     return await self._too_large()(scope, receive, send)
-                chunks, size, more = [], 0, True
-                while more:
-                    msg = await receive()
-                    if msg["type"] != "http.request":  # the client left: let the app see it
-                        return await self.app(scope, _replay([], msg, receive), send)
-                    chunks.append(msg.get("body", b""))
-                    size += len(chunks[-1])
-                    if size > self.max_body:
-                        return await self._too_large()(scope, receive, send)
-                    more = msg.get("more_body", False)
+                chunks: list[bytes] = []
+                left: dict | None = None  # the message that ended the read early (the client left)
+                size, more = 0, True
+                with anyio.move_on_after(self.body_timeout_s) as late:
+                    while more:
+                        msg = await receive()
+                        if msg["type"] != "http.request":
+                            left = msg
+                            break
+                        chunks.append(msg.get("body", b""))
+                        size += len(chunks[-1])
+                        if size > self.max_body:
+                            break
+                        more = msg.get("more_body", False)
+                if left is not None:  # let the app see it
+                    return await self.app(scope, _replay([], left, receive), send)
+                if late.cancelled_caught:
+                    return await self._too_slow()(scope, receive, send)
+                if size > self.max_body:
+                    return await self._too_large()(scope, receive, send)
                 return await self.app(scope, _replay(chunks, None, receive), send)
         await self.app(scope, receive, send)
 
@@ -301,10 +345,17 @@ def _replay(chunks: list[bytes], last: dict | None, receive: Any) -> Any:
     return replay
 
 
-def _openai_app(title: str, api_key: str | None, lifespan: Any = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """A FastAPI app with the guard (API key, JSON-only POSTs, body size) and 400 validation errors."""
+def _openai_app(
+    title: str,
+    api_key: str | None,
+    lifespan: Any = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+) -> FastAPI:
+    """A FastAPI app with the guard (API key, JSON-only POSTs, body size and deadline) and 400 validation
+    errors."""
     app = FastAPI(title=title, lifespan=lifespan)
-    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     return app
