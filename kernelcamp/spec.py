@@ -160,6 +160,8 @@ class ServerSpec:
     num_cache_tokens: int | None = _f(None, ge=1)
     cpu_cache_tokens: int = _f(16384, ge=1)
     device: str | None = _f(None)
+    max_connections: int = _f(256, ge=1)  # kernelcamp.serve.openai.MAX_CONNECTIONS
+    body_timeout_s: float = _f(30.0, gt=0)  # kernelcamp.serve.openai.BODY_TIMEOUT_S
     env: dict[str, Any] = _f({})
     args: list[str] = _f([])
 

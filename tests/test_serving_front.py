@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ import yaml
 
 from kernelcamp.io import load_params, pid_alive
 from kernelcamp.serve.front import _step_line
-from kernelcamp.serve.testing import free_port
+from kernelcamp.serve.testing import free_port, post_and_leave
 
 ROOT = Path(__file__).resolve().parents[1]
 INFO = "/v1/kernelcamp/info"
@@ -179,6 +180,86 @@ def test_a_stream_its_client_left_is_cancelled_in_the_engine(served):
             time.sleep(0.05)
     assert after["free_pages"] == before["free_pages"]
     assert after["tokens_generated"] - before["tokens_generated"] < 200
+
+
+def test_non_streamed_requests_whose_clients_left_are_cancelled_in_the_engine(served):
+    """Before: the front waited for every token of a non-streamed completion (or chat) whose client had
+    closed its socket 50 ms after sending, and the engine decoded it to its end (requests_finished +1,
+    requests_cancelled +0); now the front cancels it in the engine, as it does a stream's."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    max_tokens = 250  # the fixture's context is 256 tokens; seconds of decoding at batch 4 on a 2-core CPU
+    with _client(served) as c:
+        before = c.get(INFO, params={"steps": 0}).json()["counts"]
+        for i in range(2):
+            body = {"prompt": f"left {i}", "max_tokens": max_tokens}
+            post_and_leave(served.url, "/v1/completions", json.dumps(body).encode(), auth)
+            chat = {"messages": [{"role": "user", "content": f"left {i}"}], "max_tokens": max_tokens}
+            post_and_leave(served.url, "/v1/chat/completions", json.dumps(chat).encode(), auth)
+        deadline = time.monotonic() + 60
+        while True:
+            after = c.get(INFO, params={"steps": 0}).json()["counts"]
+            if (
+                after["running"] == 0
+                and after["waiting"] == 0
+                and after["requests_total"] >= before["requests_total"] + 4
+            ):
+                break
+            assert time.monotonic() < deadline, (before, after)
+            time.sleep(0.05)
+    assert after["requests_cancelled"] - before["requests_cancelled"] == 4, (before, after)
+    assert after["requests_finished"] == before["requests_finished"], (before, after)
+    assert after["free_pages"] == before["free_pages"], (before, after)
+    assert after["tokens_generated"] - before["tokens_generated"] < 4 * max_tokens // 2, (before, after)
+
+
+def _send_part(port: int, data: bytes) -> socket.socket:
+    """A connection that sends ``data`` and then nothing (a slow or stalled client)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(data)
+    return sock
+
+
+def _read_to_close(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (30 s at most per read)."""
+    out = b""
+    with sock:
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def test_slow_bodies_time_out_and_connections_are_capped(tmp_path):
+    """Before: 40 clients that sent their headers and part of a body (Content-Length 100, then only
+    ``{"prompt":``) held their connections forever, and enough of them starved /health and real requests.
+    Now (server.body_timeout_s, server.max_connections): each is answered 408 with an OpenAI error and
+    closed once its body is late, /health answers meanwhile; and clients that never finish their headers
+    (which uvicorn never times out) are capped: past max_connections a request is answered 503 at once."""
+    s = _Served(_params(tmp_path, body_timeout_s=1, max_connections=48))
+    try:
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{s.port}\r\nContent-Type: application/json\r\n"
+        slow = [_send_part(s.port, (head + "Content-Length: 100\r\n\r\n").encode() + b'{"prompt":') for _ in range(40)]
+        assert httpx.get(s.url + "/health", timeout=30).status_code == 200
+        for sock in slow:
+            answer = _read_to_close(sock)
+            status, _, rest = answer.partition(b"\r\n")
+            assert status.startswith(b"HTTP/1.1 408"), answer[:300]
+            err = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+            assert err["code"] == "request_timeout" and "body_timeout_s" in err["message"], err
+        stalled = [_send_part(s.port, head.encode()) for _ in range(48)]  # headers never finished
+        try:
+            r = httpx.get(s.url + "/health", timeout=30)
+            assert r.status_code == 503 and r.text == "Service Unavailable", r.text
+        finally:
+            for sock in stalled:
+                sock.close()
+        deadline = time.monotonic() + 30
+        while httpx.get(s.url + "/health", timeout=30).status_code != 200:
+            assert time.monotonic() < deadline, "/health not 200 again after the stalled clients left"
+            time.sleep(0.1)
+        with _client(s) as c:
+            assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    finally:
+        s.stop()
 
 
 def test_neither_process_outlives_the_other(tmp_path):

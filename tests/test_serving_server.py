@@ -18,7 +18,7 @@ from kernelcamp.hashes import params_variant_hash
 from kernelcamp.io import load_params
 from kernelcamp.loadgen import run_load
 from kernelcamp.serve.server import build_state, make_app
-from kernelcamp.serve.testing import ServerThread
+from kernelcamp.serve.testing import ServerThread, post_and_leave
 from kernelcamp.serve.tokens import encode, token_text
 from kernelcamp.verify.serving import serving_verify
 
@@ -264,6 +264,28 @@ def test_a_disconnected_stream_frees_its_pages(server):
         )
         assert after["running"] == 0 and after["free_pages"] == before["free_pages"], (before, after)
         assert after["tokens_generated"] - before["tokens_generated"] < 1500
+
+
+def test_non_streamed_requests_whose_clients_left_are_cancelled(server):
+    """Before: a non-streamed completion (or chat) whose client closed its socket 50 ms after sending was
+    decoded to its end (requests_finished +1, requests_cancelled +0, its pages held meanwhile); now the
+    disconnect cancels it, as a streamed one's does."""
+    max_tokens = 1500  # tens of seconds at batch 6 on a 2-core CPU: far longer than the wait for the cancel
+    with httpx.Client(base_url=server, timeout=60) as c:
+        before = _wait_counts(c, lambda k: k["running"] == 0 and k["waiting"] == 0, "server idle")
+        for i in range(3):
+            body = {"prompt": f"left {i}", "max_tokens": max_tokens}
+            post_and_leave(server, "/v1/completions", json.dumps(body).encode())
+            chat = {"messages": [{"role": "user", "content": f"left {i}"}], "max_tokens": max_tokens}
+            post_and_leave(server, "/v1/chat/completions", json.dumps(chat).encode())
+        after = _wait_counts(
+            c,
+            lambda k: k["requests_cancelled"] >= before["requests_cancelled"] + 6 and k["running"] == 0,
+            "the six requests cancelled",
+        )
+    assert after["requests_finished"] == before["requests_finished"], (before, after)
+    assert after["free_pages"] == before["free_pages"], (before, after)
+    assert after["tokens_generated"] - before["tokens_generated"] < 6 * max_tokens // 2, (before, after)
 
 
 def test_an_engine_error_reaches_every_request_and_the_thread_ends(params):

@@ -6,6 +6,7 @@ error shapes, JSON-only POSTs and optional API key as the real server (:mod:`ker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
@@ -21,13 +22,16 @@ from kernelcamp.serve.client import INFO_PATH
 from kernelcamp.serve.openai import (
     MODEL_NAME,
     ChatRequest,
+    ClientGone,
     CompletionRequest,
     _add_completion_routes,
     _check_model,
+    _client_gone,
     _error,
     _full,
     _openai_app,
     _stream_tokens,
+    _unless_client_leaves,
 )
 
 
@@ -186,9 +190,18 @@ def make_fake_app(spec: FakeSpec, api_key: str | None = None) -> FastAPI:
                 rid, chat, len(prompt.split()), pieces(), req.include_usage(), counts=not spec.usage_only
             )
             return StreamingResponse(gen, media_type="text/event-stream")
-        text, n = "", 0
-        async for t, k in pieces():
-            text, n = text + t, n + k
+
+        async def whole() -> tuple[str, int]:
+            text, n = "", 0
+            async with contextlib.aclosing(pieces()) as ps:
+                async for t, k in ps:
+                    text, n = text + t, n + k
+            return text, n
+
+        try:  # stop generating once the client has gone, as the real server does
+            text, n = await _unless_client_leaves(request, whole())
+        except ClientGone:
+            return _client_gone()
         return _full(rid, chat, text, len(prompt.split()), n)
 
     _add_completion_routes(app, _complete)

@@ -59,6 +59,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kernelcamp.serve import gcwatch
 from kernelcamp.serve.client import INFO_PATH, PROFILE_PATH, TRACE_PATH
 from kernelcamp.serve.openai import (
+    BODY_TIMEOUT_S,
     ChatRequest,
     CompletionRequest,
     _add_completion_routes,
@@ -448,14 +449,18 @@ class EngineLink:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def make_front_app(link: EngineLink, api_key: str | None = None, gc_freeze: bool = True) -> FastAPI:
+def make_front_app(
+    link: EngineLink, api_key: str | None = None, gc_freeze: bool = True, body_timeout_s: float = BODY_TIMEOUT_S
+) -> FastAPI:
     """The front process's app (module docstring): completions streamed from ``link``, the rest forwarded.
 
     ``api_key`` is checked here (the engine process has none: only this process can reach it).
     ``gc_freeze`` (``server.gc_freeze``): freeze this process's heap once the link to the engine is open
     (:func:`kernelcamp.serve.gcwatch.freeze_heap`; before /health answers 200, after the imports and the
     client the link makes); info's ``front_gc`` is this process's collector
-    (:meth:`kernelcamp.serve.gcwatch.GcWatch.snapshot`) and ``front_gc_frozen_at_start`` the freeze."""
+    (:meth:`kernelcamp.serve.gcwatch.GcWatch.snapshot`) and ``front_gc_frozen_at_start`` the freeze.
+    ``body_timeout_s`` (``server.body_timeout_s``): a request body not read whole that many seconds
+    after its headers gets 408 (:data:`kernelcamp.serve.openai.BODY_TIMEOUT_S`)."""
     gc = gcwatch.watch()
     link.freeze_heap_when_linked = gc_freeze
 
@@ -466,7 +471,7 @@ def make_front_app(link: EngineLink, api_key: str | None = None, gc_freeze: bool
         finally:
             await link.stop()
 
-    app = _openai_app("kernelcamp decode server (front)", api_key, lifespan)
+    app = _openai_app("kernelcamp decode server (front)", api_key, lifespan, body_timeout_s=body_timeout_s)
     stack = http_stack()
 
     async def _complete(req: CompletionRequest | ChatRequest, chat: bool, request: Request):
@@ -481,7 +486,9 @@ def make_front_app(link: EngineLink, api_key: str | None = None, gc_freeze: bool
         except RuntimeError as e:
             return _error(str(e), 503 if not link.error else 500)
         # the link's errors already say "engine error: ..."
-        return await _completion_response(rid, chat, req, prompt_tokens, link.batches(rid, q), error_prefix="")
+        return await _completion_response(
+            rid, chat, req, prompt_tokens, link.batches(rid, q), error_prefix="", request=request
+        )
 
     _add_completion_routes(app, _complete)
 

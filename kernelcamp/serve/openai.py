@@ -6,12 +6,15 @@ optional API key, the completion routes and the streamed / full response shapes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Annotated, Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -234,6 +237,20 @@ MAX_BODY_BYTES = 4 << 20
 #: accepted plus the request id, and httpx before 0.28 wrote JSON with ASCII escapes (a 4-byte UTF-8
 #: character becomes a 12-byte surrogate pair).
 ENGINE_BODY_FACTOR = 4
+#: Seconds a request's body may take to arrive after its headers (``server.body_timeout_s``; 408 after
+#: that): a client that sent headers and part of a body held its connection forever, and enough of them
+#: starved /health and real requests. The benchmark's and deploy's bodies (a few kB on loopback) take
+#: milliseconds; 30 s still lets a full MAX_BODY_BYTES body through a link of about 1.2 Mbit/s.
+BODY_TIMEOUT_S = 30.0
+#: Open connections past which uvicorn answers each new request 503 at once (``server.max_connections``,
+#: uvicorn's ``limit_concurrency``). Uvicorn never times out a client that has not finished its headers
+#: (its keep-alive timer starts only after a response), nor one whose response is in progress, so this
+#: cap, not a timeout, keeps such clients from taking every file descriptor: with more of them than the
+#: cap the server answers 503 to everyone until they leave (a proxy in front, e.g. nginx's
+#: ``client_header_timeout``, is the fix for that). 256: 2.7x the benchmark's highest concurrency (96)
+#: and server.max_running_requests (96); the front process holds about two descriptors per request
+#: (the client's and one to its engine process), far below the usual limit of 1024.
+MAX_CONNECTIONS = 256
 
 
 class _Guard:
@@ -241,14 +258,33 @@ class _Guard:
     key is set, then 415 for a POST whose ``Content-Type`` is not JSON (a cross-site form or
     ``text/plain`` request never reaches a handler), then 413 for a body over ``max_body_bytes``
     (:data:`MAX_BODY_BYTES`), from its ``Content-Length`` or, for a chunked body, as soon as the bytes
-    read pass the limit; a body within it is read here and handed on whole."""
+    read pass the limit, and 408 (``Connection: close``) for a body not read whole within
+    ``body_timeout_s`` seconds of its headers (:data:`BODY_TIMEOUT_S`); a body within both is read here
+    and handed on whole."""
 
-    def __init__(self, app: Any, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(
+        self,
+        app: Any,
+        api_key: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ):
         self.app, self.key = app, (api_key or "").encode() or None
         self.max_body = int(max_body_bytes)
+        self.body_timeout_s = float(body_timeout_s)
 
     def _too_large(self) -> JSONResponse:
         return _error(f"request body over {self.max_body} bytes: send a shorter prompt", 413, code="request_too_large")
+
+    def _too_slow(self) -> JSONResponse:
+        resp = _error(
+            f"the request body did not arrive within {self.body_timeout_s:g} s of its headers "
+            "(server.body_timeout_s): send it whole",
+            408,
+            code="request_timeout",
+        )
+        resp.headers["Connection"] = "close"  # the rest of the body may still come: never read it as a request
+        return resp
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -274,16 +310,26 @@ class _Guard:
                 declared = headers.get("content-length", b"").strip()
                 if declared.isdigit() and int(declared) > self.max_body:
                     return await self._too_large()(scope, receive, send)
-                chunks, size, more = [], 0, True
-                while more:
-                    msg = await receive()
-                    if msg["type"] != "http.request":  # the client left: let the app see it
-                        return await self.app(scope, _replay([], msg, receive), send)
-                    chunks.append(msg.get("body", b""))
-                    size += len(chunks[-1])
-                    if size > self.max_body:
-                        return await self._too_large()(scope, receive, send)
-                    more = msg.get("more_body", False)
+                chunks: list[bytes] = []
+                left: dict | None = None  # the message that ended the read early (the client left)
+                size, more = 0, True
+                with anyio.move_on_after(self.body_timeout_s) as late:
+                    while more:
+                        msg = await receive()
+                        if msg["type"] != "http.request":
+                            left = msg
+                            break
+                        chunks.append(msg.get("body", b""))
+                        size += len(chunks[-1])
+                        if size > self.max_body:
+                            break
+                        more = msg.get("more_body", False)
+                if left is not None:  # let the app see it
+                    return await self.app(scope, _replay([], left, receive), send)
+                if late.cancelled_caught:
+                    return await self._too_slow()(scope, receive, send)
+                if size > self.max_body:
+                    return await self._too_large()(scope, receive, send)
                 return await self.app(scope, _replay(chunks, None, receive), send)
         await self.app(scope, receive, send)
 
@@ -299,10 +345,17 @@ def _replay(chunks: list[bytes], last: dict | None, receive: Any) -> Any:
     return replay
 
 
-def _openai_app(title: str, api_key: str | None, lifespan: Any = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """A FastAPI app with the guard (API key, JSON-only POSTs, body size) and 400 validation errors."""
+def _openai_app(
+    title: str,
+    api_key: str | None,
+    lifespan: Any = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+) -> FastAPI:
+    """A FastAPI app with the guard (API key, JSON-only POSTs, body size and deadline) and 400 validation
+    errors."""
     app = FastAPI(title=title, lifespan=lifespan)
-    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     return app
@@ -440,6 +493,47 @@ async def _stream_tokens(
     yield b"data: [DONE]\n\n"
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready (:func:`_unless_client_leaves`)."""
+
+
+async def _until_disconnected(request: Request) -> None:
+    """Return once the client of ``request`` has gone: the ASGI ``http.disconnect`` message, which a
+    request whose body was read gets next (uvicorn sends it when the socket closes; Starlette's
+    ``StreamingResponse`` waits for it the same way)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_leaves(request: Request | None, work: Coroutine[Any, Any, Any]) -> Any:
+    """``await work``, unless the client of ``request`` disconnects first: then ``work`` is cancelled,
+    which closes the token generators it was reading (so the engine drops the request, as it does a
+    stream whose client left: ``requests_cancelled`` in info), and ``ClientGone`` is raised.
+
+    Without a watch a non-streamed request was decoded to its end after its client left (ten of 2000
+    tokens held the page pool for about 60 s on a 2-core CPU). ``request`` None: ``work`` alone."""
+    if request is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this handler is cancelled (a shutdown)
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # its generators' ``finally`` (the cancel in the engine) runs now
+    if task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
+def _client_gone() -> JSONResponse:
+    """The answer to a request whose client left (never read; 499 as nginx logs it)."""
+    return _error("the client closed the connection before the completion was done", 499, code="client_gone")
+
+
 async def _completion_response(
     rid: str,
     chat: bool,
@@ -447,10 +541,15 @@ async def _completion_response(
     prompt_tokens: int,
     batches: AsyncIterator[list[int]],
     error_prefix: str = "engine error: ",
+    request: Request | None = None,
 ) -> Any:
     """The answer to a completion whose tokens arrive in ``batches`` (lists of token ids, each spelled
     by ``kernelcamp.serve.tokens.token_text``): SSE with one chunk per batch when ``req.stream``, else
-    the full response once they all came, or a 500 naming the error (after ``error_prefix``)."""
+    the full response once they all came, or a 500 naming the error (after ``error_prefix``).
+
+    ``request``: a non-streamed completion whose client disconnects meanwhile is cancelled (the
+    ``batches`` generator is closed; :func:`_unless_client_leaves`) and answered 499, which nobody
+    reads. A stream's disconnect is seen by Starlette's ``StreamingResponse``, which closes it too."""
     from fastapi.responses import StreamingResponse
 
     from kernelcamp.serve.tokens import token_text
@@ -464,8 +563,15 @@ async def _completion_response(
         return StreamingResponse(
             _stream_tokens(rid, chat, prompt_tokens, pieces(), req.include_usage()), media_type="text/event-stream"
         )
+
+    async def collect() -> list[int]:
+        async with contextlib.aclosing(batches) as bs:
+            return [t async for batch in bs for t in batch]
+
     try:
-        toks = [t async for batch in batches for t in batch]
+        toks = await _unless_client_leaves(request, collect())
+    except ClientGone:
+        return _client_gone()
     except Exception as e:  # noqa: BLE001
         return _error(f"{error_prefix}{e}", 500)
     return _full(rid, chat, "".join(token_text(t) for t in toks), prompt_tokens, len(toks))

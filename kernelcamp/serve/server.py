@@ -110,8 +110,10 @@ from kernelcamp.serve.front import (
     watch_parent,
 )
 from kernelcamp.serve.openai import (
+    BODY_TIMEOUT_S,
     ENGINE_BODY_FACTOR,
     MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
     MODEL_NAME,
     ChatRequest,
     CompletionRequest,
@@ -829,12 +831,15 @@ def make_app(
     api_key: str | None = None,
     trace_dir: str | Path | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The real server's FastAPI app around a constructed, warmed-up model (see :func:`build_state`).
 
     ``api_key``: require ``Authorization: Bearer <key>`` on everything but ``/health``. ``trace_dir``:
     where profile traces are kept (None: a private temporary folder removed at shutdown).
-    ``max_body_bytes``: larger request bodies get 413 (:data:`kernelcamp.serve.openai.MAX_BODY_BYTES`)."""
+    ``max_body_bytes``: larger request bodies get 413 (:data:`kernelcamp.serve.openai.MAX_BODY_BYTES`);
+    ``body_timeout_s``: a body not read whole that many seconds after its headers gets 408
+    (``server.body_timeout_s``, :data:`kernelcamp.serve.openai.BODY_TIMEOUT_S`)."""
     traces = TraceStore(trace_dir)
 
     async def lifespan(app: FastAPI):
@@ -845,7 +850,7 @@ def make_app(
             await state.engine.stop()
             traces.close()
 
-    app = _openai_app("kernelcamp decode server", api_key, lifespan, max_body_bytes)
+    app = _openai_app("kernelcamp decode server", api_key, lifespan, max_body_bytes, body_timeout_s)
     eng = state.engine
     vocab = eng.model.cfg.vocab_size
 
@@ -956,7 +961,7 @@ def make_app(
         except ValueError as e:
             return _error(str(e), 400, "messages" if chat else "prompt", "context_length_exceeded")
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        return await _completion_response(rid, chat, req, len(r.prompt), eng.token_batches(r))
+        return await _completion_response(rid, chat, req, len(r.prompt), eng.token_batches(r), request=request)
 
     _add_completion_routes(app, _complete)
     return app
@@ -1117,6 +1122,9 @@ def main(args: argparse.Namespace) -> int:
         dev_cfg = server.get("device")
         if args.device is None and dev_cfg is not None and not _DEVICE.match(str(dev_cfg)):
             raise KernelcampError(f"server.device={dev_cfg!r} in {args.params}: expected cpu, cuda or cuda:N")
+        # checked by parse_section above; the fake (no params) runs with the defaults
+        body_timeout_s = float(server.get("body_timeout_s", BODY_TIMEOUT_S))
+        max_connections = int(server.get("max_connections", MAX_CONNECTIONS))
         busy = None if engine_uds else _bind_error(host, port)  # before the model is built and any URL printed
         if busy:
             raise KernelcampError(
@@ -1147,10 +1155,12 @@ def main(args: argparse.Namespace) -> int:
                 if args.never_ready:
                     argv.append("--never-ready")
                 link = EngineLink(argv)
-                app = make_front_app(link, key, gc_freeze=server_flags(server)["gc_freeze"])
+                app = make_front_app(
+                    link, key, gc_freeze=server_flags(server)["gc_freeze"], body_timeout_s=body_timeout_s
+                )
             else:
                 state = freeze_served_heap(build_state(params, device, never_ready=args.never_ready))
-                app = make_app(state, key, args.trace_dir)
+                app = make_app(state, key, args.trace_dir, body_timeout_s=body_timeout_s)
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -1167,6 +1177,9 @@ def main(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=5,
+        # past this many open connections a request is answered 503 at once: uvicorn never times out a
+        # client that has not finished its headers (kernelcamp.serve.openai.MAX_CONNECTIONS)
+        limit_concurrency=max_connections,
         http=stack["http"],
         loop=stack["loop"],
     )

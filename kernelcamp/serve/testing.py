@@ -4,6 +4,8 @@
         ...                                   # url = "http://127.0.0.1:<port>"
 
 The server stops (and its port is released) when the block exits, also on error.
+:func:`post_and_leave` sends a request the way a client that gives up does (a raw socket closed before
+the answer).
 """
 
 from __future__ import annotations
@@ -79,6 +81,22 @@ class ServerThread:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def post_and_leave(
+    url: str, path: str, body: bytes, headers: dict[str, str] | None = None, after_s: float = 0.05
+) -> None:
+    """POST ``body`` to ``url`` + ``path`` on a raw socket and close it ``after_s`` seconds later, before
+    reading any answer (a client that gave up). ``headers`` are added to Host, Content-Type
+    (application/json) and Content-Length (``len(body)``)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    head = {"Host": u.netloc, "Content-Type": "application/json", "Content-Length": str(len(body)), **(headers or {})}
+    lines = "".join(f"{k}: {v}\r\n" for k, v in head.items())
+    with socket.create_connection((u.hostname, u.port or 80), timeout=10) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\n{lines}\r\n".encode("latin-1") + body)
+        time.sleep(after_s)
 
 
 class LoopbackSshd:
