@@ -62,6 +62,10 @@ MAX_SECONDS = 7 * 24 * 3600.0
 #: Options of ``kernelcamp serve`` that the deploy sets from ``server.host``/``server.port`` and the
 #: params file: ``server.args`` giving them would serve somewhere other than what the records say.
 SERVE_OWN_ARGS = ("--params", "--host", "--port", "--device")
+#: Connections beside a serving level's own that the embedded server must accept while a level runs:
+#: the benchmark's /info and /health probes and the clock sampler's. ``server.max_connections`` must
+#: leave this much room above the highest concurrency level.
+CONNECTION_HEADROOM = 8
 #: A remote directory the ssh deploy quotes into a remote shell and hands to scp: no characters either
 #: could read another way (scp's legacy protocol passes the path through the remote shell).
 REMOTE_DIR_RE = re.compile(r"^[A-Za-z0-9_./+@=-]+$")
@@ -161,7 +165,7 @@ class ServerSpec:
     cpu_cache_tokens: int = _f(16384, ge=1)
     device: str | None = _f(None)
     max_connections: int = _f(256, ge=1)  # kernelcamp.serve.openai.MAX_CONNECTIONS
-    body_timeout_s: float = _f(30.0, gt=0)  # kernelcamp.serve.openai.BODY_TIMEOUT_S
+    body_timeout_s: float = _f(30.0, gt=0, le=MAX_SECONDS)  # kernelcamp.serve.openai.BODY_TIMEOUT_S
     env: dict[str, Any] = _f({})
     args: list[str] = _f([])
 
@@ -683,13 +687,26 @@ def _check_ports(server: ServerSpec, sv: ServingBenchSpec) -> None:
 def _check_tokens(sections: Mapping[str, Any]) -> None:
     """With the embedded server, every ``max_tokens`` plus the load generator's prompt fits
     ``server.max_context_tokens`` (the server refuses a request that does not: every request of a
-    level would fail with HTTP 400 after the deploy succeeded)."""
+    level would fail with HTTP 400 after the deploy succeeded), and ``server.max_connections`` is above
+    every concurrency level the benchmark and verify open (past it the server answers 503)."""
     if sections["deploy"].kind != "embedded":
-        return  # another server's context is its own
+        return  # another server's context and connection limit are its own
+    sv, vs = sections["benchmark"].serving, sections["verify"].serving
+    cap = sections["server"].max_connections
+    for where, levels in (
+        ("benchmark.serving.concurrency", sv.concurrency),
+        ("benchmark.serving.cpu_concurrency", sv.cpu_concurrency),
+        ("verify.serving.concurrency", [vs.concurrency or 0]),
+    ):
+        if max(levels) + CONNECTION_HEADROOM > cap:
+            raise KernelcampError(
+                f"{where} = {as_written(levels if len(levels) > 1 else levels[0])}: a level of {max(levels)} "
+                f"needs server.max_connections >= {max(levels) + CONNECTION_HEADROOM} (the level's requests and "
+                f"{CONNECTION_HEADROOM} for the probes), it is {cap}; raise it"
+            )
     from kernelcamp.loadgen import DEFAULT_PROMPT_WORDS
 
     ctx = sections["server"].max_context_tokens
-    sv, vs = sections["benchmark"].serving, sections["verify"].serving
     for where, n in (
         ("benchmark.serving.max_tokens", sv.max_tokens),
         ("benchmark.serving.cpu_max_tokens", sv.cpu_max_tokens),

@@ -248,6 +248,9 @@ BAD = [
     ("benchmark.serving.max_tokens", 4096, r"benchmark\.serving\.max_tokens = 4096: with the 24-token prompts"),
     ("benchmark.serving.cpu_max_tokens", 2030, r"cpu_max_tokens = 2030: .* use at most 2024"),
     ("verify.serving.max_tokens", 2048, r"verify\.serving\.max_tokens = 2048"),
+    # past server.max_connections the embedded server answers 503: a level above it could never run
+    ("benchmark.serving.concurrency", [8, 250], r"concurrency = \[8, 250\]: a level of 250 needs server\.max_conn"),
+    ("server.max_connections", 100, r"benchmark\.serving\.concurrency = .*needs server\.max_connections >= 104"),
     # time.sleep(1e308) raises OverflowError at the first failed readiness probe
     ("deploy.poll_interval_s", 1e308, r"deploy\.poll_interval_s = 1e\+308: must be <= 604800"),
     ("benchmark.serving.window_s", 1e9, r"benchmark\.serving\.window_s = 1000000000\.0: must be <= 604800"),
