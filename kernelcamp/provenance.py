@@ -27,24 +27,57 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+#: Files of a run that differ from the commit without the run's source differing: the lock file DVC
+#: writes, and params.yaml (composed by ``dvc exp run -S``; every param is recorded in full).
+RUN_FILES = ("dvc.lock", "params.yaml")
+
+
+def pipeline_outputs(root: str | os.PathLike = ".") -> set[str]:
+    """Paths (relative to ``root``) of every ``outs``, ``metrics`` and ``plots`` entry of ``root/dvc.yaml``'s
+    stages: what a run writes. Empty when there is no readable dvc.yaml."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load((Path(root) / "dvc.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return set()
+    out: set[str] = set()
+    for stage in (doc.get("stages") or {}).values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in (stage or {}).get(kind) or []:
+                out.update([entry] if isinstance(entry, str) else list(entry) if isinstance(entry, dict) else [])
+    return out
+
+
 def git_info(root: str | os.PathLike = ".") -> dict[str, Any]:
-    """``{"git_commit": sha or None, "git_dirty": bool or None}`` for the repo at ``root``."""
+    """``{"git_commit": sha or None, "git_dirty": bool or None}`` for the DVC project at ``root`` (its dvc.yaml
+    there; the git repo may be ``root`` or a folder above it).
+
+    Dirty: a file git tracks (at HEAD or in the index) differs from HEAD, in the index or the working
+    tree, other than the run's own files (:data:`RUN_FILES`) and the pipeline's outputs
+    (:func:`pipeline_outputs`). ``dvc exp run`` stages the outputs it writes (``git add``) while the
+    pipeline runs, so counting them made every run in a clean checkout read dirty. Untracked files do
+    not count. None for both when git cannot answer (no repo, no git)."""
     try:
         r = subprocess.run(
             ["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
         )
         sha = r.stdout.strip() if r.returncode == 0 else None
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"],
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            ).stdout.strip()
+        st = subprocess.run(
+            ["git", "status", "--porcelain=v1", "-z", "--untracked-files=no", "--no-renames"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-prefix"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": None, "git_dirty": None}
+    ignore = {top + p for p in (*RUN_FILES, *pipeline_outputs(root))}
+    changed = [e[3:] for e in st.stdout.split("\0") if len(e) > 3]
+    dirty = any(p not in ignore and not any(p.startswith(i.rstrip("/") + "/") for i in ignore) for p in changed)
     return {"git_commit": sha, "git_dirty": dirty if sha else None}
 
 

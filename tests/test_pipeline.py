@@ -141,6 +141,9 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
     ):
         assert tags.get(t) not in (None, ""), t
     assert tags["dvc_exp_name"] in names
+    # a clean commit run with -S: the lock, params.yaml and the outputs DVC stages (git add) are the run's
+    assert tags["git_dirty"] == "False", tags["git_dirty"]
+    assert json.loads((repo / "reports/benchmark.json").read_text())["git_dirty"] is False
     # one name, one meaning: the MLflow tag is the hash the deployed server reports
     deploy = json.loads((repo / "reports/deploy.json").read_text())
     assert tags["variant_hash"] == deploy["variant_hash"]
