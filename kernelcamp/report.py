@@ -115,8 +115,10 @@ def _save_plot(fig, ax, out_dir: Path, name: str, made: dict[str, str], legend_f
     made[name] = f"{name}.png"
 
 
-def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str, str]:
-    """Write PNGs into ``out_dir``; returns ``{plot name: file name}``."""
+def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike, threshold: float | None = None) -> dict[str, str]:
+    """Write PNGs into ``out_dir``; returns ``{plot name: file name}``. ``threshold``: the report's
+    (``report.threshold``), which the serving ratio plot's dashed lines and per-level decisions use
+    (None: the one the benchmark recorded, else 2%)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,7 +173,8 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
 
     with_ci = [e for e in levels if e.get("ci_lo") is not None and e.get("ratio") is not None]
     if with_ci:
-        threshold = float(((sv.get("ab") or {}).get("overall") or {}).get("threshold") or 0.02)
+        if threshold is None:
+            threshold = float(((sv.get("ab") or {}).get("overall") or {}).get("threshold") or 0.02)
         fig, ax = plt.subplots(figsize=(7, 4.2))
         xs = list(range(len(with_ci)))
         r = [e["ratio"] for e in with_ci]
@@ -189,7 +192,7 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str,
         )
         for x, e in zip(xs, with_ci, strict=True):
             ax.annotate(
-                str(e.get("decision")),
+                str(serving_decision(e, threshold, sv)),
                 (x, e["ci_hi"]),
                 textcoords="offset points",
                 xytext=(0, 6),
@@ -321,7 +324,7 @@ def headline_metrics(data: Mapping[str, Any], threshold: float) -> dict[str, flo
     sv = bench.get("serving") or {}
     o = (sv.get("ab") or {}).get("overall") or {}
     if o.get("ci_lo") is not None and o.get("ratio") is not None:
-        m[f"{p}serving.decision"] = DECISION_CODES[_decision_of(o, threshold, True)]
+        m[f"{p}serving.decision"] = DECISION_CODES[serving_decision(o, threshold, sv)]
         m[f"{p}serving.ratio"] = o["ratio"]
         m[f"{p}serving.ci_lo"] = o["ci_lo"]
         m[f"{p}serving.ci_hi"] = o["ci_hi"]
@@ -410,10 +413,11 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
             out += [f"![serving ratio per level]({plots_rel}/{plots['serving_ratio']})", ""]
         if o.get("ratio") is not None:
             metric = ab.get("metric") or "output_tok_s"
-            od = {**o, "decision": _decision_of(o, threshold, True), "threshold": threshold}
+            od = {**o, "decision": serving_decision(o, threshold, sv), "threshold": threshold}
+            unserved = serving_unserved(sv)
             out += [
                 "**Serving A/B:** "
-                + decision_line(od, f"{metric} candidate/baseline", "repeats")
+                + decision_line(od, f"{metric} candidate/baseline", "repeats", f" ({unserved})" if unserved else "")
                 + (
                     f" ({o.get('n_pairs')} (level, repeat) pairs over {o['n_levels']} valid levels, each level "
                     "weighted equally, the noise taken within levels; higher is faster)."
@@ -428,7 +432,7 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
         else:
             out += [f"Serving A/B: no ratio ({o.get('note')}).", ""]
         if any(e.get("ci_lo") is not None for e in levels):
-            out += serving_decisions_table(levels, threshold)
+            out += serving_decisions_table(levels, threshold, sv)
         out += [
             "| concurrency | impl | valid | ok / failed / incomplete | output tok/s | per-request tok/s | "
             "TTFT p50 ms | TPOT p50 ms | ITL p50 ms | e2e p50 ms | repeats | ratio cand./base. | CI |",
@@ -500,8 +504,12 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
     return out
 
 
-def serving_decisions_table(levels: list[dict[str, Any]], threshold: float) -> list[str]:
-    """Per concurrency level: the throughput ratio, its interval, decision and resolution."""
+def serving_decisions_table(
+    levels: list[dict[str, Any]], threshold: float, sv: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Per concurrency level: the throughput ratio, its interval, decision at ``threshold``
+    (:func:`serving_decision`; ``sv``, the serving record, says whether the servers ran the variants'
+    kernels) and resolution."""
     out = [
         "| concurrency | ratio cand./base. (steady tok/s) | CI | decision | resolution | pairs |",
         "|---|---|---|---|---|---|",
@@ -517,7 +525,7 @@ def serving_decisions_table(levels: list[dict[str, Any]], threshold: float) -> l
         conf = e.get("confidence_per_look") or 0.95
         out.append(
             f"| {e.get('concurrency')} | {e['ratio']:.4f} | [{e['ci_lo']:.4f}, {e['ci_hi']:.4f}] ({conf:.2%}) | "
-            f"{_decision_of(e, threshold, True)} | "
+            f"{serving_decision(e, threshold, sv or {})} | "
             f"+-{100 * e.get('half_width', (e['ci_hi'] - e['ci_lo']) / 2):.1f}% | {e.get('n_pairs')} |"
         )
     return out + [""]
@@ -733,12 +741,34 @@ def render_markdown(
 
 
 def _decision_of(ab: Mapping[str, Any], threshold: float, higher_is_better: bool = False) -> str | None:
-    """The recorded decision when it was made at ``threshold``, else computed from the interval."""
+    """The recorded decision when the record says it was made at ``threshold``, else computed from the
+    interval (a record without its threshold is never taken as made at this one: the serving levels
+    of records before the twenty-first session carried none, and their 2% decisions were shown beside
+    a report at another ``report.threshold``)."""
     if ab.get("ci_lo") is None:
         return None
-    if ab.get("decision") and ab.get("threshold", threshold) == threshold:
+    if ab.get("decision") and ab.get("threshold") == threshold:
         return ab["decision"]
     return decision(ab["ratio"], ab["ci_lo"], ab["ci_hi"], threshold, higher_is_better)
+
+
+def serving_unserved(sv: Mapping[str, Any]) -> str | None:
+    """Why a serving A/B decides nothing about the variants, or None: the servers did not run the
+    variants' kernel (``attention_impl`` other than ``"triton"``, e.g. ``torch_reference_cpu`` on a
+    machine without a GPU). Baseline and candidate servers differ only in the variant, so both then run
+    the same attention code, and an interval between them measures noise, as CPU kernel timings do."""
+    impl = sv.get("attention_impl")
+    if impl in (None, "triton"):
+        return None
+    return f"both servers ran the {impl} attention, not the variants' kernels"
+
+
+def serving_decision(e: Mapping[str, Any], threshold: float, sv: Mapping[str, Any]) -> str | None:
+    """The decision on a serving ratio (a level's or the overall, throughput: higher is faster) at
+    ``threshold``: ``inconclusive`` where :func:`serving_unserved` gives a reason, else
+    :func:`_decision_of`; None without an interval."""
+    dec = _decision_of(e, threshold, True)
+    return "inconclusive" if dec is not None and serving_unserved(sv) else dec
 
 
 def _who(note: Mapping[str, Any]) -> str:

@@ -89,7 +89,7 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory(prefix=".report.", dir=out.parent) as tmp:
         tmp = Path(tmp)
-        plots = kr.make_plots(data, tmp / "plots")
+        plots = kr.make_plots(data, tmp / "plots", threshold)
         rel = os.path.relpath(plots_dst, out.parent)
         (tmp / out.name).write_text(kr.render_markdown(data, plots, threshold, rel), encoding="utf-8")
         write_json_atomic(tmp / metrics_dst.name, nest(head_metrics))

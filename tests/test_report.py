@@ -30,6 +30,7 @@ def _as_gpu(data, slowdown=1.0):
     d = copy.deepcopy(data)
     b = d["benchmark"]
     b.update(device="cuda", gpu="NVIDIA H200")
+    b["serving"]["attention_impl"] = "triton"  # a GPU server runs the variant's kernel
     b["kernel"]["overall"] = {
         "ratio": slowdown,
         "ci_lo": slowdown - 0.01,
@@ -89,6 +90,59 @@ def test_serving_per_level_decisions_in_report_and_plot(tmp_path):
     detail = flatten(benchmark_metrics(d["benchmark"]["kernel"], sv, "cuda"))
     codes = {c: detail[f"serving.c{c}.ab.decision"] for c in (4, 1)}
     assert codes == {4: -1, 1: 2}  # faster, equivalent
+
+
+def _serving_ab(d, levels_threshold):
+    fig = {"output_tok_s": 100.0, "steady_output_tok_s": 100.0, "requests_ok": 8, "requests_failed": 0}
+    lv = [{"concurrency": 4, "ratio": 0.908, "ci_lo": 0.6788, "ci_hi": 1.2145, "half_width": 0.268}]
+    lv[0].update(valid=True, n_pairs=2, baseline=dict(fig), candidate=dict(fig), decision="inconclusive")
+    if levels_threshold is not None:
+        lv[0]["threshold"] = levels_threshold
+    o = {"ratio": 0.95, "ci_lo": 0.8, "ci_hi": 1.1, "half_width": 0.15, "decision": "inconclusive", "threshold": 0.02}
+    d["benchmark"]["serving"]["ab"] = {"metric": "steady_output_tok_s", "per_level": lv, "overall": {**o, "n_pairs": 2}}
+    return d
+
+
+@pytest.mark.parametrize("levels_threshold", [None, 0.02])
+def test_serving_levels_are_decided_at_the_reports_threshold(tmp_path, monkeypatch, levels_threshold):
+    """`-S report.threshold=0.5`: the headline said equivalent at 50%, while the per-level table kept the
+    benchmark's 2% decision (its levels recorded no threshold, taken as "made at this one") and the plot's
+    title, dashed lines and labels stayed at 2%."""
+    d = _serving_ab(_as_gpu(_data(), 1.0), levels_threshold)
+    seen = {}
+    real = kr._save_plot
+
+    def spy(fig, ax, out_dir, name, *a, **kw):
+        seen[name] = (ax.get_title(), [t.get_text() for t in ax.texts], sorted(ln.get_ydata()[0] for ln in ax.lines))
+        return real(fig, ax, out_dir, name, *a, **kw)
+
+    monkeypatch.setattr(kr, "_save_plot", spy)
+    plots = kr.make_plots(d, tmp_path / "plots", 0.5)
+    title, labels, ys = seen["serving_ratio"]
+    assert "threshold 50.0%" in title and labels == ["equivalent"]
+    assert {0.5, 1.5} <= set(ys) and not {0.98, 1.02} & set(ys)  # the dashed lines at 1 -+ 50%
+    md = kr.render_markdown(d, plots, 0.5)
+    assert "| 4 | 0.9080 | [0.6788, 1.2145]" in md and "| equivalent | +-26.8% | 2 |" in md
+    assert "**Serving A/B:** **equivalent**" in md
+    assert kr.headline_metrics(d, 0.5)["serving.decision"] == 2
+    # at the benchmark's own threshold the recorded decision stands
+    assert "| inconclusive | +-26.8% | 2 |" in kr.render_markdown(d, plots, 0.02)
+
+
+def test_a_serving_ab_whose_servers_ran_no_variant_kernel_decides_nothing(tmp_path):
+    """On a CPU both servers run the torch reference attention (the variants differ only in kernel
+    configs): a serving interval there measured noise, and the report called it equivalent or faster."""
+    d = _serving_ab(_data(), 0.02)
+    assert d["benchmark"]["serving"]["attention_impl"] == "torch_reference_cpu"
+    for e in (d["benchmark"]["serving"]["ab"]["per_level"][0], d["benchmark"]["serving"]["ab"]["overall"]):
+        e.update(ratio=1.0, ci_lo=0.99, ci_hi=1.01, half_width=0.01, decision="equivalent")
+    md = kr.render_markdown(d, kr.make_plots(d, tmp_path / "plots", 0.02), 0.02)
+    assert (
+        "**Serving A/B:** **inconclusive** (both servers ran the torch_reference_cpu attention, not the "
+        "variants' kernels)" in md
+    )
+    assert "| 4 | 1.0000 | [0.9900, 1.0100]" in md and "| inconclusive | +-1.0% | 2 |" in md
+    assert kr.headline_metrics(d, 0.02)["cpu.serving.decision"] == 0
 
 
 def test_cpu_report_is_labelled_and_complete(tmp_path):

@@ -524,7 +524,7 @@ def ab_summary(
             strata.append(([p[0] for p in pairs], [p[1] for p in pairs]))  # this level's share of the overall
             a = plan.analyse(*strata[-1])
             e.update({k: a[k] for k in ("ratio", "ci_lo", "ci_hi", "half_width", "decision", "confidence_per_look")})
-            e["n_pairs"] = len(pairs)
+            e["n_pairs"], e["threshold"] = len(pairs), threshold
         elif pairs:
             e.update(ratio=pairs[0][1] / pairs[0][0], n_pairs=1)
             e["note"] = "1 paired repeat: no confidence interval"
