@@ -5,8 +5,8 @@
   every ``finally`` (servers stopped, child process groups killed, the MLflow run closed) runs. Main
   thread only (Python runs handlers there); elsewhere a no-op. ``only_if_default``: leave a signal
   alone when someone already handles it (the stage's tracked run, which records KILLED).
-- :func:`signals_deferred`: block SIGTERM/SIGINT for a cleanup that must not be cut short; they are
-  delivered when the block ends.
+- :func:`signals_deferred`: hold SIGTERM/SIGINT for a cleanup (or import) that must not be cut
+  short; they are delivered when the block ends.
 - :func:`die_with_parent` (in the process itself) and :func:`pdeathsig_preexec` (for a child we
   start): Linux sends the signal when the parent dies, also by SIGKILL, which no ``finally`` sees
   (``prctl(PR_SET_PDEATHSIG)``). No-ops where there is no prctl.
@@ -66,15 +66,34 @@ def signals_raise(
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Block SIGTERM/SIGINT for the block (cleanup must not be cut short); delivered afterwards."""
+    """Hold SIGTERM/SIGINT for the block (a cleanup, or an import, that must not be cut short); each one
+    that came is delivered once, to the handler in force before the block, when it ends.
+
+    The main thread blocks them (``pthread_sigmask``), and their Python handlers are swapped for one
+    that only notes them: a signal the kernel hands to another thread (which does not block it) still
+    runs its Python handler in the main thread, at any bytecode of the block. A SIGINT inside
+    ``import mlflow`` left half-initialised modules in ``sys.modules`` (the report stage's failure
+    record then failed with "partially initialized module 'mlflow'"). Main thread only; elsewhere a no-op.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    pending: list[int] = []
+
+    def note(signum: int, _frame: Any) -> None:
+        pending.append(signum)
+
+    old_handlers = {s: signal.signal(s, note) for s in sigs}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(sigs))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a blocked one now runs `note`
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        for s in dict.fromkeys(pending):
+            signal.raise_signal(s)
 
 
 def die_with_parent(sig: int = signal.SIGTERM, parent_pid: int | None = None) -> None:

@@ -132,7 +132,16 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
 def _client(uri: str):
     import logging
 
-    from mlflow.tracking import MlflowClient
+    from kernelcamp.signals import signals_deferred
+
+    # An interrupt inside these imports left MLflow or SQLAlchemy half-imported in sys.modules, and the
+    # stage's failure record then failed too (a SIGINT early in the report stage left no KILLED run):
+    # the imports finish first, then the signal is handled (signals_deferred).
+    with signals_deferred():
+        from mlflow.tracking import MlflowClient
+
+        if _sqlite_path(uri) is not None:
+            import mlflow.store.tracking.sqlalchemy_store  # noqa: F401 - SQLAlchemy and alembic, imported whole
 
     # Store creation and migration log INFO lines on stderr; a stage's stderr is for its one error line.
     for name in ("mlflow", "alembic"):

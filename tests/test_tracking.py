@@ -312,3 +312,41 @@ def test_printed_store_names_no_path_of_this_machine(store, tmp_path_factory):
     elsewhere = f"sqlite:///{tmp_path_factory.mktemp('other') / 'mlflow.db'}"
     assert tracking.store_label(elsewhere) == elsewhere
     assert tracking.store_label("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+
+
+def test_a_signal_during_a_deferred_block_is_delivered_once_after_it():
+    """A SIGINT inside ``import mlflow`` left half-imported modules: the imports now run under
+    signals_deferred. The signal must wait for the block's end, also when another thread sends it
+    (the kernel may hand it to a thread that does not block it), and then reach the handler once."""
+    import threading
+
+    from kernelcamp.signals import Terminated, signals_deferred, signals_raise
+
+    done = []
+    with pytest.raises(Terminated) as e, signals_raise():
+        with signals_deferred():
+            t = threading.Thread(target=lambda: [os.kill(os.getpid(), signal.SIGINT) for _ in range(2)])
+            t.start()
+            t.join()
+            time.sleep(0.2)  # the block's work (an import) goes on
+            done.append(1)
+        done.append(2)  # never reached: the signal comes as the block ends
+    assert e.value.signum == signal.SIGINT and done == [1]
+
+
+def test_the_mlflow_imports_are_not_cut_by_a_signal(monkeypatch, store):
+    """The store's first open imports MLflow and SQLAlchemy under signals_deferred."""
+    import contextlib
+
+    from kernelcamp import signals
+
+    entered = []
+
+    @contextlib.contextmanager
+    def spy():
+        entered.append(1)
+        yield
+
+    monkeypatch.setattr(signals, "signals_deferred", spy)
+    tracking._client(tracking.tracking_uri(PARAMS))
+    assert entered == [1]
