@@ -105,7 +105,7 @@ def collect(repo_root: Path, exp_name: str, dest: Path) -> list[str]:
 def build_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``campaign`` (with its one subcommand, ``collect``) to ``sub``."""
     p = sub.add_parser("campaign", description=__doc__.splitlines()[0])
-    inner = p.add_subparsers(dest="cmd", required=True)
+    inner = p.add_subparsers(dest="cmd", metavar="<subcommand>", required=True)
     c = inner.add_parser("collect", help="copy an experiment's params, lock and reports from its commit into DEST")
     c.add_argument("experiment", help="the DVC experiment's name (dvc exp list -A --name-only)")
     c.add_argument("dest", help="the folder to (re)write, e.g. reports/campaigns/warp_occupancy/warp_occupancy")

@@ -71,9 +71,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:  # a missing command is a usage error, as argparse treats one
         print(_usage(), file=sys.stderr)
+        print("error: no command given (see `kernelcamp --help`)", file=sys.stderr)
         return 2
     if argv[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if argv[0] == "--version":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"kernelcamp {version('kernelcamp')}")
+        except PackageNotFoundError:  # a tree run with python -m kernelcamp.cli, not installed
+            print("kernelcamp (not installed: no version)")
         return 0
     if argv[0] not in COMMANDS:
         print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
@@ -82,5 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     return int(args.main(args) or 0)
 
 
+def run() -> None:
+    """The console script: :func:`main`, and a reader that closed the pipe (``kernelcamp --help | head``)
+    ends the output quietly instead of with a ``BrokenPipeError`` traceback."""
+    try:
+        rc = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's advice for SIGPIPE
+        rc = 1
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

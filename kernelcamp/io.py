@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -188,6 +189,15 @@ def stage_main(fn: Callable[[], int | None]) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        print(f"error: {INTERRUPTED.format(sig='SIGINT')}", file=sys.stderr)
         sys.exit(130)
+    except SystemExit as e:  # kernelcamp.tracking.tracked_stage ends a signalled stage with 128 + signal
+        names = {128 + signal.SIGINT: "SIGINT", 128 + signal.SIGTERM: "SIGTERM"}
+        if e.code in names:
+            print(f"error: {INTERRUPTED.format(sig=names[e.code])}", file=sys.stderr)
+        raise
     sys.exit(rc or 0)
+
+
+#: The one line a stage stopped by a signal prints (every output is written only when its stage succeeds).
+INTERRUPTED = "interrupted by {sig}: this stage's outputs are as they were before it ran; run the pipeline again"

@@ -538,7 +538,7 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``loadgen`` to ``sub`` (usage errors exit 2 with one ``error:`` line, as every command's)."""
     ap = sub.add_parser(
         "loadgen",
-        description="load any OpenAI-compatible server and report vLLM ``bench serve``'s metrics.",
+        description="Load any OpenAI-compatible server and report vLLM bench serve's metrics.",
     )
     ap.add_argument("--url", required=True, help="the server's base URL, http://host:port (a trailing /v1 is dropped)")
     ap.add_argument(

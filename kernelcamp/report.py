@@ -682,7 +682,9 @@ def render_markdown(
         )
         out += [f"  - not measured by this run: {line}" for line in v[n].get("unmeasured_rows") or []]
     if bench.get("run_as_target"):
-        out.append(f"- run as target **{bench['run_as_target']}** would (configs it prunes dropped)")
+        out.append(
+            f"- run as target **{bench['run_as_target']}** would run it: the configs that target prunes were dropped"
+        )
     out += [""]
     sv = bench.get("serving") or {}
     out += serving_markdown(sv, plots, plots_rel, threshold)

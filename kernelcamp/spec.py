@@ -577,6 +577,11 @@ def parse_spec(
     # kernelcamp.launcher when a sweep starts, not here, so no launcher setting can stop a run.
     known = set(SECTIONS) | {"variant", "baseline", "target", "launcher"}
     extra = [k for k in raw if k not in known]
+    if "local" in extra:  # conf/local/default.yaml without its header lands under `local:`
+        raise KernelcampError(
+            "params.yaml has a section 'local': conf/local/default.yaml needs `# @package _global_` as its first "
+            "line, so that its keys (e.g. server.port) set the run's own sections"
+        )
     if extra:
         raise KernelcampError(f"params.yaml has an unknown section {extra[0]!r}: known sections are {sorted(known)}")
     _check_across_keys(sections)

@@ -82,6 +82,8 @@ def main() -> int:
             "baseline_kernel_rev": spec.hashes()["baseline_kernel_rev"],
             "baseline_kernel_source_hash": spec.baseline_kernel_source_hash,
             "deploy_id": bench.get("deploy_id"),
+            # where it served: server.port is the configured port, the deploy may have taken a fallback
+            "server_url": data["deploy"].get("url"),
             "measured_at": bench.get("measured_at"),
             "decision": head["decision"],
             "run_as_target": bench.get("run_as_target"),

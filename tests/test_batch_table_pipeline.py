@@ -68,6 +68,7 @@ def test_the_benchmark_runs_the_whole_table_on_a_cpu():
     assert "batch table" in notes["candidate"]["config_list"]
     # an autotune list still runs its first config only on a CPU (no driver for the autotuner)
     assert len(variants["baseline"].configs) == 1 and "first config only" in notes["baseline"]["config_list"]
+    assert "every config" not in notes["baseline"]["config_list"]  # it said "every config; CPU: first config only"
     assert _who(notes["candidate"]) == "tbl [table of 2]" and _who(notes["baseline"]) == "lst [2 configs]"
 
 

@@ -79,3 +79,20 @@ def test_outputs_are_readable_by_others(tmp_path: Path) -> None:
     for name in ("a.json", "b.md"):
         mode = stat.S_IMODE((tmp_path / name).stat().st_mode)
         assert mode == 0o644, oct(mode)
+
+
+@pytest.mark.parametrize("code,sig", [(130, "SIGINT"), (143, "SIGTERM")])
+def test_a_stage_stopped_by_a_signal_says_so_in_one_line(capsys, code, sig):
+    """tracked_stage turns SIGINT/SIGTERM into SystemExit(128 + signal) after recording a KILLED run: the
+    stage printed nothing, and the only line was DVC's `failed to run: ... exited with 130`."""
+    from kernelcamp.io import stage_main
+
+    def main():
+        raise SystemExit(code)
+
+    with pytest.raises(SystemExit) as e:
+        stage_main(main)
+    assert e.value.code == code
+    err = capsys.readouterr().err.strip().splitlines()
+    want = f"error: interrupted by {sig}: this stage's outputs are as they were before it ran; run the pipeline again"
+    assert err == [want]

@@ -135,6 +135,7 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
         "torch",
         "triton",
         "deploy_id",
+        "server_url",
         "decision",
         "kernelcamp.pid",
         "kernelcamp.host",
@@ -147,6 +148,7 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
     # one name, one meaning: the MLflow tag is the hash the deployed server reports
     deploy = json.loads((repo / "reports/deploy.json").read_text())
     assert tags["variant_hash"] == deploy["variant_hash"]
+    assert tags["server_url"] == deploy["url"]  # server.port is the configured one; a fallback shows here
     assert tags["device"] == "cpu" and tags["gpu"] == "none (cpu)"
     bench = json.loads((repo / "reports/benchmark.json").read_text())
     assert bench["device"] == "cpu" and bench["measured_at"] and bench["deploy_id"]

@@ -282,6 +282,12 @@ def test_values_next_to_the_refused_ones_pass(key: str, value) -> None:
     parse_spec(_with(PARAMS, key, value))
 
 
+def test_a_local_conf_without_its_header_names_the_header() -> None:
+    """A conf/local/default.yaml without `# @package _global_` gave "unknown section 'local'" and no fix."""
+    with pytest.raises(KernelcampError, match=r"conf/local/default\.yaml needs `# @package _global_`"):
+        parse_spec({**PARAMS, "local": {"server": {"port": 9000}}})
+
+
 def test_a_max_tokens_check_is_the_embedded_servers_only() -> None:
     """Another server's context is its own: with deploy.kind command a long max_tokens passes."""
     p = _with(PARAMS, "deploy", {"kind": "command", "url": "u", "kernel_dest": "/k", "launch": "x"})

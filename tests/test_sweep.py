@@ -245,9 +245,26 @@ def test_sweep_refuses_an_empty_queue(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_bare_kernelcamp_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
     assert cli.main([]) == 2
-    assert "usage: kernelcamp <command>" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "usage: kernelcamp <command>" in err
+    assert err.strip().splitlines()[-1] == "error: no command given (see `kernelcamp --help`)"  # it had none
     assert cli.main(["--help"]) == 0
     assert "sweep" in capsys.readouterr().out
+    assert cli.main(["--version"]) == 0  # an unknown command, before
+    assert capsys.readouterr().out.startswith("kernelcamp ")
+
+
+def test_help_into_a_closed_pipe_ends_quietly() -> None:
+    """`kernelcamp --help | head -1` ended in a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    code = "import sys; from kernelcamp import cli; sys.argv = ['kernelcamp', '--help']; cli.run()"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before anything is written
+    err = p.stderr.read().decode()
+    p.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
 def test_sigterm_while_the_queue_is_counted_still_stops_the_sweep(tmp_path: Path, monkeypatch) -> None:

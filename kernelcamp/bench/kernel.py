@@ -187,7 +187,7 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
     log(
         f"batch sizes {batch_sizes}: H={shape['num_heads']} topk={shape['topk']} on {device}; rounds "
         f"{plan.min_rounds}..{plan.max_rounds}, looks at {plan.looks} (each at {plan.confidence_per_look:.2%}"
-        f" confidence), time budget {plan.max_seconds or 'none'} s"
+        f" confidence), time budget {f'{plan.max_seconds} s' if plan.max_seconds else 'none'}"
     )
     calls, configs = {}, {}
     for bi, B in enumerate(batch_sizes):

@@ -179,8 +179,13 @@ def variants_to_run(spec, build: dict, device: str) -> tuple[dict, dict]:
             "config_hash_ran": v.config_hash(),  # of configs_ran (differs when some were dropped)
             "configs": full,
             "configs_ran": [c.label() for c in v.configs],
-            "config_list": (f"as {run_as} would run it (configs it prunes dropped)" if run_as else "every config")
-            + ("; CPU: first config only, no autotune" if cpu_first_only else "")
+            "config_list": (
+                "the first config only (CPU: no autotune)" + (f" of those {run_as} keeps" if run_as else "")
+                if cpu_first_only
+                else f"as {run_as} would run it (configs it prunes dropped)"
+                if run_as
+                else "every config"
+            )
             + ("; batch table: each batch size runs its row" if v.is_table else ""),
             # rows of a batch table that this run's batch sizes leave (partly) unmeasured (Variant.coverage)
             "unmeasured_rows": v.coverage(sizes),

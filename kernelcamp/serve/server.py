@@ -1048,7 +1048,11 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to ``sub`` (the subparsers of :func:`kernelcamp.cli.build_parser`)."""
     # no abbreviations: server.args reach this parser after the deploy's own --host/--port, and
     # kernelcamp.spec refuses those names in server.args (SERVE_OWN_ARGS); "--po" must not pass as --port
-    ap = sub.add_parser("serve", description=__doc__.split("\n")[0], allow_abbrev=False)
+    ap = sub.add_parser(
+        "serve",
+        description="The embedded OpenAI-compatible decode server (kernelcamp serve), and a fixed-rate fake for tests.",
+        allow_abbrev=False,
+    )
     ap.add_argument("--params", default="params.yaml", help="params.yaml (variant, workload, server, kernel)")
     ap.add_argument("--host", default=None, help="bind address (default: server.host, else 127.0.0.1)")
     ap.add_argument("--port", type=int, default=None, help="port (default: server.port, else 8765)")
@@ -1067,10 +1071,16 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
         "--fake",
         default=None,
         metavar="SPEC",
-        help="serve the fixed-rate fake instead of the model, e.g. ttft_ms=50,itl_ms=10,chunk=2 (see FakeSpec)",
+        help="serve the fixed-rate fake instead of the model, e.g. ttft_ms=50,itl_ms=10,chunk=2 "
+        "(keys: kernelcamp.serve.fake.FakeSpec)",
     )
     ap.add_argument("--never-ready", action="store_true", help="test aid: /health answers 503 forever")
-    ap.add_argument("--log-level", default="warning")
+    ap.add_argument(
+        "--log-level",
+        default="warning",
+        choices=("critical", "error", "warning", "info", "debug", "trace"),
+        help="uvicorn's log level (default: warning)",
+    )
     # internal: run as the engine process of a front process (kernelcamp.serve.front), on this socket
     ap.add_argument("--engine-uds", default=None, help=argparse.SUPPRESS)
     ap.set_defaults(main=main)
