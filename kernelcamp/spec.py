@@ -633,7 +633,7 @@ def _check_serving_with_kernel_rev(rev: str, bench: BenchmarkSpec) -> None:
 
 def _check_across_keys(sections: Mapping[str, Any]) -> None:
     """Checks that involve two keys or more than a type and a range: a minimum never above its maximum,
-    then :func:`_check_server`, :func:`_check_ports`, :func:`_check_tokens`, :func:`_check_targets`,
+    then :func:`_check_server`, :func:`_check_ports`, :func:`_check_embedded_server`, :func:`_check_targets`,
     :func:`_check_deploy` and :func:`_check_tracking`. Each raises ``KernelcampError`` naming the key."""
     bk, sv = sections["benchmark"].kernel, sections["benchmark"].serving
     for where, lo, hi, hi_name in (
@@ -643,8 +643,8 @@ def _check_across_keys(sections: Mapping[str, Any]) -> None:
         if lo > hi:
             raise KernelcampError(f"{where} = {lo}: must be <= {hi_name} ({hi}), the maximum")
     _check_server(sections["server"])
-    _check_ports(sections["server"], sv)
-    _check_tokens(sections)
+    _check_ports(sections["server"])
+    _check_embedded_server(sections)
     _check_targets(sections["build"], sections["benchmark"])
     _check_deploy(sections["deploy"])
     _check_tracking(sections["tracking"])
@@ -674,7 +674,7 @@ def _check_server(server: ServerSpec) -> None:
             )
 
 
-def _check_ports(server: ServerSpec, sv: ServingBenchSpec) -> None:
+def _check_ports(server: ServerSpec) -> None:
     """The ports this run may use (``server.port`` up to ``PORT_STRIDE - 1`` above it, a sweep worker's
     the same above its own base: :mod:`kernelcamp.ports`) all exist, i.e. are <= 65535."""
     from kernelcamp.ports import worker_port
@@ -689,7 +689,7 @@ def _check_ports(server: ServerSpec, sv: ServingBenchSpec) -> None:
         )
 
 
-def _check_tokens(sections: Mapping[str, Any]) -> None:
+def _check_embedded_server(sections: Mapping[str, Any]) -> None:
     """With the embedded server, every ``max_tokens`` plus the load generator's prompt fits
     ``server.max_context_tokens`` (the server refuses a request that does not: every request of a
     level would fail with HTTP 400 after the deploy succeeded), and ``server.max_connections`` is above
@@ -761,7 +761,7 @@ def _check_tracking(tracking: TrackingSpec) -> None:
     if not uri:
         return
     scheme, sep, rest = uri.partition(":")
-    if not sep or len(scheme) == 1:  # a bare path (a Windows drive letter counts as one)
+    if not sep:  # a bare path
         path = uri
     elif scheme == "sqlite":
         path = rest[3:] if rest.startswith("///") else None
