@@ -61,6 +61,7 @@ def test_headline_on_a_gpu_carries_both_decisions_intervals_and_resolutions():
     d = copy.deepcopy(_data())
     b = d["benchmark"]
     b.update(device="cuda", gpu="NVIDIA H200")
+    b["serving"]["attention_impl"] = "triton"  # a GPU server runs the variant's kernel
     b["kernel"]["overall"] = {"ratio": 1.10, "ci_lo": 1.09, "ci_hi": 1.11, "n_rounds": 10, "confidence": 0.95}
     fig = {"output_tok_s": 100.0, "steady_output_tok_s": 100.0, "requests_ok": 8, "requests_failed": 0}
     lv = {"concurrency": 4, "valid": True, "baseline": dict(fig), "candidate": dict(fig), "n_pairs": 3}
