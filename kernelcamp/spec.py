@@ -634,7 +634,8 @@ def _check_serving_with_kernel_rev(rev: str, bench: BenchmarkSpec) -> None:
 def _check_across_keys(sections: Mapping[str, Any]) -> None:
     """Checks that involve two keys or more than a type and a range: a minimum never above its maximum,
     then :func:`_check_server`, :func:`_check_ports`, :func:`_check_embedded_server`, :func:`_check_targets`,
-    :func:`_check_deploy` and :func:`_check_tracking`. Each raises ``KernelcampError`` naming the key."""
+    :func:`_check_deploy`, :func:`_check_tracking` and :func:`_check_workload`. Each raises
+    ``KernelcampError`` naming the key."""
     bk, sv = sections["benchmark"].kernel, sections["benchmark"].serving
     for where, lo, hi, hi_name in (
         ("benchmark.kernel.min_rounds", bk.min_rounds, bk.rounds, "benchmark.kernel.rounds"),
@@ -648,6 +649,7 @@ def _check_across_keys(sections: Mapping[str, Any]) -> None:
     _check_targets(sections["build"], sections["benchmark"])
     _check_deploy(sections["deploy"])
     _check_tracking(sections["tracking"])
+    _check_workload(sections["workload"])
 
 
 def _check_server(server: ServerSpec) -> None:
@@ -664,8 +666,9 @@ def _check_server(server: ServerSpec) -> None:
                 f"server.env.{key} = {as_written(value)}: give a string or a number; quote a flag "
                 "('1', 'true'), since YAML reads yes/no/true as booleans and null as nothing"
             )
-        if "\0" in str(value):
-            raise KernelcampError(f"server.env.{key} holds a NUL character: an environment value cannot")
+        bad = [c for c in str(value) if ord(c) < 32 or ord(c) == 127]
+        if bad:
+            raise KernelcampError(f"server.env.{key} = {value!r}: holds a control character ({bad[0]!r}); remove it")
     for i, arg in enumerate(server.args):
         if arg.split("=", 1)[0] in SERVE_OWN_ARGS:
             raise KernelcampError(
@@ -755,28 +758,51 @@ def _check_deploy(deploy: DeploySpec) -> None:
 
 
 def _check_tracking(tracking: TrackingSpec) -> None:
-    """``tracking.uri``: a local store (``sqlite:``, ``file:`` or a bare path) by an absolute path. A
-    queued experiment runs in a temporary copy that DVC deletes: a relative store would go with it."""
-    uri = tracking.uri
-    if not uri:
-        return
+    """``tracking.uri``: :func:`check_tracking_uri`."""
+    if tracking.uri:
+        check_tracking_uri(tracking.uri)
+
+
+def check_tracking_uri(uri: str, where: str = "tracking.uri") -> None:
+    """A local MLflow store (``sqlite:``, ``file:`` or a bare path) must be named by an absolute path:
+    a queued experiment runs in a temporary copy that DVC deletes, so a relative store would go with it
+    (and MLflow refuses some relative forms with errors of its own). Servers (``http:`` ...) pass.
+    ``where`` names the setting in the message (``kernelcamp.tracking.tracking_uri`` checks
+    ``MLFLOW_TRACKING_URI`` with it too). Raises ``KernelcampError``."""
     scheme, sep, rest = uri.partition(":")
     if not sep:  # a bare path
         path = uri
     elif scheme == "sqlite":
         path = rest[3:] if rest.startswith("///") else None
         if path is None:
-            raise KernelcampError(f"tracking.uri = {uri!r}: a SQLite store is sqlite:////absolute/path/mlflow.db")
+            raise KernelcampError(f"{where} = {uri!r}: a SQLite store is sqlite:////absolute/path/mlflow.db")
     elif scheme == "file":
         path = rest[2:] if rest.startswith("//") else rest
     else:
         return  # a server (http, https, databricks, ...)
     if not path.startswith("/"):
         raise KernelcampError(
-            f"tracking.uri = {uri!r}: a relative store path would resolve in the run's working folder (a queued "
+            f"{where} = {uri!r}: a relative store path would resolve in the run's working folder (a queued "
             "experiment's is a temporary copy); give an absolute path, or leave tracking.uri null for "
             "$DVC_ROOT/mlflow.db"
         )
+
+
+def _check_workload(wl: WorkloadSpec) -> None:
+    """Each workload shape (the GPU's, ``workload``, and the CPU's, ``workload.cpu``) can be built:
+    ``num_cache_tokens`` whole pages of ``page_size``, and ``topk`` distinct tokens of the cache (the
+    kernel's ``make_inputs`` refused both only in the benchmark stage, with a traceback)."""
+    for where, shape in (("workload", wl), ("workload.cpu", wl.cpu)):
+        if shape.num_cache_tokens % shape.page_size:
+            raise KernelcampError(
+                f"{where}.num_cache_tokens = {shape.num_cache_tokens}: must be a multiple of {where}.page_size "
+                f"({shape.page_size}), whole pages"
+            )
+        if shape.topk > shape.num_cache_tokens:
+            raise KernelcampError(
+                f"{where}.topk = {shape.topk}: must be <= {where}.num_cache_tokens ({shape.num_cache_tokens}), "
+                "top-k distinct cache tokens"
+            )
 
 
 def _check_against_target(v: Variant, section: str, target: Any) -> None:

@@ -65,12 +65,19 @@ TAG_PREFIX = "kernelcamp."
 
 
 def tracking_uri(params: Mapping[str, Any] | None = None) -> str:
-    """``MLFLOW_TRACKING_URI``, else ``params["tracking"]["uri"]``, else ``sqlite:///$DVC_ROOT/mlflow.db``."""
+    """``MLFLOW_TRACKING_URI``, else ``params["tracking"]["uri"]``, else ``sqlite:///$DVC_ROOT/mlflow.db``.
+
+    Raises ``KernelcampError`` for a local store named by a relative path
+    (:func:`kernelcamp.spec.check_tracking_uri`)."""
+    from kernelcamp.spec import check_tracking_uri
+
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
+        check_tracking_uri(env, "MLFLOW_TRACKING_URI")
         return env
     uri = ((params or {}).get("tracking") or {}).get("uri")
     if uri:
+        check_tracking_uri(str(uri))  # before any store is opened (the spec stage opens it first)
         return str(uri)
     return f"sqlite:///{dvc_root() / 'mlflow.db'}"
 

@@ -226,7 +226,7 @@ BAD = [
     ("server.env", {"A=B": "1"}, r"server\.env key 'A=B'"),
     ("server.env", {"a/../b": "1"}, r"server\.env key 'a/\.\./b'"),
     ("server.env", {"K:1": "x"}, r"server\.env key 'K:1'"),
-    ("server.env", {"NUL": "a\0b"}, r"server\.env\.NUL holds a NUL character"),
+    ("server.env", {"NUL": "a\0b"}, r"server\.env\.NUL = 'a\\x00b': holds a control character"),
     ("server.env", {"FLAG": True}, r"server\.env\.FLAG = true: give a string or a number; quote a flag"),
     ("server.env", {"FLAG": None}, r"server\.env\.FLAG = null: give a string or a number"),
     ("server.args", ["--port", "9"], r"server\.args\.0 = '--port': the deploy sets --port itself"),
@@ -259,6 +259,12 @@ BAD = [
     ("tracking.uri", "mlruns", r"tracking\.uri = 'mlruns': a relative store path"),
     ("tracking.uri", "file:./mlruns", r"tracking\.uri = 'file:\./mlruns': a relative store path"),
     ("tracking.uri", "sqlite://mlflow.db", r"a SQLite store is sqlite:////absolute/path/mlflow\.db"),
+    ("server.env", {"FOO": "a\nb"}, r"server\.env\.FOO = 'a\\nb': holds a control character"),
+    # shapes the kernel's make_inputs refused only in the benchmark stage, with a traceback
+    ("workload.cpu.topk", 1024, r"workload\.cpu\.topk = 1024: must be <= workload\.cpu\.num_cache_tokens \(512\)"),
+    ("workload.cpu.num_cache_tokens", 500, r"workload\.cpu\.num_cache_tokens = 500: must be a multiple of"),
+    ("workload.num_cache_tokens", 1000, r"workload\.num_cache_tokens = 1000: must be a multiple of workload\.page"),
+    ("workload.topk", 10**9, r"workload\.topk = 1000000000: must be <= workload\.num_cache_tokens"),
 ]
 
 GOOD = [
@@ -280,6 +286,23 @@ GOOD = [
 def test_values_next_to_the_refused_ones_pass(key: str, value) -> None:
     """Each check refuses its kind and no more: the neighbouring good values parse."""
     parse_spec(_with(PARAMS, key, value))
+
+
+def test_a_relative_store_is_refused_before_any_store_is_opened(tmp_path: Path, monkeypatch) -> None:
+    """The spec stage opens the store (tracked_stage) before it parses the spec: `-S tracking.uri=sqlite:///x/y.db`
+    created x/y.db in the workspace and failed with MLflow's own error. The store's URI is checked where it is
+    read, for MLFLOW_TRACKING_URI too."""
+    from kernelcamp import tracking
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    p = _with(PARAMS, "tracking.uri", "sqlite:///rel/x.db")
+    with pytest.raises(KernelcampError, match=r"tracking\.uri = 'sqlite:///rel/x\.db': a relative store path"):
+        tracking.ensure_store(p)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "mlruns")
+    with pytest.raises(KernelcampError, match=r"MLFLOW_TRACKING_URI = 'mlruns': a relative store path"):
+        tracking.tracking_uri(PARAMS)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_local_conf_without_its_header_names_the_header() -> None:
