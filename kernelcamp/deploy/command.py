@@ -123,12 +123,13 @@ def stop_command(root: str | Path | None = None) -> bool:
 def _stop_recorded(st: dict[str, Any], grace_s: float) -> bool:
     """Stop the process group a command.json state names, unless its pid now belongs to another process.
 
-    The leader still the recorded process (:func:`kernelcamp.io.same_process`, by its start time): the
-    group is stopped (True). The leader gone: what is left of its group (the state's pgid is the leader's
-    pid) is sent SIGTERM (no process has that pid, and a pid stays out of reuse while it is some group's
-    id, so the group is still ours; False). The pid alive with another
-    start time: the server died and the pid went to an unrelated process: nothing is signalled (a line
-    on stderr says so; False)."""
+    - The leader still the recorded process (:func:`kernelcamp.io.same_process`, by its start time):
+      the group is stopped (True).
+    - The leader gone: what is left of its group (the state's pgid is the leader's pid) is sent SIGTERM;
+      no process has that pid, and a pid stays out of reuse while it is some group's id, so the group is
+      still ours (False).
+    - The pid alive with another start time: the server died and the pid went to an unrelated process:
+      nothing is signalled, a line on stderr says so (False)."""
     pid, pgid = st.get("pid"), st.get("pgid")
     if same_process(pid, st.get("start_time")):
         kill_group(pid, pgid, grace_s=grace_s)
@@ -141,7 +142,7 @@ def _stop_recorded(st: dict[str, Any], grace_s: float) -> bool:
             flush=True,
         )
         return False
-    if pgid and pgid == pid:  # no process has that pid now, so a group of that id can only be what is left of ours
+    if pgid and pgid == pid:  # no process has that pid: a group of that id can only be what is left of ours
         kill_group(pgid, pgid, grace_s=grace_s)
     return False
 
