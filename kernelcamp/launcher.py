@@ -397,15 +397,47 @@ def run_experiment(plan: JobPlan, exp: QueuedExperiment, env: Mapping[str, str])
         ("push", push, clone),
     ]
     print(f"kernelcamp job: experiment {exp.name} in {clone}", flush=True)
-    for step, cmd, cwd in steps:
-        rc = _run(cmd, cwd, env)
-        if rc != 0:
-            print(f"kernelcamp job: experiment {exp.name}: {step} exited {rc}; clone kept: {clone}", flush=True)
-            return _result(exp, "failed", step, rc, clone, t0)
+    try:
+        for step, cmd, cwd in steps:
+            rc = _run(cmd, cwd, env)
+            if rc != 0:
+                print(f"kernelcamp job: experiment {exp.name}: {step} exited {rc}; clone kept: {clone}", flush=True)
+                return _result(exp, "failed", step, rc, clone, t0)
+    finally:
+        _stop_clone_servers(clone, env)
     if not plan.keep_clones:
         shutil.rmtree(clone, ignore_errors=True)
     print(f"kernelcamp job: experiment {exp.name} landed in {time.monotonic() - t0:.0f} s", flush=True)
     return _result(exp, "landed", None, 0, clone, t0)
+
+
+def stop_clone_servers(clone_root: Path) -> int:
+    """Stop the embedded servers left in every experiment clone under ``clone_root`` (the workspace's
+    state folder of each, and each sweep slot's in it); returns how many were running. For a local
+    launcher's jobs that were cancelled: submitit kills a job about a second after its SIGINT, before
+    :func:`_stop_clone_servers` is done."""
+    from kernelcamp.deploy.embedded import stop_servers
+
+    n = 0
+    for state in sorted(clone_root.glob("*/.kernelcamp")):
+        slots = [int(d.name[4:]) for d in state.glob("slot*") if d.name[4:].isdigit()]
+        n += sum(stop_servers(state.parent, slot) for slot in [None, *slots])
+    return n
+
+
+def _stop_clone_servers(clone: Path, env: Mapping[str, str]) -> None:
+    """Stop the embedded servers the experiment's deploy and serving benchmark left in ``clone`` (its
+    ``.kernelcamp`` state, in the job's slot). The deployed server outlives the pipeline on purpose (a
+    rerun reuses it), but this clone is removed next, and with it the only record of that server: each
+    sweep left one server per experiment holding its port. Runs also when the job is signalled."""
+    from kernelcamp.deploy.embedded import stop_servers
+    from kernelcamp.signals import signals_deferred
+
+    if not (clone / ".kernelcamp").is_dir():
+        return
+    slot = int(env[SLOT_ENV]) if str(env.get(SLOT_ENV, "")).isdigit() else None
+    with signals_deferred():
+        stop_servers(clone, slot)
 
 
 def run_job(plan: JobPlan) -> list[dict[str, Any]]:
@@ -564,6 +596,10 @@ def run_launcher_sweep(
             deadline = time.monotonic() + STOP_GRACE_S + 15
             while jobs and not all(j.done() for j in jobs) and time.monotonic() < deadline:
                 time.sleep(0.5)
+            if name != "slurm":  # a job killed before its own cleanup left its clone's servers running
+                stopped = stop_clone_servers(clone_root)
+                if stopped:
+                    log(f"sweep: stopped {stopped} embedded server(s) the cancelled jobs left in {clone_root}")
         sig.close()
     return _finish(repo_root, spec, git_url, experiments, plans, jobs, before, interrupted, t0, log)
 

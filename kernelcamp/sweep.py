@@ -230,16 +230,9 @@ def prepare_tracking_store(repo_root: Path) -> None:
 def stop_slot_servers(repo_root: Path, slots: list[int]) -> list[int]:
     """Stop the embedded servers (deployed, and a benchmark's temporary baseline) that the workers in
     ``slots`` left running; returns the slots where one was running."""
-    from kernelcamp.deploy.common import state_dir, stop_state
-    from kernelcamp.deploy.embedded import BASELINE_STEM, stop_embedded
+    from kernelcamp.deploy.embedded import stop_servers
 
-    stopped = []
-    for slot in slots:
-        was = stop_embedded(repo_root, slot=slot)
-        was |= bool(stop_state(state_dir(repo_root, slot) / f"{BASELINE_STEM}.json"))
-        if was:
-            stopped.append(slot)
-    return stopped
+    return [slot for slot in slots if stop_servers(repo_root, slot)]
 
 
 def run_sweep(

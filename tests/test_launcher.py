@@ -336,3 +336,56 @@ def test_every_launcher_file_parses(name: str) -> None:
     params = yaml.safe_load(compose_text(ROOT, [f"launcher={name}"]))
     spec = parse_section(launcher.LauncherSpec, params["launcher"], "launcher")
     assert spec.name == name
+
+
+def _fake_server(state: Path) -> subprocess.Popen:
+    """A live process that stop_state takes for a kernelcamp server (its command line names kernelcamp), with
+    its state file at ``state``."""
+    from kernelcamp.io import pid_start_time
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "kernelcamp"], start_new_session=True)
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(json.dumps({"pid": p.pid, "pgid": p.pid, "start_time": pid_start_time(p.pid)}))
+    return p
+
+
+def test_a_job_stops_its_experiments_servers_before_removing_the_clone(tmp_path: Path, monkeypatch) -> None:
+    """A local launcher sweep left every experiment's embedded server holding its port: the deployed server
+    outlives the pipeline on purpose, and the clone that held its state file was removed."""
+    procs = []
+
+    def fake_run(cmd, cwd, env):
+        if "run" in cmd and "exp" in cmd:  # the experiment deploys: a server with its state in the clone's slot
+            procs.append(_fake_server(Path(cwd) / ".kernelcamp" / "slot1" / "server.json"))
+            procs.append(_fake_server(Path(cwd) / ".kernelcamp" / "slot1" / "baseline-server.json"))
+        return 0
+
+    monkeypatch.setattr(launcher, "_run", fake_run)
+    plan = launcher.JobPlan("url", None, "http://x", str(tmp_path / "clones"), False, (), slot=1)
+    exp = launcher.QueuedExperiment("e0", "s" * 40, "b" * 40)
+    try:
+        res = launcher.run_experiment(plan, exp, {launcher.SLOT_ENV: "1"})
+        assert res["status"] == "landed" and len(procs) == 2
+        for p in procs:
+            assert p.wait(timeout=30) is not None  # stopped, not left running
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_cancelled_sweep_stops_what_its_killed_jobs_left(tmp_path: Path) -> None:
+    """submitit kills a cancelled local job about a second after its SIGINT, before the job's own cleanup:
+    the sweep then stops the servers left in the clones (workspace and slot state folders)."""
+    procs = [
+        _fake_server(tmp_path / "e0-1" / ".kernelcamp" / "slot0" / "server.json"),
+        _fake_server(tmp_path / "e1-2" / ".kernelcamp" / "server.json"),
+    ]
+    try:
+        assert launcher.stop_clone_servers(tmp_path) == 2
+        assert all(p.wait(timeout=30) is not None for p in procs)
+        assert launcher.stop_clone_servers(tmp_path) == 0
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -45,6 +45,18 @@ def stop_embedded(root: str | Path | None = None, grace_s: float = 15.0, slot: i
 
 #: State-file stem of the serving benchmark's temporary baseline server (beside the deployed ``server``).
 BASELINE_STEM = "baseline-server"
+
+
+def stop_servers(root: str | Path | None = None, slot: int | None = None) -> bool:
+    """Stop the embedded servers a workspace (or sweep slot ``slot`` of it) left running: the deployed one
+    and a serving benchmark's temporary baseline, each only if still ours (:func:`stop_embedded`,
+    :func:`kernelcamp.deploy.common.stop_state`). True if one was running. Used by ``kernelcamp sweep``
+    after its workers and by the submitit launcher's job before it removes an experiment's clone (the
+    state files go with the clone, and nothing could find the servers again)."""
+    was = stop_embedded(root, slot=slot)
+    return bool(stop_state(state_dir(root, slot) / f"{BASELINE_STEM}.json")) or was
+
+
 #: At most this many ports above the configured one are tried when a foreign process holds it.
 PORT_TRIES = 9
 
