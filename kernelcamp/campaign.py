@@ -31,9 +31,22 @@ COPIED_SUFFIXES = (".json", ".csv", ".md")
 def exp_ref(repo_root: Path, exp_name: str) -> str:
     """The git ref of DVC experiment ``exp_name`` in the repo at ``repo_root``.
 
-    Raises ``KernelcampError`` when no experiment of that name exists, or when several baselines
-    each have one (name the ref itself then).
+    ``exp_name`` is a name (matched literally, never as a glob) or a full ref ``refs/exps/...``, which
+    tells apart experiments of one name on several baselines. Raises ``KernelcampError`` when no
+    experiment of that name exists, or when several baselines each have one (name the ref itself then).
     """
+    if exp_name.startswith("refs/exps/"):
+        ok = subprocess.run(
+            ["git", "show-ref", "--verify", "-q", exp_name], cwd=repo_root, capture_output=True, text=True
+        )
+        if ok.returncode != 0:
+            raise KernelcampError(f"no DVC experiment ref {exp_name!r}: `git for-each-ref refs/exps` lists them")
+        return exp_name
+    if any(c in exp_name for c in "*?[]\\/") or not exp_name.strip():
+        raise KernelcampError(
+            f"experiment name {exp_name!r}: give the name as `dvc exp list -A` shows it (no wildcards), "
+            "or its full ref refs/exps/..."
+        )
     out = subprocess.run(
         ["git", "for-each-ref", "--format=%(refname)", f"refs/exps/*/*/{exp_name}"],
         cwd=repo_root,
@@ -58,7 +71,8 @@ def collect(repo_root: Path, exp_name: str, dest: Path) -> list[str]:
     new copy is assembled beside ``dest`` and swapped in, so a failure leaves the old copy whole.
     Returns the copied paths, relative to ``dest``.
 
-    Raises ``KernelcampError`` when the experiment does not exist or its commit lacks ``dvc.lock``.
+    Raises ``KernelcampError`` when the experiment does not exist or its commit lacks ``dvc.lock``, or when
+    ``dest`` is a file or names no folder of its own (``.``, ``/``).
     """
     ref = exp_ref(repo_root, exp_name)
     ls = subprocess.run(
@@ -76,7 +90,15 @@ def collect(repo_root: Path, exp_name: str, dest: Path) -> list[str]:
     archive = subprocess.run(["git", "archive", "--format=tar", ref, *wanted], cwd=repo_root, capture_output=True)
     if archive.returncode != 0:
         raise KernelcampError(f"git archive {ref}: {archive.stderr.decode(errors='replace').strip()}")
-    dest = Path(dest)
+    given, dest = str(dest), Path(dest).resolve()
+    if any(p.is_relative_to(dest) for p in (Path.cwd().resolve(), Path(repo_root).resolve())):
+        # `collect EXP .` would have moved this folder (or the repo holding it) aside to make room
+        raise KernelcampError(
+            f"campaign folder {given!r} holds this folder or the repo: name a folder of its own, e.g. "
+            "reports/campaigns/<name>"
+        )
+    if dest.exists() and not dest.is_dir():
+        raise KernelcampError(f"campaign folder {given!r} is a file: name a folder (it is replaced whole)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     copied = []
@@ -107,7 +129,11 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("campaign", description=__doc__.splitlines()[0])
     inner = p.add_subparsers(dest="cmd", metavar="<subcommand>", required=True)
     c = inner.add_parser("collect", help="copy an experiment's params, lock and reports from its commit into DEST")
-    c.add_argument("experiment", help="the DVC experiment's name (dvc exp list -A --name-only)")
+    c.add_argument(
+        "experiment",
+        help="the DVC experiment's name (dvc exp list -A --name-only), or its full ref refs/exps/... where "
+        "one name is on several baselines",
+    )
     c.add_argument("dest", help="the folder to (re)write, e.g. reports/campaigns/warp_occupancy/warp_occupancy")
     c.add_argument("--repo", default=".", help="the DVC repo [default: .]")
     p.set_defaults(main=main)

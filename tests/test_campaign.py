@@ -70,3 +70,50 @@ def test_unknown_experiment_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(KernelcampError, match="no DVC experiment named 'nope'"):
         campaign.collect(repo, "nope", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _repo_with(tmp_path: Path, names: list[str], bases: int = 1) -> tuple[Path, list[str]]:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    out = []
+    for i in range(bases):
+        (repo / "params.yaml").write_text(f"experiment: null\nbase: {i}\n")
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-qm", f"base {i}")
+        base = _git(repo, "rev-parse", "HEAD")
+        for n in names:
+            _exp(repo, base, n, f"decision {i}")
+        out.append(base)
+    return repo, out
+
+
+def test_a_destination_holding_the_repo_or_a_file_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """`collect EXP .` raised a traceback (an empty name) for `/` and would have moved the current folder aside;
+    a file was replaced and `.afile.old` left beside it."""
+    repo, _ = _repo_with(tmp_path, ["a-1"])
+    monkeypatch.chdir(repo)
+    for dest in (".", "/", str(repo), "reports/.."):
+        with pytest.raises(KernelcampError, match="holds this folder or the repo"):
+            campaign.collect(repo, "a-1", Path(dest))
+    (tmp_path / "afile").write_text("hi\n")
+    with pytest.raises(KernelcampError, match="is a file"):
+        campaign.collect(repo, "a-1", tmp_path / "afile")
+    assert (tmp_path / "afile").read_text() == "hi\n" and not list(tmp_path.glob(".afile*"))
+    assert (repo / "params.yaml").exists()
+
+
+def test_an_experiment_name_is_literal_and_a_full_ref_picks_one_of_several(tmp_path: Path) -> None:
+    """`collect 'r?'` collected r2 (the name was a glob); a name reused on two baselines could not be collected,
+    though the message said to name the ref."""
+    repo, bases = _repo_with(tmp_path, ["r2"], bases=2)
+    for pattern in ("r?", "[r]2", "*"):
+        with pytest.raises(KernelcampError, match="no wildcards"):
+            campaign.collect(repo, pattern, tmp_path / "out")
+    with pytest.raises(KernelcampError, match="2 experiments are named 'r2'"):
+        campaign.collect(repo, "r2", tmp_path / "out")
+    ref = f"refs/exps/{bases[0][:2]}/{bases[0][2:]}/r2"
+    campaign.collect(repo, ref, tmp_path / "out")
+    assert (tmp_path / "out" / "report.md").read_text() == "# r2: decision 0\n"
+    with pytest.raises(KernelcampError, match="no DVC experiment ref"):
+        campaign.collect(repo, ref + "x", tmp_path / "out2")
