@@ -112,15 +112,29 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
         raise KernelcampError(f"{what} at {path} is not valid JSON ({e}): rerun the stage that writes it") from e
 
 
-def load_params(path: str | os.PathLike = "params.yaml") -> dict[str, Any]:
-    """Load params.yaml (written by DVC's Hydra composition; never composed here).
-
-    Raises ``KernelcampError`` when the file is missing or not a mapping.
-    """
+def read_params(path: str | os.PathLike = "params.yaml") -> tuple[str, Any]:
+    """``(text, parsed YAML)`` of a params file. Raises ``KernelcampError`` (one line) when it is missing,
+    not a file, unreadable, not UTF-8 or not YAML; the parsed value may be anything (callers check)."""
     path = Path(path)
     if not path.exists():
         raise KernelcampError(f"{path} not found: run `dvc exp run` (it composes conf/) or `make params`")
-    data = yaml.safe_load(path.read_text())
+    if not path.is_file():
+        raise KernelcampError(f"{path} is not a file: give the params.yaml that `dvc exp run` writes")
+    try:
+        text = path.read_text(encoding="utf-8")
+        return text, yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        first = " ".join(str(e).split())[:200]
+        raise KernelcampError(f"{path} is not readable YAML ({first}): regenerate it with `make params`") from None
+
+
+def load_params(path: str | os.PathLike = "params.yaml") -> dict[str, Any]:
+    """Load params.yaml (written by DVC's Hydra composition; never composed here).
+
+    Raises ``KernelcampError`` when the file is missing, not a file, not readable YAML (:func:`read_params`)
+    or not a mapping.
+    """
+    _, data = read_params(path)
     if not isinstance(data, dict):
         raise KernelcampError(f"{path} is not a mapping: regenerate it with `make params`")
     return data

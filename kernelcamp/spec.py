@@ -634,7 +634,7 @@ def _check_serving_with_kernel_rev(rev: str, bench: BenchmarkSpec) -> None:
 def _check_across_keys(sections: Mapping[str, Any]) -> None:
     """Checks that involve two keys or more than a type and a range: a minimum never above its maximum,
     then :func:`_check_server`, :func:`_check_ports`, :func:`_check_embedded_server`, :func:`_check_targets`,
-    :func:`_check_deploy`, :func:`_check_tracking` and :func:`_check_workload`. Each raises
+    :func:`_check_deploy`, :func:`_check_tracking` and :func:`check_workload`. Each raises
     ``KernelcampError`` naming the key."""
     bk, sv = sections["benchmark"].kernel, sections["benchmark"].serving
     for where, lo, hi, hi_name in (
@@ -649,7 +649,7 @@ def _check_across_keys(sections: Mapping[str, Any]) -> None:
     _check_targets(sections["build"], sections["benchmark"])
     _check_deploy(sections["deploy"])
     _check_tracking(sections["tracking"])
-    _check_workload(sections["workload"])
+    check_workload(sections["workload"])
 
 
 def _check_server(server: ServerSpec) -> None:
@@ -788,7 +788,7 @@ def check_tracking_uri(uri: str, where: str = "tracking.uri") -> None:
         )
 
 
-def _check_workload(wl: WorkloadSpec) -> None:
+def check_workload(wl: WorkloadSpec) -> None:
     """Each workload shape (the GPU's, ``workload``, and the CPU's, ``workload.cpu``) can be built:
     ``num_cache_tokens`` whole pages of ``page_size``, and ``topk`` distinct tokens of the cache (the
     kernel's ``make_inputs`` refused both only in the benchmark stage, with a traceback)."""
@@ -827,18 +827,10 @@ def load_spec(path: str | Path = "params.yaml") -> RunSpec:
     an unknown key, a value of the wrong type or out of range, a bad variant, or a kernel module
     that is not a file of this tree's ``kernels/``.
     """
-    path = Path(path)
-    if not path.exists():
-        raise KernelcampError(f"{path} not found: run `dvc exp run` (it composes conf/) or `make params`")
-    if not path.is_file():
-        raise KernelcampError(f"{path} is not a file: give the params.yaml that `dvc exp run` writes")
-    try:
-        text = path.read_text(encoding="utf-8")
-        raw = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        first = " ".join(str(e).split())[:200]
-        raise KernelcampError(f"{path} is not readable YAML ({first}): regenerate it with `make params`") from None
-    return parse_spec(raw, path, text)
+    from kernelcamp.io import read_params
+
+    text, raw = read_params(path)
+    return parse_spec(raw, Path(path), text)
 
 
 def spec_summary(spec: RunSpec) -> dict[str, Any]:

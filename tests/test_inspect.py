@@ -691,6 +691,40 @@ def test_cli_bad_target_is_one_line(capsys):
     assert len(err) == 1 and err[0].startswith("error: unknown target")
 
 
+def _params_with(tmp_path, **sections):
+    import copy
+
+    import yaml
+
+    p = copy.deepcopy(yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text()))
+    for key, value in sections.items():
+        sec, _, field = key.partition("__")
+        p[sec][field] = value
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(p))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda d: str(Path(__file__).resolve().parents[1] / "README.md"), "is not readable YAML"),
+        (lambda d: str(d), "is not a file"),
+        (lambda d: _params_with(d, workload__num_heads="abc"), "workload.num_heads = 'abc': expected an integer"),
+        (lambda d: _params_with(d, workload__num_heads=None), "workload.num_heads = null: expected an integer"),
+        (lambda d: _params_with(d, workload__topk=-5), "workload.topk = -5: must be >= 1"),
+        (lambda d: _params_with(d, workload__layout="v9"), "workload.layout = 'v9': expected one of"),
+        (lambda d: _params_with(d, kernel__dot_dtype="int4"), "kernel.dot_dtype = 'int4': expected one of"),
+    ],
+)
+def test_cli_bad_params_are_one_line_not_a_traceback_or_a_prune(capsys, tmp_path, make, needle):
+    """`inspect --params README.md` (or a folder, or a non-integer head count) raised a traceback; a bad
+    dot_dtype or layout was reported as every config PRUNED on sm90 (exit 1); topk -5 passed."""
+    assert cli.main(["inspect", "--params", make(tmp_path), "--target", "sm90", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+
+
 def test_cli_composes_a_group_file_with_its_own_defaults(capsys, monkeypatch):
     # conf/workload/deepseek_v32_tp8.yaml is deepseek_v32 (its defaults list) with 16 heads: read as a bare YAML
     # file it lacked the layout, and `kernelcamp inspect --workload deepseek_v32_tp8` stopped with "workload lacks

@@ -143,6 +143,7 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     """``kernelcamp inspect``: returns 0, or 1 when some target has no fitting config, 2 on errors."""
     from kernelcamp.io import load_params
+    from kernelcamp.spec import KernelSpec, WorkloadSpec, check_workload, parse_section
     from kernelcamp.targets import conf_dir
     from kernelcamp.variant import parse_variant
 
@@ -164,6 +165,10 @@ def main(args: argparse.Namespace) -> int:
         variant = parse_variant(group("variant", args.variant, None))
         workload = group("workload", args.workload, "deepseek_v4_flash")
         kernel = group("kernel", args.kernel, "sparse_mla_decode")
+        # checked as a run's spec checks them (a bad dot_dtype or layout read as every config pruned, a
+        # non-integer head count a traceback)
+        check_workload(parse_section(WorkloadSpec, workload, "workload"))
+        parse_section(KernelSpec, kernel, "kernel")
         targets = (
             [load_target(t) for t in args.target]
             if args.target
