@@ -150,6 +150,32 @@ class RequestResult:
         return gaps
 
 
+class BadChunk(ValueError):
+    """A stream chunk that is JSON but not the OpenAI shape (an object whose ``choices`` is a list of
+    objects, ``usage`` an object, ``kernelcamp_tokens`` a count): the request's status is ``broken_stream``."""
+
+
+def _check_chunk(obj: Any) -> dict[str, Any]:
+    """``obj`` if it has the shape :func:`_chunk_text`, :func:`_finish` and the token count read, else
+    ``BadChunk``. A server that streamed ``data: [1, 2]`` or ``{"choices": 5}`` killed the worker task
+    (an AttributeError outside the request's error handling), and the level stopped sending requests."""
+    if not isinstance(obj, dict):
+        raise BadChunk(f"a chunk is {type(obj).__name__}, not an object")
+    ch = obj.get("choices")
+    if ch is not None and (not isinstance(ch, list) or not all(isinstance(c, dict) for c in ch)):
+        raise BadChunk("choices is not a list of objects")
+    if ch and not isinstance(ch[0].get("delta") or {}, dict):
+        raise BadChunk("choices[0].delta is not an object")
+    if not isinstance(_chunk_text(obj), str):
+        raise BadChunk("the chunk's text is not a string")
+    if obj.get("usage") is not None and not isinstance(obj["usage"], dict):
+        raise BadChunk("usage is not an object")
+    k = obj.get("kernelcamp_tokens")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        raise BadChunk("kernelcamp_tokens is not a count")
+    return obj
+
+
 def _chunk_text(obj: dict[str, Any]) -> str:
     ch = obj.get("choices") or []
     if not ch:
@@ -194,7 +220,7 @@ async def run_request(
                 if data == b"[DONE]":
                     state["done"] = True
                     return
-                obj = json.loads(data)
+                obj = _check_chunk(json.loads(data))
                 now = time.perf_counter()
                 text = _chunk_text(obj)
                 if "kernelcamp_tokens" in obj:
@@ -218,7 +244,13 @@ async def run_request(
     except asyncio.TimeoutError:
         r.status, r.end = "timeout", time.perf_counter()
         return r
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError):
+    except (
+        aiohttp.ClientPayloadError,
+        aiohttp.ServerDisconnectedError,
+        aiohttp.ClientOSError,
+        ConnectionResetError,
+        BadChunk,
+    ):
         r.status, r.end = "broken_stream", time.perf_counter()
         return r
     except (aiohttp.ClientError, json.JSONDecodeError, OSError) as e:
@@ -567,7 +599,10 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
 def base_url(url: str) -> str:
     """``url`` as the load generator's base: ``http(s)://host[:port][/prefix]`` without a trailing ``/``
     or ``/v1``. Raises ``KernelcampError`` for another scheme, no host, or a bad port."""
-    u = urlsplit(url.strip())
+    try:
+        u = urlsplit(url.strip())
+    except ValueError as e:  # e.g. "Invalid IPv6 URL" for http://[::1
+        raise KernelcampError(f"--url {url!r}: {e}") from None
     if u.scheme not in ("http", "https") or not u.netloc:
         raise KernelcampError(f"--url {url!r}: expected http://host:port or https://host:port")
     try:

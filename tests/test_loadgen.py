@@ -99,3 +99,36 @@ def test_failures_timeouts_empty_broken_counted():
     assert row["valid"] is False
     assert row["output_tokens"] == 12
     assert row["output_tok_s"] == pytest.approx(12 / row["wall_s"])
+
+
+@pytest.mark.parametrize("chunk", ["[1, 2]", '"hello"', "null", '{"kernelcamp_tokens": "3"}', '{"choices": 5}'])
+def test_a_stream_of_json_that_is_not_a_chunk_fails_the_request_not_the_worker(chunk):
+    """`data: [1,2]` (or a chunk of another shape) raised AttributeError in the worker task: the level
+    showed `pending` requests and its worker sent no more. Each such request is now broken_stream."""
+    import asyncio
+
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def complete():
+        async def body():
+            yield f"data: {chunk}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    with ServerThread(app) as url:
+        row, results = asyncio.run(run_level(url, ["p"], 1, max_tokens=4, num_requests=3, timeout_s=5.0))
+    assert [r.status for r in results] == ["broken_stream"] * 3  # every request sent and counted
+    assert row["requests_failed"] == 3 and row["valid"] is False
+
+
+def test_a_malformed_url_is_one_line():
+    from kernelcamp.errors import KernelcampError
+    from kernelcamp.loadgen import base_url
+
+    with pytest.raises(KernelcampError, match=r"--url 'http://\[::1': Invalid IPv6 URL"):
+        base_url("http://[::1")
