@@ -57,7 +57,7 @@ from typing import Any
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.ports import SLOT_ENV
-from kernelcamp.signals import Terminated, signals_raise
+from kernelcamp.signals import Terminated, signals_deferred, signals_raise
 
 #: ``--launcher`` choices besides today's default (``queue``: kernelcamp.sweep).
 LAUNCHERS = ("local", "local-gpu", "slurm")
@@ -431,7 +431,6 @@ def _stop_clone_servers(clone: Path, env: Mapping[str, str]) -> None:
     rerun reuses it), but this clone is removed next, and with it the only record of that server: each
     sweep left one server per experiment holding its port. Runs also when the job is signalled."""
     from kernelcamp.deploy.embedded import stop_servers
-    from kernelcamp.signals import signals_deferred
 
     if not (clone / ".kernelcamp").is_dir():
         return
@@ -601,7 +600,15 @@ def run_launcher_sweep(
                 if stopped:
                     log(f"sweep: stopped {stopped} embedded server(s) the cancelled jobs left in {clone_root}")
         sig.close()
-    return _finish(repo_root, spec, git_url, experiments, plans, jobs, before, interrupted, t0, log)
+    return _finish_whole(repo_root, spec, git_url, experiments, plans, jobs, before, interrupted, t0, log)
+
+
+def _finish_whole(*args: Any) -> int:
+    """:func:`_finish` (what landed: queue entries removed, experiments pulled, the shipping refs deleted),
+    run whole, a SIGTERM or SIGINT held until it ends (:func:`kernelcamp.signals.signals_deferred`): one
+    inside it ended the sweep with no summary and refs left on the remote."""
+    with signals_deferred():
+        return _finish(*args)
 
 
 def _finish(repo_root, spec, git_url, experiments, plans, jobs, before, interrupted, t0, log) -> int:

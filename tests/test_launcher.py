@@ -389,3 +389,21 @@ def test_a_cancelled_sweep_stops_what_its_killed_jobs_left(tmp_path: Path) -> No
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_sweeps_bookkeeping_runs_whole_under_a_signal(monkeypatch) -> None:
+    """A SIGTERM while the sweep removed queue entries and shipping refs ended it silently, refs left behind."""
+    from kernelcamp.signals import Terminated, signals_raise
+
+    done = []
+
+    def fake_finish(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the rest of the bookkeeping
+        done.append(args)
+        return 0
+
+    monkeypatch.setattr(launcher, "_finish", fake_finish)
+    with pytest.raises(Terminated), signals_raise((signal.SIGTERM,)):
+        launcher._finish_whole(1, 2)
+    assert done == [(1, 2)]
