@@ -157,8 +157,9 @@ class BadChunk(ValueError):
 
 def _check_chunk(obj: Any) -> dict[str, Any]:
     """``obj`` if it has the shape :func:`_chunk_text`, :func:`_finish` and the token count read, else
-    ``BadChunk``. A server that streamed ``data: [1, 2]`` or ``{"choices": 5}`` killed the worker task
-    (an AttributeError outside the request's error handling), and the level stopped sending requests."""
+    ``BadChunk`` (the text's own type is checked where it is read, once a chunk). A server that streamed
+    ``data: [1, 2]`` or ``{"choices": 5}`` killed the worker task (an AttributeError outside the request's
+    error handling), and the level stopped sending requests."""
     if not isinstance(obj, dict):
         raise BadChunk(f"a chunk is {type(obj).__name__}, not an object")
     ch = obj.get("choices")
@@ -166,8 +167,6 @@ def _check_chunk(obj: Any) -> dict[str, Any]:
         raise BadChunk("choices is not a list of objects")
     if ch and not isinstance(ch[0].get("delta") or {}, dict):
         raise BadChunk("choices[0].delta is not an object")
-    if not isinstance(_chunk_text(obj), str):
-        raise BadChunk("the chunk's text is not a string")
     if obj.get("usage") is not None and not isinstance(obj["usage"], dict):
         raise BadChunk("usage is not an object")
     k = obj.get("kernelcamp_tokens")
@@ -223,6 +222,8 @@ async def run_request(
                 obj = _check_chunk(json.loads(data))
                 now = time.perf_counter()
                 text = _chunk_text(obj)
+                if not isinstance(text, str):
+                    raise BadChunk("the chunk's text is not a string")
                 if "kernelcamp_tokens" in obj:
                     k = obj["kernelcamp_tokens"]
                 else:

@@ -101,7 +101,9 @@ def test_failures_timeouts_empty_broken_counted():
     assert row["output_tok_s"] == pytest.approx(12 / row["wall_s"])
 
 
-@pytest.mark.parametrize("chunk", ["[1, 2]", '"hello"', "null", '{"kernelcamp_tokens": "3"}', '{"choices": 5}'])
+@pytest.mark.parametrize(
+    "chunk", ["[1, 2]", '"hello"', "null", '{"kernelcamp_tokens": "3"}', '{"choices": 5}', '{"choices": [{"text": 5}]}']
+)
 def test_a_stream_of_json_that_is_not_a_chunk_fails_the_request_not_the_worker(chunk):
     """`data: [1,2]` (or a chunk of another shape) raised AttributeError in the worker task: the level
     showed `pending` requests and its worker sent no more. Each such request is now broken_stream."""
