@@ -84,18 +84,13 @@ import numpy as np
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.serve import gcwatch
-from kernelcamp.serve.client import auth_headers
+from kernelcamp.serve.client import DEFAULT_PROMPT_WORDS, auth_headers
 
 DEFAULT_LEVELS = (48, 64, 80, 96, 8, 1)
 _WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
     "romeo sierra tango uniform victor whiskey xray yankee zulu"
 ).split()
-
-
-#: Words (the embedded server's tokens) of each default prompt; ``kernelcamp.spec`` checks every
-#: ``max_tokens`` against ``server.max_context_tokens`` with it.
-DEFAULT_PROMPT_WORDS = 24
 
 
 def default_prompts(n: int = 64, words: int = DEFAULT_PROMPT_WORDS) -> list[str]:

@@ -712,7 +712,7 @@ def _check_embedded_server(sections: Mapping[str, Any]) -> None:
                 f"needs server.max_connections >= {max(levels) + CONNECTION_HEADROOM} (the level's requests and "
                 f"{CONNECTION_HEADROOM} for the probes), it is {cap}; raise it"
             )
-    from kernelcamp.loadgen import DEFAULT_PROMPT_WORDS
+    from kernelcamp.serve.client import DEFAULT_PROMPT_WORDS
 
     ctx = sections["server"].max_context_tokens
     for where, n in (

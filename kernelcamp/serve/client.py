@@ -41,6 +41,12 @@ CUDA_PROFILED_WHY = (
     "profile (pytorch/pytorch#144455), so every later step is slower than the variant's"
 )
 
+#: Words (the embedded server's tokens) of each prompt the load generator sends by default
+#: (``kernelcamp.loadgen.default_prompts``); ``kernelcamp.spec`` checks every ``max_tokens`` against
+#: ``server.max_context_tokens`` with it. Here, not in the load generator, so that the spec reads it
+#: without importing aiohttp and NumPy (about 0.3 s a stage).
+DEFAULT_PROMPT_WORDS = 24
+
 
 def api_key(explicit: str | None = None) -> str | None:
     """The key to use: ``explicit`` when given, else ``$KERNELCAMP_API_KEY``, else None (no auth)."""
