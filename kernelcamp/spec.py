@@ -47,8 +47,8 @@ import yaml
 from kernelcamp.errors import KernelcampError, as_written
 from kernelcamp.hashes import kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.kernel_rev import KernelRev, import_kernel_rev, resolve_kernel_rev
-from kernelcamp.ports import PORT_STRIDE
-from kernelcamp.variant import NAME_RE, Variant, parse_variant
+from kernelcamp.ports import PORT_STRIDE, worker_port
+from kernelcamp.variant import Variant, check_name, parse_variant
 
 #: The kernel package every kernel module lives in; the DVC stages depend on the whole folder.
 KERNEL_PACKAGE = "kernels"
@@ -66,10 +66,6 @@ SERVE_OWN_ARGS = ("--params", "--host", "--port", "--device")
 #: the benchmark's /info and /health probes and the clock sampler's. ``server.max_connections`` must
 #: leave this much room above the highest concurrency level.
 CONNECTION_HEADROOM = 8
-#: A remote directory the ssh deploy quotes into a remote shell and hands to scp: no characters either
-#: could read another way (scp's legacy protocol passes the path through the remote shell).
-REMOTE_DIR_RE = re.compile(r"^[A-Za-z0-9_./+@=-]+$")
-
 #: What build.json records of the run spec (and the later stages check it against): build depends on
 #: the variant's configs and the kernel, not on the server flags that the deployed variant hash covers.
 BUILD_KEYS = (
@@ -89,7 +85,7 @@ MEASURE_KEYS = (*DEPLOY_KEYS, "baseline_hash", "baseline_kernel_source_hash")
 
 def _f(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
     """A dataclass field with range metadata: ge, gt, le, lt, choices, pow2, unique, nonempty, name
-    (``kernelcamp.variant.NAME_RE``), multiline (a shell command: newlines and tabs allowed; every other
+    (``kernelcamp.variant.check_name``), multiline (a shell command: newlines and tabs allowed; every other
     string refuses control characters)."""
     if isinstance(default, (list, dict)):
         value = default
@@ -353,16 +349,9 @@ def _check_value(where: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> An
             raise KernelcampError(f"{where} is empty: give a value")
         if meta.get("no_dash") and value.startswith("-"):
             raise KernelcampError(f"{where} = {value!r}: must not start with '-' (it would reach ssh as an option)")
-        if meta.get("name") and not NAME_RE.match(value):
-            raise KernelcampError(
-                f"{where} = {value!r}: a name is letters, digits and _ . + - (it names files, report headings "
-                "and MLflow params); rename it"
-            )
-        bad = [c for c in value if ord(c) < 32 and not (meta.get("multiline") and c in "\n\t")] or [
-            c for c in value if ord(c) == 127
-        ]
-        if bad:
-            raise KernelcampError(f"{where} = {value!r}: holds a control character ({bad[0]!r}); remove it")
+        if meta.get("name"):
+            check_name(where, value)
+        _check_control_chars(where, value, "\n\t" if meta.get("multiline") else "")
         return value
     for key, test, words in (
         ("ge", lambda v, b: v >= b, ">="),
@@ -375,6 +364,14 @@ def _check_value(where: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> An
     if meta.get("pow2") and value & (value - 1):
         raise KernelcampError(f"{where} = {value}: must be a power of two")
     return value
+
+
+def _check_control_chars(where: str, value: Any, allowed: str = "") -> None:
+    """Raise ``KernelcampError`` naming ``where`` when ``str(value)`` holds a control character (below 32,
+    or DEL) other than those in ``allowed``."""
+    bad = [c for c in str(value) if (ord(c) < 32 or ord(c) == 127) and c not in allowed]
+    if bad:
+        raise KernelcampError(f"{where} = {value!r}: holds a control character ({bad[0]!r}); remove it")
 
 
 def _build(cls: type, raw: Any, where: str) -> Any:
@@ -666,9 +663,7 @@ def _check_server(server: ServerSpec) -> None:
                 f"server.env.{key} = {as_written(value)}: give a string or a number; quote a flag "
                 "('1', 'true'), since YAML reads yes/no/true as booleans and null as nothing"
             )
-        bad = [c for c in str(value) if ord(c) < 32 or ord(c) == 127]
-        if bad:
-            raise KernelcampError(f"server.env.{key} = {value!r}: holds a control character ({bad[0]!r}); remove it")
+        _check_control_chars(f"server.env.{key}", value)
     for i, arg in enumerate(server.args):
         if arg.split("=", 1)[0] in SERVE_OWN_ARGS:
             raise KernelcampError(
@@ -680,8 +675,6 @@ def _check_server(server: ServerSpec) -> None:
 def _check_ports(server: ServerSpec) -> None:
     """The ports this run may use (``server.port`` up to ``PORT_STRIDE - 1`` above it, a sweep worker's
     the same above its own base: :mod:`kernelcamp.ports`) all exist, i.e. are <= 65535."""
-    from kernelcamp.ports import worker_port
-
     top = worker_port(server.port) + PORT_STRIDE - 1
     if top > 65535:
         whose = "this sweep worker's base port" if top - server.port >= PORT_STRIDE else "it"
@@ -741,20 +734,13 @@ def _check_targets(build: BuildSpec, bench: BenchmarkSpec) -> None:
 
 
 def _check_deploy(deploy: DeploySpec) -> None:
-    """For ``deploy.kind: ssh``: host and user as ssh reads them (``kernelcamp.deploy.ssh.check_ssh_args``)
-    and a ``remote_dir`` of :data:`REMOTE_DIR_RE`'s characters, not starting with ``~`` (quoted for the
-    remote shell it would be a folder named ``~``, while scp would expand it)."""
+    """For ``deploy.kind: ssh``: host, user and ``remote_dir`` as the ssh deploy checks them when it runs
+    (``kernelcamp.deploy.ssh.check_ssh_args``: no option-like values, a plain remote path)."""
     if deploy.kind != "ssh":
         return
     from kernelcamp.deploy.ssh import check_ssh_args
 
     check_ssh_args(deploy.host, deploy.user, deploy.remote_dir, prefix="deploy.")
-    rdir = deploy.remote_dir
-    if rdir is not None and rdir != "???" and not REMOTE_DIR_RE.match(rdir):
-        raise KernelcampError(
-            f"deploy.remote_dir = {rdir!r}: use a path of letters, digits and _ . / + @ = - only (the remote "
-            "shell and scp must read it the same way; ~ is not expanded: write the home folder out)"
-        )
 
 
 def _check_tracking(tracking: TrackingSpec) -> None:

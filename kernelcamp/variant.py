@@ -59,6 +59,16 @@ from kernelcamp.errors import KernelcampError
 #: workload's, a server flag set's): letters, digits and ``_ . + -``, as conf/'s file names are.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
+
+def check_name(where: str, name: str) -> None:
+    """Raise ``KernelcampError`` naming ``where`` when ``name`` is not a :data:`NAME_RE` name."""
+    if not NAME_RE.match(name):
+        raise KernelcampError(
+            f"{where} = {name!r}: a name is letters, digits and _ . + - (it names files, report headings "
+            "and MLflow params); rename it"
+        )
+
+
 LAUNCH_FIELDS = ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages", "num_splits", "warp_specialize")
 AUTOTUNE_KEYS = ("B", "H", "topk")
 _META_FIELDS = ("name", "kernel_rev")
@@ -316,11 +326,7 @@ def parse_variant(raw: Mapping[str, Any], section: str = "variant") -> Variant:
     name = raw.get("name")
     if not name or not isinstance(name, str):
         raise KernelcampError(f"{section}.name is missing: every file in conf/{section}/ sets name: <file name>")
-    if not NAME_RE.match(name):
-        raise KernelcampError(
-            f"{section}.name = {name!r}: a name is letters, digits and _ . + - (it names files, report headings "
-            "and MLflow params); rename it"
-        )
+    check_name(f"{section}.name", name)
     rev = _kernel_rev(raw, section)
     v = _parse_body(raw, section, name)
     return v if rev is None else replace(v, kernel_rev=rev)

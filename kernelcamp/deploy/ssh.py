@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -63,12 +64,18 @@ class SshRunner:
         )
 
 
+#: A remote directory this deploy quotes into a remote shell and hands to scp: no characters either could
+#: read another way (scp's legacy protocol passes the path through the remote shell; a quoted ``~`` is a
+#: folder named ``~`` for the shell while scp expands it).
+REMOTE_DIR_RE = re.compile(r"^[A-Za-z0-9_./+@=-]+$")
+
+
 def check_ssh_args(
     host: str | None = None, user: str | None = None, remote_path: str | None = None, prefix: str = ""
 ) -> None:
     """Refuse a host, user or remote path that ssh/scp would read as an option (``-oProxyCommand=...``
-    runs a command on this machine) or that is empty; one ``KernelcampError`` line naming the key
-    (``prefix``: e.g. ``"deploy."``)."""
+    runs a command on this machine) or that is empty, and a remote path outside :data:`REMOTE_DIR_RE`;
+    one ``KernelcampError`` line naming the key (``prefix``: e.g. ``"deploy."``)."""
     for key, val in (("host", host), ("user", user), ("remote_dir", remote_path)):
         if val is None:
             continue
@@ -80,6 +87,11 @@ def check_ssh_args(
             )
         if key != "remote_dir" and any(c.isspace() for c in v):
             raise KernelcampError(f"{prefix}{key}={v!r}: must not contain whitespace")
+        if key == "remote_dir" and not REMOTE_DIR_RE.match(v):
+            raise KernelcampError(
+                f"{prefix}remote_dir = {v!r}: use a path of letters, digits and _ . / + @ = - only (the remote "
+                "shell and scp must read it the same way; ~ is not expanded: write the home folder out)"
+            )
 
 
 def remote_sha256(runner: Any, remote_dir: str, names: list[str]) -> dict[str, str]:
