@@ -404,7 +404,7 @@ def run_experiment(plan: JobPlan, exp: QueuedExperiment, env: Mapping[str, str])
                 print(f"kernelcamp job: experiment {exp.name}: {step} exited {rc}; clone kept: {clone}", flush=True)
                 return _result(exp, "failed", step, rc, clone, t0)
     finally:
-        _stop_clone_servers(clone, env)
+        stop_servers_in(clone)
     if not plan.keep_clones:
         shutil.rmtree(clone, ignore_errors=True)
     print(f"kernelcamp job: experiment {exp.name} landed in {time.monotonic() - t0:.0f} s", flush=True)
@@ -412,31 +412,26 @@ def run_experiment(plan: JobPlan, exp: QueuedExperiment, env: Mapping[str, str])
 
 
 def stop_clone_servers(clone_root: Path) -> int:
-    """Stop the embedded servers left in every experiment clone under ``clone_root`` (the workspace's
-    state folder of each, and each sweep slot's in it); returns how many were running. For a local
-    launcher's jobs that were cancelled: submitit kills a job about a second after its SIGINT, before
-    :func:`_stop_clone_servers` is done."""
-    from kernelcamp.deploy.embedded import stop_servers
-
-    n = 0
-    for state in sorted(clone_root.glob("*/.kernelcamp")):
-        slots = [int(d.name[4:]) for d in state.glob("slot*") if d.name[4:].isdigit()]
-        n += sum(stop_servers(state.parent, slot) for slot in [None, *slots])
-    return n
+    """:func:`stop_servers_in` every experiment clone under ``clone_root``; returns how many servers were
+    running. For a local launcher's cancelled jobs: submitit kills a job about a second after its SIGINT,
+    before the job's own :func:`stop_servers_in` is done."""
+    return sum(stop_servers_in(state.parent) for state in sorted(clone_root.glob("*/.kernelcamp")))
 
 
-def _stop_clone_servers(clone: Path, env: Mapping[str, str]) -> None:
+def stop_servers_in(clone: Path) -> int:
     """Stop the embedded servers the experiment's deploy and serving benchmark left in ``clone`` (its
-    ``.kernelcamp`` state, in the job's slot). The deployed server outlives the pipeline on purpose (a
-    rerun reuses it), but this clone is removed next, and with it the only record of that server: each
-    sweep left one server per experiment holding its port. Runs also when the job is signalled."""
+    ``.kernelcamp`` state folder and each sweep slot's in it); returns how many were running. The
+    deployed server outlives the pipeline on purpose (a rerun reuses it), but the clone is removed next,
+    and with it the only record of that server: each sweep left one server per experiment holding its
+    port. A SIGTERM or SIGINT waits until the servers are stopped."""
     from kernelcamp.deploy.embedded import stop_servers
 
-    if not (clone / ".kernelcamp").is_dir():
-        return
-    slot = int(env[SLOT_ENV]) if str(env.get(SLOT_ENV, "")).isdigit() else None
+    state = clone / ".kernelcamp"
+    if not state.is_dir():
+        return 0
+    slots = [int(d.name[4:]) for d in state.glob("slot*") if d.name[4:].isdigit()]
     with signals_deferred():
-        stop_servers(clone, slot)
+        return sum(stop_servers(clone, slot) for slot in [None, *slots])
 
 
 def run_job(plan: JobPlan) -> list[dict[str, Any]]:
