@@ -504,9 +504,7 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
     return out
 
 
-def serving_decisions_table(
-    levels: list[dict[str, Any]], threshold: float, sv: Mapping[str, Any] | None = None
-) -> list[str]:
+def serving_decisions_table(levels: list[dict[str, Any]], threshold: float, sv: Mapping[str, Any]) -> list[str]:
     """Per concurrency level: the throughput ratio, its interval, decision at ``threshold``
     (:func:`serving_decision`; ``sv``, the serving record, says whether the servers ran the variants'
     kernels) and resolution."""
@@ -525,7 +523,7 @@ def serving_decisions_table(
         conf = e.get("confidence_per_look") or 0.95
         out.append(
             f"| {e.get('concurrency')} | {e['ratio']:.4f} | [{e['ci_lo']:.4f}, {e['ci_hi']:.4f}] ({conf:.2%}) | "
-            f"{serving_decision(e, threshold, sv or {})} | "
+            f"{serving_decision(e, threshold, sv)} | "
             f"+-{100 * e.get('half_width', (e['ci_hi'] - e['ci_lo']) / 2):.1f}% | {e.get('n_pairs')} |"
         )
     return out + [""]
