@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +49,8 @@ DRAIN_GRACE_S = 60.0
 # any experiment while experiments are still queued
 READY_TIMEOUT_S = 30.0
 START_RETRIES = 2
+# the celery log line of an experiment a queue worker took: "Task dvc.repo.experiments.queue.tasks.run_exp[ID] received"
+_RECEIVED_RE = re.compile(r"\.run_exp\[([0-9A-Za-z-]+)\] received")
 
 
 def detect_gpus() -> list[str]:
@@ -77,6 +80,9 @@ class Worker:
     proc: subprocess.Popen
     log: Path
     restarts: int = 0
+    # where this sweep's part of ``log`` starts: the file is appended to by every sweep on the same slot and GPU, and
+    # an earlier sweep's lines ("ready.", "received") say nothing about this one's worker
+    log_start: int = 0
 
 
 def _node_name(repo_root: Path, slot: int, gpu: str) -> str:
@@ -138,21 +144,75 @@ def _spawn(repo_root: Path, slot: int, gpu: str, node: str, log: Path) -> subpro
         fh.close()
 
 
-def _log_text(log: Path) -> str:
+def _log_text(w: Worker) -> str:
+    """The part of the worker's log written since this sweep started it ("" where it cannot be read)."""
     try:
-        return log.read_text(errors="replace")
+        with open(w.log, "rb") as fh:
+            fh.seek(w.log_start)
+            return fh.read().decode(errors="replace")
     except OSError:
         return ""
 
 
 def worker_ready(w: Worker) -> bool:
     """Whether the worker has logged that it is ready (celery's ``<node> ready.`` line) or has exited."""
-    return w.proc.poll() is not None or f"{w.node} ready." in _log_text(w.log)
+    return w.proc.poll() is not None or f"{w.node} ready." in _log_text(w)
 
 
 def took_experiment(w: Worker) -> bool:
     """Whether the worker's log shows it received a task (celery's ``Task ...[id] received``): an experiment."""
-    return "] received" in _log_text(w.log)
+    return "] received" in _log_text(w)
+
+
+def received_task_ids(w: Worker) -> set[str]:
+    """The celery task ids of the experiments (DVC's ``run_exp`` tasks) that the worker's log shows it took."""
+    return set(_RECEIVED_RE.findall(_log_text(w)))
+
+
+def fail_orphaned_experiments(repo_root: Path, task_ids: set[str]) -> list[str]:
+    """Mark as failed each experiment that one of the stopped workers took (its celery task id in ``task_ids``) and
+    that DVC still counts as running; return their names (the stash rev's first 7 characters where one has none).
+
+    A worker stopped while it ran an experiment, or in the seconds of its warm shutdown in which it can still take
+    the next one from the queue (a CI-like run: SIGTERM in the first of two experiments, and ``dvc queue status``
+    kept the second "Running" with no worker left), leaves DVC's record of that task without a result, so the
+    queue counts it as running for good (and a later sweep never sees the queue drained). DVC's own
+    ``dvc queue kill`` marks such a task failed in celery's result backend once its process is gone and no live
+    worker runs it (``_mark_inactive_tasks_failure``, dvc/repo/experiments/queue/celery.py in DVC 3.67); this does the
+    same for this sweep's tasks only, so the running experiments of another sweep on other GPUs of the same repo are
+    left alone. An experiment's process that outlived its worker (DVC starts it in a session of its own) is killed
+    first (SIGKILL to its group). Call it only once the workers have exited.
+
+    Raises whatever DVC raises when its repo or queue cannot be read.
+    """
+    if not task_ids:
+        return []
+    from celery.result import AsyncResult
+    from dvc.repo import Repo
+    from dvc.repo.experiments.queue.base import QueueEntry
+
+    with Repo(str(repo_root)) as repo:
+        queue = repo.experiments.celery_queue
+        active = {e.stash_rev for e in queue.iter_active()}
+        ours: dict[str, QueueEntry] = {}  # celery task id -> the experiment
+        for msg in queue.celery.iter_processed():
+            task_id = msg.headers.get("id")
+            if task_id not in task_ids:
+                continue
+            args, kwargs, _embed = msg.decode()
+            entry = QueueEntry.from_dict(kwargs.get("entry_dict", args[0] if args else {}))
+            if entry.stash_rev in active:
+                ours[task_id] = entry
+        for entry in ours.values():
+            # DVC starts an experiment's process in a session of its own, so it can outlive its worker's group
+            with contextlib.suppress(ProcessLookupError):
+                queue.proc.kill(entry.stash_rev, group=True)
+        for task_id in ours:
+            # no worker of this sweep is left to finish it: what `dvc queue kill` records for a task whose process
+            # is gone and that no live worker runs (the task's result set to a failure in celery's result backend)
+            if not AsyncResult(task_id, app=queue.celery).ready():
+                queue.celery.backend.mark_as_failure(task_id, None)
+    return sorted(e.name or e.stash_rev[:7] for e in ours.values())
 
 
 def start_workers(
@@ -173,7 +233,8 @@ def start_workers(
                     time.sleep(poll_s)
             node = _node_name(repo_root, slot, gpu)
             log = log_dir / f"worker-slot{slot}-gpu{gpu}.log"
-            workers.append(Worker(slot, gpu, node, _spawn(repo_root, slot, gpu, node, log), log))
+            start = log.stat().st_size if log.exists() else 0
+            workers.append(Worker(slot, gpu, node, _spawn(repo_root, slot, gpu, node, log), log, log_start=start))
     except BaseException:
         stop_workers(workers)
         raise
@@ -331,6 +392,18 @@ def run_sweep(
         stopped = stop_slot_servers(repo_root, [w.slot for w in workers])
         if stopped:
             log(f"sweep: stopped the embedded servers of slot(s) {', '.join(map(str, stopped))}")
+        taken = set().union(*(received_task_ids(w) for w in workers))
+        try:
+            orphaned = fail_orphaned_experiments(repo_root, taken)
+        except Exception as e:  # noqa: BLE001 - the sweep's own exit status stands; the user is told what to check
+            log(f"sweep: warning: could not check the queue for experiments left running ({e}); see `dvc queue status`")
+        else:
+            if orphaned:
+                log(
+                    f"sweep: marked {len(orphaned)} experiment(s) the stopped workers had taken as failed (none of "
+                    f"them finished): {', '.join(orphaned)}; `dvc queue logs NAME` shows how far each got, and "
+                    "`dvc exp run --queue` with its -S overrides queues it again"
+                )
         sig.close()
     if interrupted:
         return interrupted[1]

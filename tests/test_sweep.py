@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -183,6 +184,72 @@ def test_sigterm_stops_workers_their_experiment_and_slot_servers(tmp_path: Path)
                 p.kill()
         if (repo / "stage.pid").exists() and _alive(int((repo / "stage.pid").read_text())):
             os.kill(int((repo / "stage.pid").read_text()), signal.SIGKILL)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow  # an end-to-end DVC queue run: `make test-slow` (CI runs both)
+def test_sigterm_leaves_no_experiment_running_in_the_queue(tmp_path: Path) -> None:
+    # SIGTERM in the first of two queued experiments: in the seconds of its warm shutdown the worker took the
+    # second, was then killed, and `dvc queue status` kept that one "Running" for good, with no worker left
+    if shutil.which("dvc") is None:
+        pytest.skip("dvc is not installed")
+    import signal
+    import time
+
+    repo = _mini_dvc_repo(tmp_path, SLOW_STAGE, "mlflow.db\nstage.pid\n.kernelcamp/\n")
+    for x in (2, 3):
+        subprocess.run(["dvc", "exp", "run", "--queue", "-q", "-S", f"x={x}"], cwd=repo, check=True)
+    env = dict(os.environ, KC_ROOT=str(ROOT), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernelcamp.cli", "sweep", "--gpus", "7", "--poll", "1"],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 200
+        while not (repo / "stage.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert (repo / "stage.pid").exists(), "the first queued experiment's stage never started"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 143, out
+        status = subprocess.run(["dvc", "queue", "status"], cwd=repo, capture_output=True, text=True, check=True)
+        rows = [ln for ln in status.stdout.splitlines() if ln.strip() and not ln.startswith(("Task", "Worker"))]
+        assert rows and not [r for r in rows if "Running" in r], status.stdout + out
+        # each experiment is either still queued or failed, and a failed one the sweep marked is named in its output
+        assert all(("Failed" in r) or ("Queued" in r) for r in rows), status.stdout
+        # the experiments the sweep marked failed are named in its output, and are failed rows
+        failed = {r.split()[1] for r in rows if "Failed" in r}
+        named = re.search(r"none of them finished\): ([^;]+);", out)
+        assert named is None or set(named.group(1).split(", ")) <= failed, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if (repo / "stage.pid").exists() and _alive(int((repo / "stage.pid").read_text())):
+            os.kill(int((repo / "stage.pid").read_text()), signal.SIGKILL)
+
+
+def test_a_workers_log_is_read_from_where_this_sweep_started_it(tmp_path: Path) -> None:
+    # the slot's log is appended to by every sweep: an earlier sweep's "ready." and "received" lines made a new
+    # worker look ready (the next one started beside it: the broker's pidbox race) and as one that took an
+    # experiment (not started again after a failed start), and named an earlier sweep's tasks as this one's
+    log = tmp_path / "worker-slot0-gpu0.log"
+    old = "[..] n ready.\n[..] Task dvc.repo.experiments.queue.tasks.run_exp[aaaa-1] received\n"
+    log.write_text(old)
+
+    class Alive:
+        def poll(self):
+            return None
+
+    w = sweep.Worker(0, "0", "n", Alive(), log, log_start=len(old.encode()))
+    assert not sweep.worker_ready(w) and not sweep.took_experiment(w) and sweep.received_task_ids(w) == set()
+    with open(log, "a") as fh:
+        fh.write("[..] n ready.\n[..] Task dvc.repo.experiments.queue.tasks.run_exp[bbbb-2] received\n")
+    assert sweep.worker_ready(w) and sweep.took_experiment(w) and sweep.received_task_ids(w) == {"bbbb-2"}
+    assert sweep.fail_orphaned_experiments(tmp_path, set()) == []  # nothing taken: no repo is opened
 
 
 def test_worker_env_pins_one_gpu() -> None:
