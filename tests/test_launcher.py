@@ -220,6 +220,42 @@ def test_local_launcher_jobs_land_on_the_remotes_and_a_killed_one_reruns(tmp_pat
     assert _sh(["dvc", "queue", "status"], repo).stdout.count("Queued") == 0
 
 
+@needs_dvc
+@pytest.mark.slow  # about a minute on 2 cores: a real mlflow server and one DVC experiment run
+@pytest.mark.timeout(400)
+def test_a_sigterm_to_the_sweep_ends_the_running_experiments_run_killed(tmp_path: Path) -> None:
+    # the sweep cancelled its local jobs with submitit's LocalJob.cancel(): SIGINT, and SIGKILL about a second
+    # later, before the job had stopped its experiment; the stage's MLflow run then did not end KILLED
+    pytest.importorskip("submitit")
+    from mlflow.tracking import MlflowClient
+
+    repo = _hydra_repo(tmp_path)
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    _sh(["dvc", "exp", "run", "--queue", "-S", "x=5", "-n", "held"], repo)
+    (ctl / "block-5").write_text("")  # the experiment waits in its stage until the sweep is stopped
+    with mlflow_server(tmp_path) as uri:
+        out = tmp_path / "sweep.log"
+        proc = _sweep(repo, uri, ctl, out)
+        try:
+            deadline = time.monotonic() + 240
+            while not (ctl / "started-5").exists() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.5)
+            assert (ctl / "started-5").exists(), out.read_text()
+            time.sleep(1)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 143, out.read_text()
+        finally:
+            (ctl / "block-5").unlink(missing_ok=True)
+            if proc.poll() is None:
+                proc.kill()
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("kernelcamp")
+        runs = client.search_runs([exp.experiment_id], max_results=10)
+    assert [(r.info.run_name, r.info.status) for r in runs] == [("held", "KILLED")], out.read_text()
+    assert "held" in _sh(["dvc", "queue", "status"], repo).stdout  # still queued: the same command reruns it
+
+
 # ------------------------------------------------------------------------------ fast: checks, plans
 
 
