@@ -175,8 +175,8 @@ def fail_orphaned_experiments(repo_root: Path, task_ids: set[str]) -> list[str]:
 
     A worker stopped while it ran an experiment, or in the seconds of its warm shutdown in which it can still take
     the next one from the queue (tests/test_sweep.py on a CPU: SIGTERM in the first of two experiments, and
-    ``dvc queue status`` kept the second "Running" with no worker left), leaves DVC's record of that task without a result, so the
-    queue counts it as running for good (and a later sweep never sees the queue drained). DVC's own
+    ``dvc queue status`` kept the second "Running" with no worker left), leaves DVC's record of that task without a
+    result, so the queue counts it as running for good (and a later sweep never sees the queue drained). DVC's own
     ``dvc queue kill`` marks such a task failed in celery's result backend once its process is gone and no live
     worker runs it (``_mark_inactive_tasks_failure``, dvc/repo/experiments/queue/celery.py in DVC 3.67); this does the
     same for this sweep's tasks only, so the running experiments of another sweep on other GPUs of the same repo are
