@@ -193,16 +193,13 @@ def fail_orphaned_experiments(repo_root: Path, task_ids: set[str]) -> list[str]:
 
     with Repo(str(repo_root)) as repo:
         queue = repo.experiments.celery_queue
-        active = {e.stash_rev for e in queue.iter_active()}
-        ours: dict[str, QueueEntry] = {}  # celery task id -> the experiment
+        ours: dict[str, QueueEntry] = {}  # celery task id -> the experiment, for this sweep's tasks with no result
         for msg in queue.celery.iter_processed():
             task_id = msg.headers.get("id")
-            if task_id not in task_ids:
+            if task_id not in task_ids or AsyncResult(task_id, app=queue.celery).ready():
                 continue
             args, kwargs, _embed = msg.decode()
-            entry = QueueEntry.from_dict(kwargs.get("entry_dict", args[0] if args else {}))
-            if entry.stash_rev in active:
-                ours[task_id] = entry
+            ours[task_id] = QueueEntry.from_dict(kwargs.get("entry_dict", args[0] if args else {}))
         for entry in ours.values():
             # DVC starts an experiment's process in a session of its own, so it can outlive its worker's group
             with contextlib.suppress(ProcessLookupError):
