@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The end-of-session GPU check on the lent H200, from the repo root with .whl/ carried:
 #   bash benchmarks/kernel_bench_final.sh OUT
-# 1. the whole GPU suite (`pytest -m gpu`) -> reports/kernel_bench/h200_gpu_suite.log;
+# 1. the whole GPU suite (`pytest -m gpu`) -> reports/kernel_bench/gpu_suite.log;
 # 2. reports/kernel_bench/ re-measured (benchmarks/bench_kernel.py, torch reference timed, every config
 #    checked) with the configs of the committed tuned_* batch tables, at B 1, 8, 32, 64, 128; the summary
 #    gives each table's own row and judges issue 14's targets on it (--tables).
@@ -13,12 +13,12 @@ mkdir -p "$out" reports/kernel_bench
 source benchmarks/device_env.sh || exit 1
 export TRITON_CACHE_DIR=/tmp/triton-cache
 pack() {  # OUT/final.tgz from what there is now, through a temporary name (a cut tar leaves the last one)
-  tar czf "$out/.final.tgz.tmp" reports/kernel_bench/h200_gpu_suite.log reports/kernel_bench/kernel_bench.csv \
+  tar czf "$out/.final.tgz.tmp" reports/kernel_bench/gpu_suite.log reports/kernel_bench/kernel_bench.csv \
     reports/kernel_bench/summary.md 2>/dev/null  # exit 2 while a file is still missing: the others are packed
   [ -s "$out/.final.tgz.tmp" ] && mv -f "$out/.final.tgz.tmp" "$out/final.tgz"
 }
 trap pack EXIT
-timeout "${SUITE_TIMEOUT_S:-150}" python -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee reports/kernel_bench/h200_gpu_suite.log | tail -4
+timeout "${SUITE_TIMEOUT_S:-150}" python -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee reports/kernel_bench/gpu_suite.log | tail -4
 pack
 CFGS=$(python - <<'PY'
 import yaml

@@ -671,6 +671,9 @@ def render_markdown(
             f"{'n/a' if hw is None else f'+-{100 * hw:.1f}%'} | {_f(c.get('tflops'))} | "
             f"{_f(c.get('gbps'))} | {_f(c.get('roofline_pct'))} |"
         )
+    roof = bench["kernel"].get("roofline")
+    if roof and roof.get("gpu"):
+        out += ["", roofline_note(roof)]
     out += ["", "Config lists that ran:", ""]
     for n in ("baseline", "candidate"):
         out.append(
@@ -738,6 +741,20 @@ def render_markdown(
     if verify.get("deploy_id") != bench.get("deploy_id"):
         out += ["", "**Warning: benchmark and verify measured different deploys.**"]
     return "\n".join(out) + "\n"
+
+
+def roofline_note(roof: dict) -> str:
+    """One sentence on what the report's roofline % is measured against (benchmark.json's
+    ``kernel.roofline``, :func:`kernelcamp.bench.kernel.roofline_basis`)."""
+    if not roof.get("target"):
+        return f"Roofline %: not computed on {roof['gpu']}: {roof.get('why')}."
+    s = (
+        f"Roofline %: against the peaks of {roof['gpu']}, the GPU that ran (conf/target `{roof['target']}`: "
+        f"{roof['peak_gbps']:,.0f} GB/s, {roof['peak_bf16_tflops']:,.0f} TFLOP/s bf16)"
+    )
+    if roof.get("params_target_gpu") and roof["params_target_gpu"] != roof["gpu"]:
+        s += f"; params.yaml's target `{roof.get('params_target')}` describes {roof['params_target_gpu']}"
+    return s + "."
 
 
 def _decision_of(ab: Mapping[str, Any], threshold: float, higher_is_better: bool = False) -> str | None:

@@ -166,12 +166,46 @@ def load_target(name_or_mapping: str | Mapping[str, Any]) -> Target:
     )
 
 
+def peaks_for_gpu(gpu_name: str | None, target: Target | Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The roofline peaks of the GPU named ``gpu_name`` (``torch.cuda.get_device_name``, e.g.
+    ``"NVIDIA H100 80GB HBM3"``), or ``None`` when no target states both peaks for that GPU.
+
+    Peaks belong to one GPU model, not to an arch: an H100 and an H200 are both sm90 with the same
+    limits, but 3.35 against 4.8 TB/s (their datasheets). So the peaks are ``target``'s own only
+    when its ``gpu`` is exactly ``gpu_name``; else those of the ``conf/target/*.yaml`` file whose
+    ``gpu`` is exactly ``gpu_name`` (the first by name). A roofline against another GPU's peaks is
+    never returned.
+
+    Returns ``{"gpu": gpu_name, "target": <target name>, "peak_gbps": GB/s, "peak_bf16_tflops":
+    TFLOP/s, "peak_gbps_source": str | None, "peak_bf16_tflops_source": str | None}``.
+    """
+    if not gpu_name:
+        return None
+    candidates: list[Mapping[str, Any]] = []
+    if target is not None:
+        candidates.append(target.as_dict() if isinstance(target, Target) else target)
+    candidates += [_read_target_file(n) for n in named_targets() if n != "auto"]
+    for raw in candidates:
+        if raw.get("gpu") == gpu_name and raw.get("peak_gbps") and raw.get("peak_bf16_tflops"):
+            return {
+                "gpu": gpu_name,
+                "target": str(raw.get("name") or f"sm{raw.get('arch')}"),
+                "peak_gbps": float(raw["peak_gbps"]),
+                "peak_bf16_tflops": float(raw["peak_bf16_tflops"]),
+                "peak_gbps_source": raw.get("peak_gbps_source"),
+                "peak_bf16_tflops_source": raw.get("peak_bf16_tflops_source"),
+            }
+    return None
+
+
 def resolve_target(name: str = "auto", device_index: int = 0) -> Target:
     """The GPU in this machine as a ``Target`` (``name`` must be ``"auto"``; a named target is loaded).
 
     Arch, SM count, opt-in shared memory per block (``sharedMemPerBlockOptin``), shared memory per
     SM, registers per SM and max threads per SM come from ``torch.cuda.get_device_properties``
-    where this torch exposes them; the rest (and peaks) from the named target with the same arch.
+    where this torch exposes them; the rest from a named target with the same arch (the one whose ``gpu``
+    is this GPU's name first), the peaks only from a target naming this GPU (:func:`peaks_for_gpu`): on
+    a GPU no target names, the returned target has no peaks.
     Raises ``KernelcampError`` on a machine without a CUDA GPU, or for an arch with no named target
     when torch cannot report a limit.
     """
@@ -186,14 +220,14 @@ def resolve_target(name: str = "auto", device_index: int = 0) -> Target:
         raise KernelcampError(f"target auto: no CUDA GPU on this machine; pick a named target instead (one of {named})")
     p = torch.cuda.get_device_properties(device_index)
     arch = p.major * 10 + p.minor
-    base: dict[str, Any] = {}
-    for cand in named_targets():
-        if cand == "auto":
-            continue
-        data = _read_target_file(cand)
-        if data.get("arch") == arch:
-            base = dict(data)
-            break
+    # the limits come from a file of the same arch (the one naming this GPU first); the peaks only from a
+    # file naming this GPU: another GPU of the arch has other peaks (an H200's are not an H100's)
+    same_arch = [d for d in (_read_target_file(n) for n in named_targets() if n != "auto") if d.get("arch") == arch]
+    same_arch.sort(key=lambda d: d.get("gpu") != p.name)
+    base: dict[str, Any] = dict(same_arch[0]) if same_arch else {}
+    if base.get("gpu") != p.name:
+        for k in ("peak_gbps", "peak_gbps_source", "peak_bf16_tflops", "peak_bf16_tflops_source"):
+            base.pop(k, None)
     read = {
         "num_sms": getattr(p, "multi_processor_count", None),
         "shared_bytes_per_block": getattr(p, "shared_memory_per_block_optin", None),

@@ -153,9 +153,11 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
     ``benchmark.kernel.max_seconds`` seconds of rounds.
 
     Returns ``(rows, summary)``: one row per (batch, round, impl) with ``latency_us`` (microseconds),
-    and per batch size each impl's percentiles, TFLOP/s, GB/s, % of roofline (GPU only: peaks from
-    ``params.target``) and ``ab`` (the paired ratio candidate/baseline at the per-look confidence, its
-    decision and ``half_width``); ``overall`` (the same for the geometric-mean figure, plus
+    and per batch size each impl's percentiles, TFLOP/s, GB/s, % of roofline (GPU only: the peaks of
+    the GPU that ran, ``params.target``'s only when its ``gpu`` is that GPU, else the ``conf/target``
+    file naming it, else none: :func:`kernelcamp.targets.peaks_for_gpu`; ``roofline`` says which) and
+    ``ab`` (the paired ratio candidate/baseline at the per-look confidence, its decision and
+    ``half_width``); ``overall`` (the same for the geometric-mean figure, plus
     ``n_rounds``, ``stop_reason``, ``elapsed_s`` and ``looks``: one entry per look taken); ``plan``;
     ``kernels`` (per impl, the kernel module its launcher came from:
     :func:`kernelcamp.kernel_rev.module_source`);
@@ -181,6 +183,10 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
     shape, dot = run_shape(params, device), dot_dtype(params, device)
     gpu = device == "cuda"
     plan = kernel_plan(params, device)
+    roofline = roofline_basis(tgt, torch.cuda.get_device_name() if gpu else None)
+    peaks = roofline if roofline.get("target") else None
+    if gpu and peaks is None:
+        log(f"roofline % not computed: {roofline['why']}")
     modules = impl_kernels(params, variants)
     launchers = {name: modules[name].SparseMLADecode(v, dot_dtype=dot) for name, v in variants.items()}
     batch_sizes = run_batch_sizes(params, device)
@@ -262,8 +268,8 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
                 **s,
                 "tflops": fl / t / 1e12,
                 "gbps": by / t / 1e9,
-                "roofline_pct": 100 * max(by / (tgt["peak_gbps"] * 1e9), fl / (tgt["peak_bf16_tflops"] * 1e12)) / t
-                if gpu
+                "roofline_pct": 100 * max(by / (peaks["peak_gbps"] * 1e9), fl / (peaks["peak_bf16_tflops"] * 1e12)) / t
+                if peaks
                 else None,
                 "config_ran": cfg.label() if cfg else None,
             }
@@ -301,9 +307,35 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
         "dot_dtype": dot,
         "kernels": {name: module_source(modules[name]) for name in launchers},
         "sm_clock_during_rounds": clocks.summary() if clocks is not None else {},
+        "roofline": roofline,
         "shape": {k_: shape[k_] for k_ in ("num_heads", "topk", "page_size", "num_cache_tokens")}
         | {"layout": wl["layout"]},
     }
+
+
+def roofline_basis(target: dict, gpu_name: str | None) -> dict:
+    """What the roofline % of a run on the GPU ``gpu_name`` is measured against (``None``: a CPU run).
+
+    ``target`` is params.yaml's ``target`` section. Returns :func:`kernelcamp.targets.peaks_for_gpu`'s
+    mapping (``gpu``, ``target``, ``peak_gbps`` in GB/s, ``peak_bf16_tflops`` in TFLOP/s, their sources)
+    plus ``params_target`` and ``params_target_gpu`` (the GPU params.yaml's target describes); when no
+    target states this GPU's peaks (or on a CPU), ``target`` is ``None`` and ``why`` says what is missing.
+    """
+    from kernelcamp.targets import peaks_for_gpu
+
+    described = {"params_target": target.get("name"), "params_target_gpu": target.get("gpu")}
+    if gpu_name is None:
+        return {"gpu": None, "target": None, "why": "a CPU run has no roofline", **described}
+    peaks = peaks_for_gpu(gpu_name, target)
+    if peaks is None:
+        return {
+            "gpu": gpu_name,
+            "target": None,
+            "why": f"no conf/target/*.yaml has gpu: {gpu_name} with peak_gbps and peak_bf16_tflops (add one, "
+            "with the datasheet's or a measured figure and its source)",
+            **described,
+        }
+    return {**peaks, **described}
 
 
 def impl_kernels(params: dict, variants: dict) -> dict:
