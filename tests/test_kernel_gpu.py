@@ -262,3 +262,34 @@ def test_graph_replays_over_new_q_give_each_new_result(fam, config):
         _assert_close(inp, out, lse)
         eager_out, eager_lse = k(*_args(inp))
         assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+
+
+def test_kernel_rounds_measure_the_roofline_against_the_gpu_that_ran():
+    """The benchmark stage's roofline % uses the peaks of the GPU in this machine (2026-12-05: an H100 was measured
+    against the H200's peaks of params.yaml's target sm90): benchmark.json's ``kernel.roofline`` names it."""
+    from pathlib import Path
+
+    import yaml
+
+    from kernelcamp.bench.kernel import kernel_level
+    from kernelcamp.bench.record import variants_to_run
+    from kernelcamp.spec import parse_spec
+    from kernelcamp.targets import peaks_for_gpu
+
+    p = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    p["benchmark"]["serving"]["enabled"] = False
+    p["benchmark"]["run_as_target"] = None  # no build.json here
+    p["benchmark"]["kernel"].update(rounds=2, min_rounds=2, look_every=2, replays_per_round=2, warmup=1)
+    p["benchmark"]["kernel"]["batch_sizes"] = [8]
+    p["workload"].update(batch_sizes=[8], num_cache_tokens=8192)
+    spec = parse_spec(p)
+    variants, _ = variants_to_run(spec, {}, "cuda")
+    _, kernel = kernel_level(spec.raw, variants, "cuda", log=lambda m: None)
+    roof, name = kernel["roofline"], torch.cuda.get_device_name()
+    assert roof["gpu"] == name and roof["params_target_gpu"] == p["target"]["gpu"]
+    peaks = peaks_for_gpu(name)
+    pct = kernel["batch"]["8"]["candidate"]["roofline_pct"]
+    if peaks is None:  # a GPU no conf/target file names: no roofline, and the reason
+        assert roof["target"] is None and pct is None and name in roof["why"]
+    else:
+        assert roof["peak_gbps"] == peaks["peak_gbps"] and 0 < pct < 100
