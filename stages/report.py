@@ -69,6 +69,8 @@ def main() -> int:
             "stage": "report",
             "device": bench.get("device"),
             "gpu": bench.get("gpu") or "none (cpu)",
+            # the conf/target whose peaks the roofline_pct metrics are against: the GPU that ran (None: not computed)
+            "roofline_target": (bench["kernel"].get("roofline") or {}).get("target"),
             "driver": bench.get("driver"),
             "torch": bench.get("torch"),
             "triton": bench.get("triton"),

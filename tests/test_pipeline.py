@@ -152,6 +152,8 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
     assert tags["device"] == "cpu" and tags["gpu"] == "none (cpu)"
     bench = json.loads((repo / "reports/benchmark.json").read_text())
     assert bench["device"] == "cpu" and bench["measured_at"] and bench["deploy_id"]
+    # no roofline on a CPU, and the record says so (on a GPU: the conf/target naming that GPU, tests/test_kernel_gpu.py)
+    assert tags["roofline_target"] == "" and bench["kernel"]["roofline"]["why"] == "a CPU run has no roofline"
     assert "CPU run" in (repo / "reports/report.md").read_text()
     # CPU figures have CPU names in every metrics file (never beside GPU ones in `dvc metrics diff`)
     from kernelcamp.metrics import KEY_RE, TIMED_GROUPS, flatten
