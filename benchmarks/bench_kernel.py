@@ -570,8 +570,8 @@ def roofline_target(arg: str, gpu_name: str | None) -> tuple[str, dict[str, Any]
 
     ``arg`` is ``--target``: ``auto``, the conf/target file whose ``gpu`` is ``gpu_name``
     (:func:`kernelcamp.targets.peaks_for_gpu`), or a yaml path (relative to the repo), which must describe
-    that GPU: an H100's roofline % against the H200's peaks (both sm90; 4,250 against 3,350 GB/s) reads
-    about 21% low. Raises ``ValueError`` (one line, what to do) when no file names the GPU, or
+    that GPU: an H100's roofline % against the H200's peaks (both sm90; 4,250 against 3,033 GB/s measured) reads
+    about 29% low. Raises ``ValueError`` (one line, what to do) when no file names the GPU, or
     the file given names another GPU or lacks a peak.
     """
     if arg == "auto":
