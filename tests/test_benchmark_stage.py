@@ -159,3 +159,74 @@ def test_one_baseline_server_serves_the_windows_and_the_profile(tmp_path: Path, 
         stage.main()
     assert events == ["start", ("serving", fake_base), ("profile", fake_base), "stop"], events
     assert sv_record["baseline"]["stopped"] is True
+
+
+def test_a_cpu_run_records_no_decision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU run's report said inconclusive while benchmark.json (``kernel.overall.decision``, each
+    batch size's), benchmark_metrics.json and MLflow (``cpu.kernel.ab.decision``) said faster or
+    equivalent: the record of a CPU run holds no decision but inconclusive, wherever it is written."""
+    from kernelcamp.spec import parse_spec
+    from kernelcamp.stats import DECISION_CODES
+
+    stage = _stage()
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["benchmark"]["serving"]["enabled"] = False
+    params["benchmark"]["profile"]["enabled"] = False
+    params["workload"]["cpu"]["batch_sizes"] = [1]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    hashes = parse_spec(params).hashes()
+    (tmp_path / "build.json").write_text(json.dumps(hashes))
+    (tmp_path / "deploy.json").write_text(json.dumps(hashes))
+    import kernelcamp.bench.record
+    import kernelcamp.stats
+
+    # the candidate is 10x faster in every round, as a variant that changes the work done would be: the
+    # interval alone says faster
+    real = kernelcamp.bench.record.kernel_level
+
+    def ten_times_faster(p, variants, device):
+        from kernelcamp.bench import timing
+
+        bench_cpu = timing.bench_cpu
+
+        def fake(fn, replays, warmup):  # fn: lambda launcher=..., a=...: the launcher holds its variant
+            launcher = fn.__defaults__[0]
+            return [10.0 if launcher.variant.name == params["variant"]["name"] else 100.0] * replays
+
+        monkeypatch.setattr(timing, "bench_cpu", fake)
+        try:
+            return real(p, variants, device)
+        finally:
+            monkeypatch.setattr(timing, "bench_cpu", bench_cpu)
+
+    monkeypatch.setattr(kernelcamp.bench.record, "kernel_level", ten_times_faster)
+    argv = ["benchmark.py", "--params", str(tmp_path / "params.yaml"), "--build", str(tmp_path / "build.json")]
+    argv += ["--deploy", str(tmp_path / "deploy.json")]
+    outs = {k: tmp_path / "reports" / k for k in ("out", "metrics", "latency-csv", "summary-csv", "serving-csv")}
+    outs |= {"serving-summary-csv": tmp_path / "reports" / "svs.csv", "trace": tmp_path / "reports" / "t.json.gz"}
+    outs["kernel-table"] = tmp_path / "reports" / "kt.csv"
+    for k, v in outs.items():
+        argv += [f"--{k}", str(v)]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert stage.main() in (0, None)
+    rec = json.loads(outs["out"].read_text())
+    o = rec["kernel"]["overall"]
+    assert o["ci_hi"] < 0.9, o  # the interval alone would have said faster
+    found = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            if "decision" in x and x["decision"] is not None:
+                found.append(x["decision"])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(rec["kernel"])
+    assert found and set(found) == {"inconclusive"}, found
+    assert o["stop_reason"] == "max_rounds", o["stop_reason"]
+    m = json.loads(outs["metrics"].read_text())
+    assert m["cpu"]["kernel"]["ab"]["decision"] == DECISION_CODES["inconclusive"]

@@ -166,6 +166,12 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
     assert "cpu.kernel.ratio" in head and all(KEY_RE.match(k) for k in head)
     assert set(run.data.metrics) == set(head) | set(flatten(m))
     assert {run.data.metrics[k] for k in head} == set(head.values())
+    # a CPU run decides nothing: MLflow said faster or equivalent beside the tag's inconclusive
+    from kernelcamp.stats import DECISION_CODES
+
+    assert tags["decision"] == "inconclusive"
+    assert run.data.metrics["cpu.kernel.ab.decision"] == DECISION_CODES["inconclusive"]
+    assert bench["kernel"]["overall"]["decision"] == "inconclusive"
     shown_metrics = data["metrics"]
     assert list(shown_metrics) == ["reports/metrics.json"], list(shown_metrics)
 

@@ -237,7 +237,8 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
                 continue
             elapsed = time.perf_counter() - t0
             overall = plan.analyse(*geo)
-            reason = plan.stop_reason(r, overall["decision"], elapsed)
+            # a CPU run's interval decides nothing (withhold_cpu_decisions): it runs its fixed cpu_rounds
+            reason = plan.stop_reason(r, overall["decision"] if gpu else None, elapsed)
             looks.append({k_: overall[k_] for k_ in ("n_rounds", "ratio", "ci_lo", "ci_hi", "half_width", "decision")})
             looks[-1]["elapsed_s"] = round(elapsed, 3)
             log(

@@ -81,8 +81,8 @@ def kernel_metrics(kernel: dict, prefix: str = "") -> dict[str, float | int]:
     (``prefix``: ``"cpu."`` on a CPU); figures the record lacks are left out.
 
     ``{p}kernel.ab.{ratio,ci_lo,ci_hi,decision,resolution,rounds_used,stopped_early}``: the overall A/B
-    as the rounds stopped on it (latency candidate/baseline; the report's decision, which on a CPU is
-    always inconclusive, is the headline's ``kernel.decision``); per batch size B
+    as the rounds stopped on it (latency candidate/baseline; on a CPU always inconclusive:
+    :func:`withhold_cpu_decisions`); per batch size B
     ``{p}kernel.b<B>.<impl>.{latency_us_p20,latency_us_p50,latency_us_p80,tflops,gbps,roofline_pct}``
     and ``{p}kernel.b<B>.ab.{ratio,ci_lo,ci_hi}``."""
     p = f"{prefix}kernel."
@@ -207,6 +207,33 @@ def kernel_notes(spec) -> dict:
     }
 
 
+CPU_NO_DECISION = (
+    "a CPU run decides nothing: in the Triton interpreter the launch parameters have no effect, so its "
+    "intervals test the pipeline, not the variant"
+)
+
+
+def withhold_cpu_decisions(section: Any) -> Any:
+    """Set every ``decision`` in a kernel or serving record of a CPU run to ``inconclusive``, in place.
+
+    The report's headline of a CPU run is always inconclusive (``kernelcamp.report.CPU_DECISION_NOTE``);
+    the record, its metrics (``cpu.kernel.ab.decision``) and MLflow said faster or equivalent beside
+    it. Every mapping holding a ``decision`` (the overall A/B, each batch size's and each level's, each
+    look) gets ``inconclusive`` and ``decision_note`` (:data:`CPU_NO_DECISION`); the intervals stay.
+    Returns ``section``.
+    """
+    if isinstance(section, dict):
+        if section.get("decision") is not None:
+            section["decision"] = "inconclusive"
+            section["decision_note"] = CPU_NO_DECISION
+        for v in section.values():
+            withhold_cpu_decisions(v)
+    elif isinstance(section, list):
+        for v in section:
+            withhold_cpu_decisions(v)
+    return section
+
+
 def check_kernels_ran(kernel: dict, notes: dict) -> None:
     """Raise ``KernelcampError`` when a side's kernel rounds ran another kernel source than its notes
     (the run spec) name: the record would misstate what was measured (e.g. the kernel file edited
@@ -259,6 +286,8 @@ def measure_and_write(args, spec, deploy, device, run_as, notes, variants, final
             log(f"{impl} runs {spec.kernel.module}'s file at commit {k['kernel_rev']} (baseline.kernel_rev)")
     rows, kernel = kernel_level(params, variants, device)
     check_kernels_ran(kernel, notes)
+    if device != "cuda":
+        withhold_cpu_decisions(kernel)
     profile_on = bool(params["benchmark"]["profile"]["enabled"])
     table: list[dict] = []
     prof_meta: dict = {}
@@ -275,6 +304,8 @@ def measure_and_write(args, spec, deploy, device, run_as, notes, variants, final
         serving = serving_level(params, deploy, shared)
         if profile_on:
             table, prof_meta, prof_why = server_profile(params, deploy, serving, traces, shared)
+    if device != "cuda":
+        withhold_cpu_decisions(serving)  # as the report reads it: a CPU benchmark decides nothing
     if shared is not None and serving.get("baseline"):
         serving["baseline"]["stopped"] = True  # as the block above ended
     if profile_on:
@@ -303,6 +334,7 @@ def measure_and_write(args, spec, deploy, device, run_as, notes, variants, final
         **git_info(),
         **info,
         **spec.hashes(),  # what was measured, checked by the report against the params it logs
+        "stage_params": spec.stage_params("benchmark"),
     }
     record = {
         **prov,

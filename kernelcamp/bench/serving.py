@@ -719,7 +719,8 @@ def serving_benchmark(
                 continue
             elapsed = time.monotonic() - t0
             o = ab_summary(rows, levels, True, seq.confidence, seq.threshold, None, seq)["overall"]
-            reason = seq.stop_reason(n, o.get("decision"), elapsed)
+            # a CPU server's windows decide nothing (record.withhold_cpu_decisions): its repeats are fixed
+            reason = seq.stop_reason(n, None if plan["scaled_for_cpu"] else o.get("decision"), elapsed)
             looks.append(
                 {"n_repeats": n, "elapsed_s": round(elapsed, 3)}
                 | {k: o.get(k) for k in ("ratio", "ci_lo", "ci_hi", "half_width", "decision")}
