@@ -62,6 +62,7 @@ def test_setup_digest_covers_what_the_server_computes_not_where_it_listens() -> 
         ("server", "max_context_tokens", 4096),
         ("server", "num_cache_tokens", 1 << 20),
         ("server", "device", "cuda:1"),
+        ("kernel", "dot_dtype", "fp16"),  # the server's launcher takes it: a reused bf16 server was measured
     ):
         p = copy.deepcopy(params)
         p[section][key] = value
@@ -69,3 +70,29 @@ def test_setup_digest_covers_what_the_server_computes_not_where_it_listens() -> 
     p = copy.deepcopy(params)
     p["server"].update(host="0.0.0.0", port=9999)
     assert setup_digest(p) == base
+
+
+def test_setup_digest_covers_every_section_the_server_reads() -> None:
+    """The whole kind: each params section the embedded server reads is the variant's (its hash) or in
+    ``setup_digest``; `-S kernel.dot_dtype=fp16` reused a server running bf16 dots."""
+    from pathlib import Path
+
+    import yaml
+
+    from kernelcamp.deploy.embedded import SERVER_SECTIONS
+    from kernelcamp.serve.server import build_state
+
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    read: set[str] = set()
+
+    class Recording(dict):
+        def __getitem__(self, k):
+            read.add(k)
+            return super().__getitem__(k)
+
+        def get(self, k, default=None):
+            read.add(k)
+            return super().get(k, default)
+
+    build_state(Recording(params), "cpu")
+    assert "kernel" in read and read <= {"variant", *SERVER_SECTIONS}, sorted(read)

@@ -87,14 +87,21 @@ def fallback_ports(port: int, params: dict[str, Any]) -> list[int]:
     return out[:PORT_TRIES]
 
 
+#: The params sections an embedded server reads besides ``variant`` (kernelcamp.serve.server.build_state):
+#: the kernel (module and ``dot_dtype``), the server and the workload. ``setup_digest`` covers them all.
+SERVER_SECTIONS = ("kernel", "server", "workload")
+
+
 def setup_digest(params: dict[str, Any]) -> str:
     """sha256 (16 hex) of everything that shapes what an embedded server computes besides the variant
-    hash: the workload (attention shape, cache layout, stand-in model) and the whole server section
-    but where it listens (host, port). A live server is reused only when this matches too: the variant
-    hash leaves out e.g. ``-S workload=deepseek_v32`` or ``server.max_context_tokens``, and a reused
+    hash: every section of :data:`SERVER_SECTIONS` (the kernel section's ``dot_dtype``, the workload's
+    attention shape, cache layout and stand-in model, the server section but where it listens: host,
+    port). A live server is reused only when this matches too: the variant hash leaves out e.g.
+    ``-S workload=deepseek_v32``, ``server.max_context_tokens`` or ``kernel.dot_dtype``, and a reused
     server would have been measured as the new setup."""
     server = {k: v for k, v in (params.get("server") or {}).items() if k not in ("host", "port")}
-    payload = json.dumps({"workload": params.get("workload"), "server": server}, sort_keys=True, default=str)
+    sections = {name: params.get(name) for name in SERVER_SECTIONS} | {"server": server}
+    payload = json.dumps(sections, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
