@@ -541,6 +541,30 @@ class RunSpec:
             "baseline_kernel_source_hash": self.baseline_kernel_source_hash,
         }
 
+    def stage_params(self, stage: str) -> dict[str, Any]:
+        """The params a stage depends on, as this run gives them: :func:`stage_params` of ``self.raw``."""
+        return stage_params(self.raw, stage)
+
+    def check_stage_params(self, what: str, record: Mapping[str, Any], stage: str) -> None:
+        """Raise ``KernelcampError`` naming the first key whose value ``record`` (written by ``stage``)
+        was made with that this run's params do not give. The hashes leave out most of what a stage
+        reads (``benchmark.kernel.cpu_rounds``, ``workload.cpu.batch_sizes``, ``verify.*``): a forced
+        report-only rerun after params changed logged params beside metrics measured with others."""
+        theirs = record.get("stage_params")
+        if not isinstance(theirs, Mapping):
+            raise KernelcampError(
+                f"{what} does not record the params it ran with (stage_params; written by an older kernelcamp): "
+                "rerun the pipeline (dvc exp run)"
+            )
+        diff = first_difference(self.stage_params(stage), theirs)
+        if diff is not None:
+            key, mine, was = diff
+            raise KernelcampError(
+                f"{what} was made with {key} = {dumps(was)} but params.yaml gives {dumps(mine)}: its figures are not "
+                f"of the params this run records (params.yaml changed since the {stage} stage ran); rerun the "
+                "pipeline (dvc exp run, or dvc repro) instead of forcing a later stage"
+            )
+
     def check_record(self, what: str, record: Mapping[str, Any], keys: tuple[str, ...] = ("variant_hash",)) -> None:
         """Raise ``KernelcampError`` naming both values when ``record`` (e.g. deploy.json) disagrees
         with this spec on any of ``keys`` (a key the record lacks counts as a disagreement)."""
@@ -555,12 +579,59 @@ class RunSpec:
                 )
 
 
+def stage_param_keys(stage: str) -> list[str]:
+    """The ``params`` keys of ``stage`` in the ``dvc.yaml`` beside this code (a queued experiment's copy
+    included), e.g. ``["variant", "benchmark", "report.threshold"]``: what DVC reruns the stage for.
+    Raises ``KernelcampError`` when dvc.yaml is unreadable or has no such stage."""
+    path = project_root() / "dvc.yaml"
+    if not path.exists():
+        path = Path.cwd() / "dvc.yaml"
+    try:
+        stages = yaml.safe_load(path.read_text())["stages"]
+        keys = stages[stage].get("params") or []
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as e:
+        raise KernelcampError(f"{path}: no stage {stage!r} with its params ({e}); restore dvc.yaml from git") from e
+    return [k for k in keys if isinstance(k, str)]
+
+
+def stage_params(raw: Mapping[str, Any], stage: str) -> dict[str, Any]:
+    """``{key: value}`` for each of :func:`stage_param_keys` ``(stage)`` in the params mapping ``raw``
+    (a dotted key is looked up section by section; ``None`` where absent). Stages record this
+    (``stage_params``) so that the report can check their records against the params it logs."""
+    out: dict[str, Any] = {}
+    for key in stage_param_keys(stage):
+        node: Any = raw
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        out[key] = json.loads(json.dumps(node, default=str))  # as the JSON record will hold it
+    return out
+
+
+def first_difference(mine: Any, theirs: Any, where: str = "") -> tuple[str, Any, Any] | None:
+    """The first dotted key (sorted) where the JSON-like values ``mine`` and ``theirs`` differ, with
+    both values; ``None`` when they are equal (an int and the equal float are equal, as in JSON)."""
+    if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+        for k in sorted(set(mine) | set(theirs), key=str):
+            d = first_difference(mine.get(k), theirs.get(k), f"{where}.{k}" if where else str(k))
+            if d is not None:
+                return d
+        return None
+    if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
+        for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            d = first_difference(a, b, f"{where}.{i}")
+            if d is not None:
+                return d
+        return None
+    same = mine == theirs and isinstance(mine, bool) == isinstance(theirs, bool)
+    return None if same else (where, mine, theirs)
+
+
 def parse_spec(
     raw: Mapping[str, Any], path: Path | str = "params.yaml", text: str | None = None, root: Path | None = None
 ) -> RunSpec:
     """Check and parse a params mapping (see :func:`load_spec`). ``root``: the working tree whose
     ``kernels/`` and git history the kernel comes from (default: this one)."""
-    from kernelcamp.targets import load_target
+    from kernelcamp.targets import check_target_section
 
     if not isinstance(raw, Mapping):
         raise KernelcampError(f"{path} is not a mapping: regenerate it with `make params`")
@@ -584,7 +655,7 @@ def parse_spec(
     _check_across_keys(sections)
     variant = parse_variant(raw["variant"], "variant")
     baseline = parse_variant(raw["baseline"], "baseline") if raw.get("baseline") else None
-    target = load_target(raw["target"])
+    target = check_target_section(raw["target"])
     _check_against_target(variant, "variant", target)
     if baseline is not None:
         _check_against_target(baseline, "baseline", target)

@@ -166,6 +166,52 @@ def load_target(name_or_mapping: str | Mapping[str, Any]) -> Target:
     )
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    """``a == b`` with types: ``4250`` and ``4250.0`` are one number, ``True`` is not ``1``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return type(a) is type(b) and a == b
+
+
+def check_target_section(raw: Any, where: str = "target") -> Target:
+    """The ``Target`` of a params.yaml ``target`` section, checked to be exactly one ``conf/target`` file.
+
+    ``raw`` is a name (``"sm90"``, ``"auto"``) or the mapping ``compose`` copies from
+    ``conf/target/<name>.yaml``. A mapping must name a file (``name``) and may hold only that file's
+    keys with that file's values; a key it leaves out takes the file's value. So a record's target
+    label, limits and roofline peaks are always one file's: ``-S target.name=sm120`` over sm90's limits,
+    ``-S target.gpu=...`` over another GPU's peaks, a typo such as ``target.num_smss`` or a changed
+    limit are refused with one line, never recorded. To describe another GPU, add
+    ``conf/target/<name>.yaml`` (``sm90.yaml`` shows the fields and sources) and set ``target=<name>``.
+
+    Raises ``KernelcampError`` naming the key, its value, the file's value and what to do.
+    """
+    if isinstance(raw, str) or raw is None:
+        return load_target(raw if raw is not None else "")
+    if not isinstance(raw, Mapping):
+        raise KernelcampError(f"{where} must be a target name or a conf/target mapping, got {type(raw).__name__}")
+    name = raw.get("name")
+    known = named_targets()
+    if not isinstance(name, str) or name not in known:
+        raise KernelcampError(
+            f"{where}.name = {name!r}: not a file of conf/target/ (one of {known}); to describe another GPU add "
+            "conf/target/<name>.yaml (sm90.yaml shows the fields and their sources) and set target=<name>"
+        )
+    file = _read_target_file(name)
+    hint = (
+        f"the {where} section is conf/target/{name}.yaml as it stands: choose a whole target with "
+        "`-S target=<name>`, or add conf/target/<name>.yaml for another GPU"
+    )
+    for key, value in raw.items():
+        if key not in file:
+            raise KernelcampError(f"{where}.{key}: not a field of conf/target/{name}.yaml ({sorted(file)}); {hint}")
+        if not _same_value(value, file[key]):
+            raise KernelcampError(f"{where}.{key} = {value!r} but conf/target/{name}.yaml says {file[key]!r}: {hint}")
+    return load_target(name)
+
+
 def peaks_for_gpu(gpu_name: str | None, target: Target | Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The roofline peaks of the GPU named ``gpu_name`` (``torch.cuda.get_device_name``, e.g.
     ``"NVIDIA H100 80GB HBM3"``), or ``None`` when no target states both peaks for that GPU.

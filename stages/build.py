@@ -113,6 +113,7 @@ def main() -> int:
     report.update(
         kernel=spec.kernel.name,
         **{k: hashes[k] for k in BUILD_KEYS},
+        stage_params=spec.stage_params("build"),  # what the report checks against the params it logs
         triton=kc.triton_version(),
         workload=spec.workload.name,
     )

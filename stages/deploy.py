@@ -60,6 +60,7 @@ def main() -> int:
     # deploy derived; that one must be the run spec's
     spec.check_record("the deployed server", rec, DEPLOY_KEYS)
     rec["kernel_module"] = spec.kernel.module
+    rec["stage_params"] = spec.stage_params("deploy")  # what the report checks against the params it logs
     rec["provenance"] = git_info(project_root())
     write_json_atomic(args.out, rec)
     print(summary_line(rec), file=sys.stderr)

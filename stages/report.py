@@ -59,6 +59,8 @@ def main() -> int:
     spec.check_record("deploy.json", data["deploy"], DEPLOY_KEYS)
     for name in ("benchmark", "verify"):  # these ran the baseline too (its kernel: baseline.kernel_rev)
         spec.check_record(f"{name}.json", data[name], MEASURE_KEYS)
+    for name in ("build", "deploy", "benchmark", "verify"):  # and every other param each stage read
+        spec.check_stage_params(f"{name}.json", data[name], name)
     out, plots_dst, metrics_dst = Path(args.out), Path(args.plots), Path(args.metrics)
     head = kr.headline(data, threshold)
     head_metrics = kr.headline_metrics(data, threshold)

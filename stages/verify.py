@@ -72,6 +72,7 @@ def main() -> int:
         "gpu": info.get("gpu_name"),
         "deploy_id": deploy_id(deploy),
         **spec.hashes(),  # what was verified, checked by the report against the params it logs
+        "stage_params": spec.stage_params("verify"),
     }
     write_json_atomic(
         args.details, {**record, "provenance": info, "cases": cases, "capture": capture, "serving": serving}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,14 +21,17 @@ def cache_root(tmp_path_factory) -> Path:
     return tmp_path_factory.getbasetemp() / "kernelcamp_inspect_cache"  # shared with test_inspect.py
 
 
-def run_build(params: dict, tmp_path: Path, cache_root: Path) -> tuple[subprocess.CompletedProcess, Path, Path]:
+def run_build(
+    params: dict, tmp_path: Path, cache_root: Path, root: Path = ROOT
+) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """``python -m stages.build`` from the working tree ``root`` (its conf/ and kernels/)."""
     pfile, out, met = tmp_path / "params.yaml", tmp_path / "reports" / "build.json", tmp_path / "reports" / "m.json"
     pfile.write_text(yaml.safe_dump(params))
     # DVC_ROOT: the tracking store (a failure is recorded there) lives in the test's folder.
     env = {**os.environ, "KERNELCAMP_CACHE_DIR": str(cache_root), "DVC_ROOT": str(tmp_path)}
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = [sys.executable, "-m", "stages.build", "--params", str(pfile), "--out", str(out)]
-    r = subprocess.run([*cmd, "--metrics", str(met)], env=env, capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([*cmd, "--metrics", str(met)], env=env, capture_output=True, text=True, cwd=root)
     return r, out, met
 
 
@@ -72,10 +76,17 @@ def test_build_writes_report_and_names_pruned_configs(tmp_path, cache_root):
 
 @pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
 def test_build_no_fit_exits_2_with_one_line(tmp_path, cache_root):
+    # a GPU of 1 KB shared memory per block is a file of conf/target/ (a params section is always one file's)
+    tree = tmp_path / "tree"
+    for d in ("kernelcamp", "kernels", "stages", "conf"):
+        shutil.copytree(ROOT / d, tree / d, ignore=shutil.ignore_patterns("__pycache__"))
+    tiny = {**yaml.safe_load((ROOT / "conf" / "target" / "sm90.yaml").read_text()), "name": "tiny"}
+    tiny["shared_bytes_per_block"] = 1024
+    (tree / "conf" / "target" / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     params = base_params()
-    params["target"] = {**params["target"], "name": "tiny", "shared_bytes_per_block": 1024}
+    params["target"] = tiny
     params.pop("build")
-    r, out, _ = run_build(params, tmp_path, cache_root)
+    r, out, _ = run_build(params, tmp_path, cache_root, root=tree)
     assert r.returncode == 2
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "fits tiny" in errors[0] and "Traceback" not in r.stderr

@@ -207,11 +207,14 @@ def test_missing_or_broken_inputs_are_one_clear_error(tmp_path):
 
 
 def _stamp(path, params, keys, **override):
-    """Give a fixture record the run spec's hashes of ``params`` (what the report checks it against)."""
+    """Give a fixture record the run spec's hashes of ``params`` and the params its stage (the file's
+    name) read: what the report checks it against."""
     from kernelcamp.spec import parse_spec
 
     rec = json.loads(path.read_text())
-    rec.update({k: parse_spec(params).hashes()[k] for k in keys}, **override)
+    spec = parse_spec(params)
+    rec.update({k: spec.hashes()[k] for k in keys}, stage_params=spec.stage_params(path.stem))
+    rec.update(override)
     path.write_text(json.dumps(rec))
 
 
@@ -288,6 +291,29 @@ def test_report_stage_writes_report_and_one_finished_run(tmp_path):
     plots = {f"reports/plots/{p.name}" for p in (tmp_path / "reports" / "plots").iterdir()}
     assert plots and {"reports/report.md", "reports/metrics.json"} | plots <= paths[0]
     assert paths[0] == paths[1] and not [p for p in paths[1] if "/." in p]
+
+
+def test_a_report_of_records_made_with_other_params_is_refused(tmp_path):
+    """`make params` (or an edit) then `dvc repro -f -s report`: the report logged cpu_rounds 7 and batch
+    sizes [2, 4] beside metrics measured with 3 rounds at [1, 2]; the hashes leave those keys out."""
+    from kernelcamp.spec import parse_spec
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    was = parse_spec(params).stage_params("benchmark")
+    was["benchmark"]["kernel"]["cpu_rounds"] = params["benchmark"]["kernel"]["cpu_rounds"] + 4
+    r = _stage(tmp_path, {}, override={"benchmark": {"stage_params": was}})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    want = "error: benchmark.json was made with benchmark.kernel.cpu_rounds = "
+    assert len(lines) == 1 and lines[0].startswith(want), r.stderr
+    assert "rerun the pipeline" in lines[0]
+    assert not (tmp_path / "reports" / "report.md").exists() and not (tmp_path / "reports" / "metrics.json").exists()
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = c.get_experiment_by_name("kernelcamp")
+    runs = c.search_runs([exp.experiment_id]) if exp else []
+    assert all(x.info.status == "FAILED" for x in runs), [x.info.status for x in runs]  # a failure, no result
 
 
 def test_report_stage_unreachable_server_leaves_nothing(tmp_path):

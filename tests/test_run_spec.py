@@ -265,6 +265,17 @@ BAD = [
     ("workload.cpu.num_cache_tokens", 500, r"workload\.cpu\.num_cache_tokens = 500: must be a multiple of"),
     ("workload.num_cache_tokens", 1000, r"workload\.num_cache_tokens = 1000: must be a multiple of workload\.page"),
     ("workload.topk", 10**9, r"workload\.topk = 1000000000: must be <= workload\.num_cache_tokens"),
+    # the target section was loaded as given: `-S target.name=sm120` labelled sm90's limits and figures sm120,
+    # `target.gpu` put the H200's peaks under another GPU's name, typos and impossible limits passed
+    ("target.name", "sm120", r"target\.gpu = 'NVIDIA H200' but conf/target/sm120\.yaml says .*: choose a whole target"),
+    ("target.name", "a b", r"target\.name = 'a b': not a file of conf/target/ .*add conf/target/<name>\.yaml"),
+    ("target.gpu", "NVIDIA H100 80GB HBM3", r"target\.gpu = 'NVIDIA H100 80GB HBM3' but conf/target/sm90\.yaml says"),
+    ("target.num_smss", 10, r"target\.num_smss: not a field of conf/target/sm90\.yaml"),
+    ("target.num_sms", 0, r"target\.num_sms = 0 but conf/target/sm90\.yaml says 132"),
+    ("target.arch", 3, r"target\.arch = 3 but conf/target/sm90\.yaml says 90"),
+    ("target.peak_gbps", 9999, r"target\.peak_gbps = 9999 but conf/target/sm90\.yaml says 4250"),
+    ("target.max_ctas_per_sm", True, r"target\.max_ctas_per_sm = True but conf/target/sm90\.yaml says 32"),
+    ("target", "sm999", r"unknown target 'sm999': choose one of"),
 ]
 
 GOOD = [
@@ -279,6 +290,9 @@ GOOD = [
     ("tracking.uri", "file:///abs/mlruns"),
     ("variant.name", "bt16_w4.v2+try-1"),
     ("deploy", {"kind": "command", "url": "u", "kernel_dest": "/k", "launch": "cd /x &&\n  ./serve\t--a"}),
+    ("target", "sm120"),  # a name: the file is read
+    ("target", yaml.safe_load((ROOT / "conf" / "target" / "sm90_h100.yaml").read_text())),
+    ("target", {"name": "sm90", "peak_gbps": 4250.0}),  # keys left out take the file's values
 ]
 
 
@@ -578,3 +592,26 @@ def test_a_gpu_server_never_serves_the_reference_in_place_of_a_broken_kernel() -
         attention_impl(True, broken)
     assert attention_impl(False, broken) == "torch_reference_cpu"
     assert attention_impl(True, SimpleNamespace(SparseMLADecode=object)) == "triton"
+
+
+def test_stage_params_are_dvc_yamls_keys_and_differences_name_the_deepest_key() -> None:
+    """What each stage records (``stage_params``) is what dvc.yaml reruns it for; the report names the
+    first key whose value a record was made with and this run's params do not give."""
+    from kernelcamp.spec import first_difference
+
+    spec = parse_spec(PARAMS)
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for stage in ("build", "deploy", "benchmark", "verify"):
+        assert list(spec.stage_params(stage)) == dvc[stage]["params"]
+    b = spec.stage_params("benchmark")
+    assert b["report.threshold"] == PARAMS["report"]["threshold"] and b["benchmark"] == PARAMS["benchmark"]
+    assert first_difference({"a": {"b": [1, 2]}}, {"a": {"b": [1, 2.0]}}) is None  # JSON: 2 == 2.0
+    assert first_difference({"a": {"b": [1, 2]}}, {"a": {"b": [1, 3]}}) == ("a.b.1", 2, 3)
+    assert first_difference({"a": 1}, {"a": True}) == ("a", 1, True)
+    assert first_difference({"a": 1}, {}) == ("a", 1, None)
+    rec = {"stage_params": {**b, "report.threshold": 0.5}}
+    with pytest.raises(KernelcampError, match=r"^x\.json was made with report\.threshold = 0\.5 but params\.yaml"):
+        spec.check_stage_params("x.json", rec, "benchmark")
+    with pytest.raises(KernelcampError, match=r"x\.json does not record the params it ran with"):
+        spec.check_stage_params("x.json", {}, "benchmark")
+    spec.check_stage_params("x.json", {"stage_params": json.loads(json.dumps(b))}, "benchmark")
