@@ -607,23 +607,25 @@ def stage_params(raw: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return out
 
 
-def first_difference(mine: Any, theirs: Any, where: str = "") -> tuple[str, Any, Any] | None:
-    """The first dotted key (sorted) where the JSON-like values ``mine`` and ``theirs`` differ, with
-    both values; ``None`` when they are equal (an int and the equal float are equal, as in JSON)."""
+def differences(mine: Any, theirs: Any, where: str = "") -> list[tuple[str, Any, Any]]:
+    """Every dotted key (sorted; list items by index) where the JSON-like values ``mine`` and ``theirs``
+    differ, with both values (``None`` for a key one side lacks). An int and the equal float are
+    equal, as in JSON; a bool is not an int."""
     if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+        out = []
         for k in sorted(set(mine) | set(theirs), key=str):
-            d = first_difference(mine.get(k), theirs.get(k), f"{where}.{k}" if where else str(k))
-            if d is not None:
-                return d
-        return None
+            out += differences(mine.get(k), theirs.get(k), f"{where}.{k}" if where else str(k))
+        return out
     if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
-        for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
-            d = first_difference(a, b, f"{where}.{i}")
-            if d is not None:
-                return d
-        return None
+        return [d for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) for d in differences(a, b, f"{where}.{i}")]
     same = mine == theirs and isinstance(mine, bool) == isinstance(theirs, bool)
-    return None if same else (where, mine, theirs)
+    return [] if same else [(where, mine, theirs)]
+
+
+def first_difference(mine: Any, theirs: Any) -> tuple[str, Any, Any] | None:
+    """The first of :func:`differences` ``(mine, theirs)``, or ``None`` when the values are equal."""
+    d = differences(mine, theirs)
+    return d[0] if d else None
 
 
 def parse_spec(

@@ -499,9 +499,56 @@ def _deployed_hash(params: Mapping[str, Any]) -> str | None:
         return None
 
 
+#: The longest ``<section>_overrides`` tag (MLflow keeps 8,000 characters of a tag value).
+OVERRIDES_TAG_CHARS = 1000
+
+
+def conf_file_value(section: str, name: str) -> dict[str, Any] | None:
+    """What ``conf/<section>/<name>.yaml`` composes to (``section``: ``variant`` or ``baseline``; a
+    baseline file is ``/variant/<x>@_here_`` in its defaults plus its own keys, or a whole variant),
+    or ``None`` when there is no such file."""
+    import yaml
+
+    from kernelcamp.targets import conf_dir
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
+        return None
+    path = conf_dir() / section / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    data = yaml.safe_load(path.read_text()) or {}
+    out: dict[str, Any] = {}
+    for d in data.pop("defaults", None) or []:
+        m = re.fullmatch(r"/variant/([A-Za-z0-9_.+-]+)@_here_", d) if isinstance(d, str) else None
+        if m:
+            out.update(conf_file_value("variant", m.group(1)) or {})
+    out.update(data)
+    return out
+
+
+def conf_overrides(params: Mapping[str, Any], section: str) -> str:
+    """The ``variant``/``baseline`` tag's companion: how ``params[section]`` differs from the conf file
+    its ``name`` names, as ``key=value`` items (``num_warps=8``, ``configs.0.BLOCK_T=32``; a key the
+    file lacks shows as added, one it has and params lack as ``key=null``), ``""`` when it is that
+    file as it stands, ``"(no conf/<section>/<name>.yaml)"`` when no file has that name. A run of
+    ``-S variant.num_warps=8`` was tagged ``variant=bt16_w4`` alone, the name of a file that did not run."""
+    from kernelcamp.spec import differences
+
+    raw = params.get(section)
+    if not isinstance(raw, Mapping):
+        return ""
+    name = raw.get("name")
+    file = conf_file_value(section, name)
+    if file is None:
+        return f"(no conf/{section}/{name}.yaml)"
+    items = [f"{k}={json.dumps(mine, default=str)}" for k, mine, _ in differences(dict(raw), file)]
+    text = ", ".join(items)
+    return text if len(text) <= OVERRIDES_TAG_CHARS else text[: OVERRIDES_TAG_CHARS - 3] + "..."
+
+
 def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Tags every run carries: git commit/dirty, DVC experiment, variant/baseline names and hashes,
-    GPU/driver/torch/triton (from ``extra`` when a stage measured them, else this process)."""
+    """Tags every run carries: git commit/dirty, DVC experiment, variant/baseline names, their
+    overrides of the named conf file (:func:`conf_overrides`) and hashes, GPU/driver/torch/triton (from ``extra`` when a stage measured them, else this process)."""
     from kernelcamp.provenance import git_info
     from kernelcamp.spec import project_root
     from kernelcamp.variant import parse_variant
@@ -518,6 +565,7 @@ def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) 
         raw = params.get(sec)
         if isinstance(raw, Mapping):
             tags[f"{sec}"] = raw.get("name")
+            tags[f"{sec}_overrides"] = conf_overrides(params, sec)  # "" when the file ran as it stands
             with contextlib.suppress(KernelcampError):
                 tags[f"{sec}_config_hash"] = parse_variant(raw, sec).config_hash()
                 # the hash a server reports for it (configs, kernel source, server flags): one name,

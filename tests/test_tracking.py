@@ -350,3 +350,29 @@ def test_the_mlflow_imports_are_not_cut_by_a_signal(monkeypatch, store):
     monkeypatch.setattr(signals, "signals_deferred", spy)
     tracking._client(tracking.tracking_uri(PARAMS))
     assert entered == [1]
+
+
+def test_the_variant_tag_says_what_was_overridden() -> None:
+    """`dvc exp run -S variant.num_warps=8` was tagged `variant=bt16_w4` alone: the name of a file that
+    did not run as it stands. `variant_overrides` lists what differs; every shipped file composes to ""."""
+    import copy
+
+    import yaml
+
+    from kernelcamp.compose import compose_text
+    from kernelcamp.tracking import conf_overrides, run_tags
+
+    root = Path(__file__).resolve().parents[1]
+    for sec in ("variant", "baseline"):
+        for f in sorted((root / "conf" / sec).glob("*.yaml")):
+            params = yaml.safe_load(compose_text(root, [f"{sec}={f.stem}"]))
+            assert conf_overrides(params, sec) == "", (sec, f.stem)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    p = copy.deepcopy(params)
+    p["variant"]["num_warps"] = 8
+    p["baseline"]["extra_key"] = [1, 2]
+    tags = run_tags(p)
+    assert tags["variant"] == params["variant"]["name"] and tags["variant_overrides"] == "num_warps=8"
+    assert tags["baseline_overrides"] == "extra_key=[1, 2]"
+    p["variant"]["name"] = "mine"
+    assert conf_overrides(p, "variant") == "(no conf/variant/mine.yaml)"
