@@ -548,7 +548,8 @@ def conf_overrides(params: Mapping[str, Any], section: str) -> str:
 
 def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Tags every run carries: git commit/dirty, DVC experiment, variant/baseline names, their
-    overrides of the named conf file (:func:`conf_overrides`) and hashes, GPU/driver/torch/triton (from ``extra`` when a stage measured them, else this process)."""
+    overrides of the named conf file (:func:`conf_overrides`) and hashes, GPU/driver/torch/triton
+    (from ``extra`` when a stage measured them, else this process)."""
     from kernelcamp.provenance import git_info
     from kernelcamp.spec import project_root
     from kernelcamp.variant import parse_variant
