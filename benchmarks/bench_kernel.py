@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import yaml  # noqa: E402 - pyyaml is on the lent GPU machine (../shared/tools/device-packages.txt)
 
+from kernelcamp import targets  # noqa: E402
 from kernelcamp.bench.timing import bench_graph, summarize  # noqa: E402
 from kernelcamp.errors import KernelcampError  # noqa: E402
 from kernelcamp.io import write_csv_atomic, write_text_atomic  # noqa: E402
@@ -84,9 +85,9 @@ def gbps(layout: str, B: int, H: int, topk: int, us: float) -> float:
 
 
 def roofline_pct(layout: str, B: int, H: int, topk: int, us: float, target: dict[str, Any]) -> float:
-    t_bw = smd.bytes_moved(layout, B, H, topk) / (target["peak_gbps"] * 1e9)
-    t_fl = smd.flops(layout, B, H, topk) / (target["peak_bf16_tflops"] * 1e12)
-    return 100.0 * max(t_bw, t_fl) / (us * 1e-6)
+    """% of ``target``'s roofline at ``us`` microseconds (kernelcamp.targets.roofline_pct of the kernel's
+    bytes and FLOPs at this shape)."""
+    return targets.roofline_pct(smd.bytes_moved(layout, B, H, topk), smd.flops(layout, B, H, topk), us * 1e-6, target)
 
 
 def derived(layout: str, B: int, H: int, topk: int, us: float, target: dict[str, Any]) -> dict[str, float]:

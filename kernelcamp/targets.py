@@ -166,6 +166,16 @@ def load_target(name_or_mapping: str | Mapping[str, Any]) -> Target:
     )
 
 
+def roofline_pct(bytes_moved: float, flops: float, seconds: float, peaks: Mapping[str, Any]) -> float:
+    """Percent of the roofline a kernel reached: the time its bytes need at ``peaks["peak_gbps"]`` (GB/s)
+    or its FLOPs at ``peaks["peak_bf16_tflops"]`` (TFLOP/s), whichever is longer, over ``seconds``.
+    ``peaks``: :func:`peaks_for_gpu`'s mapping (the GPU that ran) or a target's. The one formula of the
+    benchmark stage and ``benchmarks/bench_kernel.py``."""
+    t_bw = bytes_moved / (float(peaks["peak_gbps"]) * 1e9)
+    t_fl = flops / (float(peaks["peak_bf16_tflops"]) * 1e12)
+    return 100.0 * max(t_bw, t_fl) / seconds
+
+
 def _same_value(a: Any, b: Any) -> bool:
     """``a == b`` with types: ``4250`` and ``4250.0`` are one number, ``True`` is not ``1``."""
     if isinstance(a, bool) or isinstance(b, bool):

@@ -176,6 +176,7 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
     from kernelcamp.kernel_rev import module_source
     from kernelcamp.provenance import ClockSampler, smi_index
     from kernelcamp.spec import import_kernel
+    from kernelcamp.targets import roofline_pct
 
     k = import_kernel(params["kernel"]["module"])
 
@@ -269,9 +270,7 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
                 **s,
                 "tflops": fl / t / 1e12,
                 "gbps": by / t / 1e9,
-                "roofline_pct": 100 * max(by / (peaks["peak_gbps"] * 1e9), fl / (peaks["peak_bf16_tflops"] * 1e12)) / t
-                if peaks
-                else None,
+                "roofline_pct": roofline_pct(by, fl, t, peaks) if peaks else None,
                 "config_ran": cfg.label() if cfg else None,
             }
         base = [g["latency_us"] for g in got if g["impl"] == "baseline" and g["batch"] == B]
