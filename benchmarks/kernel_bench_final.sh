@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The end-of-session GPU check on the lent H200, from the repo root with .whl/ carried:
+# The end-of-session GPU check on the lent GPU (an H200 or an H100: the summary names it and takes its peaks),
+# from the repo root with .whl/ carried:
 #   bash benchmarks/kernel_bench_final.sh OUT
 # 1. the whole GPU suite (`pytest -m gpu`) -> reports/kernel_bench/gpu_suite.log;
 # 2. reports/kernel_bench/ re-measured (benchmarks/bench_kernel.py, torch reference timed, every config
