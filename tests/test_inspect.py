@@ -725,6 +725,15 @@ def test_cli_bad_params_are_one_line_not_a_traceback_or_a_prune(capsys, tmp_path
     assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
 
 
+def test_cli_takes_the_params_target_only_as_its_conf_file(capsys, tmp_path):
+    """`inspect --params` loaded the params' target section as given: a `target.shared_bytes_per_block` edit
+    pruned (or kept) configs under sm90's name, as the run spec now refuses."""
+    path = _params_with(tmp_path, target__shared_bytes_per_block=1024)
+    assert cli.main(["inspect", "--params", path, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "target.shared_bytes_per_block = 1024 but conf/target/sm90.yaml says" in err[0], err
+
+
 def test_cli_composes_a_group_file_with_its_own_defaults(capsys, monkeypatch):
     # conf/workload/deepseek_v32_tp8.yaml is deepseek_v32 (its defaults list) with 16 heads: read as a bare YAML
     # file it lacked the layout, and `kernelcamp inspect --workload deepseek_v32_tp8` stopped with "workload lacks

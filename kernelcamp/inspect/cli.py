@@ -18,7 +18,7 @@ from typing import Any
 from kernelcamp.errors import KernelcampError
 from kernelcamp.inspect.compile import triton_version
 from kernelcamp.inspect.fit import inspect_configs, kernel_module, module_source_hash, specs_for_workload, summarize
-from kernelcamp.targets import load_target
+from kernelcamp.targets import check_target_section, load_target
 
 # ----------------------------------------------------------------------------------------------
 # Command line
@@ -172,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
         targets = (
             [load_target(t) for t in args.target]
             if args.target
-            else [load_target(params["target"])]
+            else [check_target_section(params["target"])]  # one conf/target file, as a run's spec checks it
             if "target" in params
             else [load_target("sm90")]
         )
