@@ -80,6 +80,7 @@ def test_build_no_fit_exits_2_with_one_line(tmp_path, cache_root):
     tree = tmp_path / "tree"
     for d in ("kernelcamp", "kernels", "stages", "conf"):
         shutil.copytree(ROOT / d, tree / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "dvc.yaml", tree / "dvc.yaml")  # the params each stage records (stage_params)
     tiny = {**yaml.safe_load((ROOT / "conf" / "target" / "sm90.yaml").read_text()), "name": "tiny"}
     tiny["shared_bytes_per_block"] = 1024
     (tree / "conf" / "target" / "tiny.yaml").write_text(yaml.safe_dump(tiny))

@@ -257,6 +257,7 @@ def test_the_kernel_ab_runs_the_commits_kernel_against_the_working_trees(tmp_pat
     ws = tmp_path / "ws"
     for d in ("kernelcamp", "kernels", "stages", "conf"):
         shutil.copytree(ROOT / d, ws / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "dvc.yaml", ws / "dvc.yaml")  # each stage records the params it reruns for
     shutil.copy(ROOT / "params.yaml", ws / "params.yaml")
     kfile = ws / KFILE
     src = kfile.read_text()
@@ -326,6 +327,7 @@ def test_the_build_compiles_the_baselines_kernel_at_the_rev(tmp_path: Path) -> N
     ws = tmp_path / "ws"
     for d in ("kernelcamp", "kernels", "stages", "conf"):
         shutil.copytree(ROOT / d, ws / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "dvc.yaml", ws / "dvc.yaml")  # each stage records the params it reruns for
     kfile = ws / KFILE
     _git(ws, "init", "-q")
     sha = _commit(ws, "the baseline's kernel")

@@ -31,6 +31,7 @@ def _copy_tree(dst: Path) -> Path:
     """A queued experiment's temporary copy of the repo: the code, conf and params only."""
     for d in ("kernelcamp", "kernels", "stages", "conf"):
         shutil.copytree(ROOT / d, dst / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "dvc.yaml", dst / "dvc.yaml")  # each stage records the params it reruns for
     shutil.copy(ROOT / "params.yaml", dst / "params.yaml")
     return dst
 
