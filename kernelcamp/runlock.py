@@ -10,8 +10,13 @@ record another. Each stage therefore claims the run before any side effect:
 * The claim (``<tree>/.kernelcamp/run.json``, under an ``fcntl`` lock) records the owner's pid and
   the sha256 of params.yaml. A stage of the same owner finds the same sha256 or stops, naming both;
   a stage of another live owner stops before any side effect; a dead owner's claim is taken over.
-* The claim lives in the stage's own tree: queued experiments (each in its own temporary copy) and
-  sweep workers never block each other.
+* The claim lives in the stage's own tree, and a second claim in the folder of the server the run
+  deploys (``kernelcamp.deploy.common.state_dir``: ``$DVC_ROOT/.kernelcamp``, or a sweep worker's
+  ``slotN``). A queued experiment (its own temporary copy) started while a workspace run goes on shares
+  that server: its deploy stopped the workspace run's server mid-benchmark. So a run whose server
+  folder another live run holds waits for that run to end (one line saying so), then claims it; for a
+  workspace run both claims are one file. Sweep workers, each with its own slot, never wait on
+  each other.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,25 +95,70 @@ def _read_claim(path: Path) -> dict[str, Any] | None:
     return cur if isinstance(cur, dict) else None
 
 
-def claim_run(root: Path, stage: str, params_sha256: str, owner: int | None = None) -> dict[str, Any] | None:
-    """Claim (or re-check) the run of the tree ``root`` for stage ``stage``; see the module docstring.
+def server_claim_path() -> Path:
+    """The claim of the server folder this run deploys to (``state_dir()/run.json``; see the module docstring)."""
+    from kernelcamp.deploy.common import state_dir
 
-    Returns the claim, or None when there is no ``dvc`` owner. Raises ``KernelcampError`` when
+    return state_dir() / "run.json"
+
+
+def _claim_paths(root: Path) -> list[Path]:
+    """The tree's claim, then the server folder's when it is another file."""
+    paths = [claim_path(root)]
+    server = server_claim_path()
+    if server.resolve() != paths[0].resolve():
+        paths.append(server)
+    return paths
+
+
+def claim_run(
+    root: Path, stage: str, params_sha256: str, owner: int | None = None, poll_s: float = 2.0
+) -> dict[str, Any] | None:
+    """Claim (or re-check) the run of the tree ``root`` for stage ``stage``, and the server folder it
+    deploys to; see the module docstring.
+
+    Returns the tree's claim, or None when there is no ``dvc`` owner. Raises ``KernelcampError`` when
     another live ``dvc`` run holds the tree, or when params.yaml changed since an earlier stage of
-    this run read it.
+    this run read it. Waits (polling every ``poll_s`` seconds) while another live run holds the server
+    folder.
     """
     owner = run_owner() if owner is None else owner
     if owner is None:
         return None
-    path = claim_path(root)
+    tree, *server = _claim_paths(root)
+    got = _claim(tree, root, stage, params_sha256, owner)
+    for path in server:
+        said = False
+        while _claim(path, root, stage, params_sha256, owner, shared=True) is None:
+            if not said:
+                print(
+                    f"[{stage}] waiting: another pipeline run uses this workspace's server ({path.parent}); this "
+                    "run starts when it ends",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                said = True
+            time.sleep(poll_s)
+    return got
+
+
+def _claim(
+    path: Path, root: Path, stage: str, params_sha256: str, owner: int, shared: bool = False
+) -> dict[str, Any] | None:
+    """Claim ``path`` for ``owner``. Another live owner's claim raises ``KernelcampError``, or, for a
+    ``shared`` (server folder) claim, returns None (the caller waits)."""
     with _locked(path):
         cur = _read_claim(path)
         if cur is not None and _owner_alive(cur):
             if cur["owner_pid"] != owner:
+                if shared:
+                    return None  # the caller waits
                 raise KernelcampError(
                     f"another pipeline run (dvc pid {cur['owner_pid']}, since stage {cur.get('stage')}) is running in "
                     f"{root}: wait for it, or queue this one with `dvc exp run --queue`"
                 )
+            if shared:
+                return cur  # this run's own: the tree's claim checks its params
             if cur.get("params_sha256") != params_sha256:
                 raise KernelcampError(
                     f"params.yaml changed during this run (sha256 {str(cur.get('params_sha256'))[:12]} at stage "
@@ -120,6 +171,7 @@ def claim_run(root: Path, stage: str, params_sha256: str, owner: int | None = No
             "owner_start": pid_start_time(owner),
             "params_sha256": params_sha256,
             "stage": stage,
+            "tree": str(root),
             "claimed_at_ms": int(time.time() * 1000),  # the run's start, for the MLflow run's duration
         }
         write_json_atomic(path, claim)
@@ -127,15 +179,16 @@ def claim_run(root: Path, stage: str, params_sha256: str, owner: int | None = No
 
 
 def release_run(root: Path, owner: int | None = None) -> None:
-    """Remove this owner's claim (the last stage calls it); another owner's claim is left alone."""
+    """Remove this owner's claims, the tree's and the server folder's (the last stage calls it); another
+    owner's claim is left alone."""
     owner = run_owner() if owner is None else owner
     if owner is None:
         return
-    path = claim_path(root)
-    with _locked(path):
-        cur = _read_claim(path)
-        if cur is not None and cur.get("owner_pid") == owner:
-            path.unlink(missing_ok=True)
+    for path in _claim_paths(root):
+        with _locked(path):
+            cur = _read_claim(path)
+            if cur is not None and cur.get("owner_pid") == owner:
+                path.unlink(missing_ok=True)
 
 
 def run_started_ms(root: Path, owner: int | None = None) -> int | None:

@@ -144,6 +144,14 @@ def test_the_configured_kernel_module_is_the_one_benchmarked(tmp_path: Path) -> 
 # --------------------------------------------------------------------------------- the run claim
 
 
+@pytest.fixture
+def workspace_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``tmp_path`` as a workspace run's tree: DVC_ROOT is the tree, so its two claims are one file."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.usefixtures("workspace_run")
 def test_a_second_run_in_the_workspace_is_refused(tmp_path: Path) -> None:
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -157,6 +165,7 @@ def test_a_second_run_in_the_workspace_is_refused(tmp_path: Path) -> None:
     assert claim_run(tmp_path, "spec", "b" * 64, owner=os.getpid())["owner_pid"] == os.getpid()
 
 
+@pytest.mark.usefixtures("workspace_run")
 def test_params_rewritten_during_a_run_stop_the_next_stage(tmp_path: Path) -> None:
     claim_run(tmp_path, "deploy", "a" * 64, owner=os.getpid())
     assert claim_run(tmp_path, "benchmark", "a" * 64, owner=os.getpid())["stage"] == "deploy"
@@ -166,6 +175,7 @@ def test_params_rewritten_during_a_run_stop_the_next_stage(tmp_path: Path) -> No
     assert not (tmp_path / ".kernelcamp" / "run.json").exists()
 
 
+@pytest.mark.usefixtures("workspace_run")
 def test_a_stage_run_by_hand_claims_nothing(tmp_path: Path) -> None:
     # pytest is no dvc process: owner None, no claim file
     assert claim_run(tmp_path, "build", "a" * 64) is None
@@ -550,6 +560,7 @@ def test_build_records_are_checked_for_the_baseline_and_target_too() -> None:
         spec.check_record("build.json", other.hashes(), BUILD_KEYS)
 
 
+@pytest.mark.usefixtures("workspace_run")
 def test_a_reused_pid_is_not_taken_for_the_runs_owner(tmp_path: Path) -> None:
     """The claim named only a pid: a new process given the dead owner's pid looked like a live run."""
     claim_run(tmp_path, "build", "a" * 64, owner=os.getpid())
@@ -565,6 +576,41 @@ def test_a_reused_pid_is_not_taken_for_the_runs_owner(tmp_path: Path) -> None:
         other.wait()
 
 
+def test_a_queued_run_waits_for_the_workspace_run_that_holds_its_server(tmp_path: Path, monkeypatch) -> None:
+    """`dvc queue start` during a workspace run: the queued experiment (its own temporary copy, so its own
+    tree claim) deployed to the workspace's server folder and stopped the workspace run's server in the
+    middle of its serving A/B. It now waits for that run to end, then claims the server folder."""
+    import threading
+
+    ws, copy = tmp_path / "ws", tmp_path / "copy"
+    monkeypatch.setenv("DVC_ROOT", str(ws))
+    workspace_owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    queued_owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_run(ws, "benchmark", "a" * 64, owner=workspace_owner.pid)
+        done: list = []
+        t = threading.Thread(target=lambda: done.append(claim_run(copy, "spec", "b" * 64, queued_owner.pid, 0.05)))
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and not done, "the queued run went on while the workspace run held its server"
+        assert json.loads((ws / ".kernelcamp" / "run.json").read_text())["owner_pid"] == workspace_owner.pid
+        release_run(ws, owner=workspace_owner.pid)  # the workspace run's report stage
+        t.join(5.0)
+        assert done and done[0]["owner_pid"] == queued_owner.pid
+        server = json.loads((ws / ".kernelcamp" / "run.json").read_text())
+        assert server["owner_pid"] == queued_owner.pid and server["tree"] == str(copy)
+        release_run(copy, owner=queued_owner.pid)
+        assert not (ws / ".kernelcamp" / "run.json").exists() and not (copy / ".kernelcamp" / "run.json").exists()
+        # a workspace run's stages re-check its own claim: one file, no wait
+        claim_run(ws, "spec", "c" * 64, owner=workspace_owner.pid)
+        assert claim_run(ws, "build", "c" * 64, owner=workspace_owner.pid)["stage"] == "spec"
+    finally:
+        for p in (workspace_owner, queued_owner):
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.usefixtures("workspace_run")
 def test_the_mlflow_run_spans_the_pipeline_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The report opened the run at the end, so its duration was the report stage's logging only."""
     from kernelcamp import tracking
