@@ -45,7 +45,7 @@ def test_a_server_still_starting_is_waited_for() -> None:
         wait_ready(url, None, timeout_s=1, poll_s=0.1)
 
 
-def test_setup_digest_covers_what_the_server_computes_not_where_it_listens() -> None:
+def test_setup_digest_covers_what_the_server_computes_and_its_host_not_its_port() -> None:
     """A live server was reused after `-S workload=deepseek_v32` (the variant hash leaves the workload
     out), so the new setup's records described a server of the old one."""
     import copy
@@ -63,12 +63,13 @@ def test_setup_digest_covers_what_the_server_computes_not_where_it_listens() -> 
         ("server", "num_cache_tokens", 1 << 20),
         ("server", "device", "cuda:1"),
         ("kernel", "dot_dtype", "fp16"),  # the server's launcher takes it: a reused bf16 server was measured
+        ("server", "host", "0.0.0.0"),  # a loopback server was reused and recorded as listening on 0.0.0.0
     ):
         p = copy.deepcopy(params)
         p[section][key] = value
         assert setup_digest(p) != base, (section, key)
     p = copy.deepcopy(params)
-    p["server"].update(host="0.0.0.0", port=9999)
+    p["server"].update(port=9999)  # a server on a fallback port is the same setup
     assert setup_digest(p) == base
 
 

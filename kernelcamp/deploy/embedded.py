@@ -95,11 +95,12 @@ SERVER_SECTIONS = ("kernel", "server", "workload")
 def setup_digest(params: dict[str, Any]) -> str:
     """sha256 (16 hex) of everything that shapes what an embedded server computes besides the variant
     hash: every section of :data:`SERVER_SECTIONS` (the kernel section's ``dot_dtype``, the workload's
-    attention shape, cache layout and stand-in model, the server section but where it listens: host,
-    port). A live server is reused only when this matches too: the variant hash leaves out e.g.
-    ``-S workload=deepseek_v32``, ``server.max_context_tokens`` or ``kernel.dot_dtype``, and a reused
-    server would have been measured as the new setup."""
-    server = {k: v for k, v in (params.get("server") or {}).items() if k not in ("host", "port")}
+    attention shape, cache layout and stand-in model, the server section but its port: a server found on
+    a fallback port is the same setup; its host is not, a server on 0.0.0.0 is reachable from other
+    machines). A live server is reused only when this matches too: the variant hash leaves out e.g.
+    ``-S workload=deepseek_v32``, ``server.max_context_tokens``, ``kernel.dot_dtype`` or
+    ``server.host``, and a reused server would have been measured (and recorded) as the new setup."""
+    server = {k: v for k, v in (params.get("server") or {}).items() if k != "port"}
     sections = {name: params.get(name) for name in SERVER_SECTIONS} | {"server": server}
     payload = json.dumps(sections, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
