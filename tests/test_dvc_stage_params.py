@@ -17,3 +17,62 @@ def test_benchmark_stage_depends_on_the_report_keys_its_stopping_rule_reads():
     assert 'rep.get("threshold"' in src or 'rep["threshold"]' in src  # kernel_plan reads report.threshold
     for k in ("confidence", "threshold"):
         assert f"report.{k}" in params, f"benchmark stage lacks report.{k}"
+
+
+class _Reads(dict):
+    """A params mapping that records each dotted key read (``benchmark.serving.cpu_concurrency``)."""
+
+    def __init__(self, data, seen, where=""):
+        super().__init__(data)
+        self._seen, self._where = seen, where
+
+    def _wrap(self, k, v):
+        key = f"{self._where}.{k}" if self._where else str(k)
+        self._seen.add(key)
+        return _Reads(v, self._seen, key) if isinstance(v, dict) else v
+
+    def __getitem__(self, k):
+        return self._wrap(k, super().__getitem__(k))
+
+    def get(self, k, default=None):
+        return self._wrap(k, super().get(k, default)) if k in self else self._seen.add(f"{self._where}.{k}") or default
+
+
+def _covered(key: str, params: list[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") or p.startswith(key + ".") for p in params)
+
+
+def test_verify_reruns_for_every_key_its_serving_plan_reads():
+    # 2026-12-05: `-S benchmark.serving.cpu_concurrency=[1,4]` after a run at [1,2] skipped verify ("didn't change"):
+    # verify_details.json kept concurrency [1, 2] beside MLflow's [1, 4], and the report accepted it
+    from kernelcamp.bench.serving import serving_plan
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    src = (ROOT / "kernelcamp" / "verify" / "serving.py").read_text()
+    assert "serving_plan(params" in src  # the verify stage's serving check plans its levels with it
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for on_cpu in (True, False):
+        seen: set[str] = set()
+        serving_plan(_Reads(params, seen), on_cpu)
+        leaves = {k for k in seen if not any(o.startswith(k + ".") for o in seen)}
+        for stage in ("verify", "benchmark"):
+            missing = sorted(k for k in leaves if not _covered(k, stages[stage]["params"]))
+            assert not missing, f"{stage} stage reads {missing} (serving_plan) but dvc.yaml does not rerun it for them"
+
+
+def test_stages_whose_record_names_the_baselines_kernel_rerun_when_it_moves():
+    # a `baseline.kernel_rev` branch moved: build and benchmark reran (spec.json -> build.json), verify was skipped,
+    # and the report refused verify.json's old baseline_hash with advice (rerun the pipeline) that changed nothing
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+    def upstream(stage: str) -> set[str]:
+        deps = {d for d in stages[stage].get("deps") or [] if d.startswith("reports/")}
+        out = set(deps)
+        for name, st in stages.items():
+            outs = {next(iter(o)) if isinstance(o, dict) else o for o in st.get("outs") or []}
+            if outs & deps:
+                out |= upstream(name)
+        return out
+
+    for stage in ("build", "benchmark", "verify"):  # their records carry baseline_hash / baseline_kernel_source_hash
+        assert "reports/spec.json" in upstream(stage), f"{stage} does not rerun when the baseline's kernel moves"
