@@ -499,14 +499,25 @@ def _deployed_hash(params: Mapping[str, Any]) -> str | None:
         return None
 
 
+#: Sections whose ``name`` is a tag and whose ``<section>_overrides`` tag says what ``-S`` changed from
+#: the file of that name (:func:`conf_overrides`).
+OVERRIDE_TAGS = ("variant", "baseline", "workload", "server")
 #: The longest ``<section>_overrides`` tag (MLflow keeps 8,000 characters of a tag value).
 OVERRIDES_TAG_CHARS = 1000
 
 
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` merged into ``base`` as Hydra merges a defaults list: mappings key by key, the rest replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
 def conf_file_value(section: str, name: str) -> dict[str, Any] | None:
-    """What ``conf/<section>/<name>.yaml`` composes to (``section``: ``variant`` or ``baseline``; a
-    baseline file is ``/variant/<x>@_here_`` in its defaults plus its own keys, or a whole variant),
-    or ``None`` when there is no such file."""
+    """What ``conf/<section>/<name>.yaml`` composes to, its defaults list merged first (an entry of
+    the same group, ``deepseek_v32``, or another group's file at this package, ``/variant/x@_here_``,
+    as the shipped files write them), or ``None`` when there is no such file."""
     import yaml
 
     from kernelcamp.targets import conf_dir
@@ -519,15 +530,15 @@ def conf_file_value(section: str, name: str) -> dict[str, Any] | None:
     data = yaml.safe_load(path.read_text()) or {}
     out: dict[str, Any] = {}
     for d in data.pop("defaults", None) or []:
-        m = re.fullmatch(r"/variant/([A-Za-z0-9_.+-]+)@_here_", d) if isinstance(d, str) else None
-        if m:
-            out.update(conf_file_value("variant", m.group(1)) or {})
-    out.update(data)
-    return out
+        m = re.fullmatch(r"(?:/([A-Za-z0-9_]+)/)?([A-Za-z0-9_.+-]+)(?:@_here_)?", d) if isinstance(d, str) else None
+        if m and m.group(2) != "_self_":
+            out = _deep_merge(out, conf_file_value(m.group(1) or section, m.group(2)) or {})
+    return _deep_merge(out, data)
 
 
 def conf_overrides(params: Mapping[str, Any], section: str) -> str:
-    """The ``variant``/``baseline`` tag's companion: how ``params[section]`` differs from the conf file
+    """The ``<section>`` tag's companion (variant, baseline, workload, server): how ``params[section]``
+    differs from the conf file
     its ``name`` names, as ``key=value`` items (``num_warps=8``, ``configs.0.BLOCK_T=32``; a key the
     file lacks shows as added, one it has and params lack as ``key=null``), ``""`` when it is that
     file as it stands, ``"(no conf/<section>/<name>.yaml)"`` when no file has that name. A run of
@@ -566,15 +577,16 @@ def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) 
         raw = params.get(sec)
         if isinstance(raw, Mapping):
             tags[f"{sec}"] = raw.get("name")
-            tags[f"{sec}_overrides"] = conf_overrides(params, sec)  # "" when the file ran as it stands
             with contextlib.suppress(KernelcampError):
                 tags[f"{sec}_config_hash"] = parse_variant(raw, sec).config_hash()
                 # the hash a server reports for it (configs, kernel source, server flags): one name,
                 # one meaning, as in deploy.json and /v1/kernelcamp/info
                 tags[f"{sec}_hash"] = _deployed_hash({**params, "variant": raw})
-    for k in ("target", "workload"):
+    for k in ("target", "workload", "server"):
         if isinstance(params.get(k), Mapping):
             tags[k] = params[k].get("name")
+    for k in OVERRIDE_TAGS:  # "" when the named file ran as it stands (the target always does: kernelcamp.spec)
+        tags[f"{k}_overrides"] = conf_overrides(params, k)
     for k, v in (extra or {}).items():
         tags[k] = v
     return {k: ("" if v is None else v) for k, v in tags.items()}

@@ -354,7 +354,8 @@ def test_the_mlflow_imports_are_not_cut_by_a_signal(monkeypatch, store):
 
 def test_the_variant_tag_says_what_was_overridden() -> None:
     """`dvc exp run -S variant.num_warps=8` was tagged `variant=bt16_w4` alone: the name of a file that
-    did not run as it stands. `variant_overrides` lists what differs; every shipped file composes to ""."""
+    did not run as it stands. `<section>_overrides` lists what differs (variant, baseline, workload,
+    server); every shipped file composes to ""."""
     import copy
 
     import yaml
@@ -363,7 +364,7 @@ def test_the_variant_tag_says_what_was_overridden() -> None:
     from kernelcamp.tracking import conf_overrides, run_tags
 
     root = Path(__file__).resolve().parents[1]
-    for sec in ("variant", "baseline"):
+    for sec in ("variant", "baseline", "workload", "server"):
         for f in sorted((root / "conf" / sec).glob("*.yaml")):
             params = yaml.safe_load(compose_text(root, [f"{sec}={f.stem}"]))
             assert conf_overrides(params, sec) == "", (sec, f.stem)
@@ -376,3 +377,9 @@ def test_the_variant_tag_says_what_was_overridden() -> None:
     assert tags["baseline_overrides"] == "extra_key=[1, 2]"
     p["variant"]["name"] = "mine"
     assert conf_overrides(p, "variant") == "(no conf/variant/mine.yaml)"
+    # `-S workload.name=deepseek_v32` on the V4-Flash shape was tagged workload=deepseek_v32 alone
+    p["workload"]["name"] = "deepseek_v32"
+    t = run_tags(p)
+    assert t["workload"] == "deepseek_v32" and "layout=\"deepseek_v4\"" in t["workload_overrides"], t
+    p["server"]["name"] = "eager"  # cuda_graphs still on: the eager file says off
+    assert "cuda_graphs=true" in run_tags(p)["server_overrides"]
