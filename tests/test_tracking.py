@@ -380,6 +380,6 @@ def test_the_variant_tag_says_what_was_overridden() -> None:
     # `-S workload.name=deepseek_v32` on the V4-Flash shape was tagged workload=deepseek_v32 alone
     p["workload"]["name"] = "deepseek_v32"
     t = run_tags(p)
-    assert t["workload"] == "deepseek_v32" and "layout=\"deepseek_v4\"" in t["workload_overrides"], t
+    assert t["workload"] == "deepseek_v32" and 'layout="deepseek_v4"' in t["workload_overrides"], t
     p["server"]["name"] = "eager"  # cuda_graphs still on: the eager file says off
     assert "cuda_graphs=true" in run_tags(p)["server_overrides"]
