@@ -156,7 +156,7 @@ def resolve_kernel_rev(rev: object, module: str, root: Path | None = None) -> Ke
         )
     repos = [root]
     workspace = dvc_root()
-    if _SHA_RE.match(rev) and workspace != root and _is_git_repo(workspace):
+    if _SHA_RE.fullmatch(rev) and workspace != root and _is_git_repo(workspace):
         repos.append(workspace)  # a queued experiment's copy may lack a commit the workspace has
     for repo in repos:
         r = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
@@ -164,7 +164,7 @@ def resolve_kernel_rev(rev: object, module: str, root: Path | None = None) -> Ke
             sha = r.stdout.decode().strip()
             break
     else:
-        if workspace != root and not _SHA_RE.match(rev):
+        if workspace != root and not _SHA_RE.fullmatch(rev):
             raise KernelcampError(
                 f"{WHERE} = {rev!r}: git rev-parse finds no commit of that name in {root}, a copy of the "
                 f"workspace {workspace} without its branches and tags (a queued experiment's): queue the full "

@@ -92,6 +92,6 @@ def segment(name: str) -> str:
 
 def check_key(key: str) -> str:
     """Return ``key``; raise ``ValueError`` naming it when it does not follow the scheme."""
-    if not KEY_RE.match(key):
+    if not KEY_RE.fullmatch(key):
         raise ValueError(f"metric key {key!r} does not follow the naming scheme (kernelcamp.metrics.KEY_RE)")
     return key

@@ -418,7 +418,7 @@ def check_kernel_module(module: str, root: Path | None = None) -> Path:
     Raises ``KernelcampError`` for another package (the DVC stages depend on ``kernels/`` only, so
     a kernel elsewhere could change without any stage rerunning) or a missing file.
     """
-    if not isinstance(module, str) or not _MODULE_RE.match(module):
+    if not isinstance(module, str) or not _MODULE_RE.fullmatch(module):
         raise KernelcampError(
             f"kernel.module = {module!r}: a kernel module is a file of kernels/, named kernels.<file> "
             "(e.g. kernels.sparse_mla_decode), so that the DVC stages depend on it"
@@ -726,7 +726,7 @@ def _check_server(server: ServerSpec) -> None:
     """``server.env``: shell variable names, values a string or a number (exported as text on this
     machine and on the ssh host, logged as MLflow params); ``server.args``: none of :data:`SERVE_OWN_ARGS`."""
     for key, value in server.env.items():
-        if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
             raise KernelcampError(
                 f"server.env key {key!r}: an environment variable name is letters, digits and _, "
                 "not starting with a digit (e.g. NCCL_DEBUG)"

@@ -62,7 +62,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 def check_name(where: str, name: str) -> None:
     """Raise ``KernelcampError`` naming ``where`` when ``name`` is not a :data:`NAME_RE` name."""
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise KernelcampError(
             f"{where} = {name!r}: a name is letters, digits and _ . + - (it names files, report headings "
             "and MLflow params); rename it"

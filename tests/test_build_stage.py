@@ -64,7 +64,7 @@ def test_build_writes_report_and_names_pruned_configs(tmp_path, cache_root):
     from kernelcamp.metrics import KEY_RE, flatten
 
     metrics = flatten(json.loads(met.read_text()))  # kernelcamp.metrics names (the role variant is candidate)
-    assert all(KEY_RE.match(k) for k in metrics), metrics
+    assert all(KEY_RE.fullmatch(k) for k in metrics), metrics
     nb = rep["roles"]["baseline"]["n_fit"]
     assert metrics["build.candidate.n_fit"] == v["n_fit"] and metrics["build.baseline.n_fit"] == nb
     assert metrics["build.candidate.shared_bytes_max"] == max(

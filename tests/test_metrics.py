@@ -91,7 +91,7 @@ def test_detail_files_use_the_scheme_with_cpu_timings_under_cpu():
     bench = km.flatten(benchmark_metrics(d["benchmark"]["kernel"], d["benchmark"]["serving"], "cpu"))
     build = km.flatten(sb.metrics(d["build"]))
     for k in [*bench, *build]:
-        assert km.KEY_RE.match(k), k
+        assert km.KEY_RE.fullmatch(k), k
     assert bench["device.is_gpu"] == 0 and "cpu.kernel.b1.baseline.latency_us_p50" in bench
     assert not [k for k in bench if k.split(".")[0] in km.TIMED_GROUPS]  # no CPU timing under a GPU name
     assert build["build.candidate.sm120.n_fit"] == d["build"]["roles"]["variant"]["targets"]["sm120"]["n_fit"]

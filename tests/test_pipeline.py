@@ -163,7 +163,7 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
     # the headline is the one metrics file DVC lists; the MLflow run logs its keys and the benchmark's
     # detail (benchmark_metrics.json's keys), nothing else, all in the one naming scheme
     head = flatten(json.loads((repo / "reports/metrics.json").read_text()))
-    assert "cpu.kernel.ratio" in head and all(KEY_RE.match(k) for k in head)
+    assert "cpu.kernel.ratio" in head and all(KEY_RE.fullmatch(k) for k in head)
     assert set(run.data.metrics) == set(head) | set(flatten(m))
     assert {run.data.metrics[k] for k in head} == set(head.values())
     # a CPU run decides nothing: MLflow said faster or equivalent beside the tag's inconclusive

@@ -87,7 +87,7 @@ def check_ssh_args(
             )
         if key != "remote_dir" and any(c.isspace() for c in v):
             raise KernelcampError(f"{prefix}{key}={v!r}: must not contain whitespace")
-        if key == "remote_dir" and not REMOTE_DIR_RE.match(v):
+        if key == "remote_dir" and not REMOTE_DIR_RE.fullmatch(v):
             raise KernelcampError(
                 f"{prefix}remote_dir = {v!r}: use a path of letters, digits and _ . / + @ = - only (the remote "
                 "shell and scp must read it the same way; ~ is not expanded: write the home folder out)"

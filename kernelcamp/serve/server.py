@@ -1099,7 +1099,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.port is not None and not 1 <= args.port <= 65535:
             raise KernelcampError(f"--port {args.port}: expected a port number 1..65535")
-        if args.device is not None and not _DEVICE.match(args.device):
+        if args.device is not None and not _DEVICE.fullmatch(args.device):
             raise KernelcampError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
         if args.trace_dir is not None and Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
             raise KernelcampError(f"--trace-dir {args.trace_dir}: exists and is not a folder")
@@ -1130,7 +1130,7 @@ def main(args: argparse.Namespace) -> int:
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise KernelcampError(f"server.port={port!r} in {args.params}: expected a port number 1..65535")
         dev_cfg = server.get("device")
-        if args.device is None and dev_cfg is not None and not _DEVICE.match(str(dev_cfg)):
+        if args.device is None and dev_cfg is not None and not _DEVICE.fullmatch(str(dev_cfg)):
             raise KernelcampError(f"server.device={dev_cfg!r} in {args.params}: expected cpu, cuda or cuda:N")
         # checked by parse_section above; the fake (no params) runs with the defaults
         body_timeout_s = float(server.get("body_timeout_s", BODY_TIMEOUT_S))
