@@ -5,7 +5,9 @@
 
 The checks and their pass rules are :mod:`kernelcamp.verify`'s: :func:`~kernelcamp.verify.kernel.check_kernel`
 (every config of both sides vs the reference), :func:`~kernelcamp.verify.kernel.check_capture`,
-:func:`~kernelcamp.verify.serving.check_serving`. Writes both files, then exits 1 when any check failed.
+:func:`~kernelcamp.verify.serving.check_serving`. Writes both files, then, when any check failed, exits 2
+with one `error:` line naming the failed checks (a failed verification is a result: its record says
+`passed: false` and verify_details.json holds the failing cases).
 """
 
 from __future__ import annotations
