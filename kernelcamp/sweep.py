@@ -293,6 +293,42 @@ def stop_slot_servers(repo_root: Path, slots: list[int]) -> list[int]:
     return [slot for slot in slots if stop_servers(repo_root, slot)]
 
 
+def hold_slots(repo_root: Path, slots: list[int], gpus: list[str]) -> contextlib.ExitStack:
+    """Lock each worker slot's server folder (``.kernelcamp/slotN/sweep.lock``, ``fcntl``, released when the
+    returned stack closes or this process ends) for this sweep, writing its pid there.
+
+    Raises ``KernelcampError`` naming the GPU, the slot and the holder's pid when another live sweep of this
+    workspace holds one: its workers serve from that slot's port, and this sweep would stop their server.
+    """
+    import fcntl
+
+    from kernelcamp.deploy.common import state_dir
+
+    stack = contextlib.ExitStack()
+    try:
+        for slot, gpu in zip(slots, gpus, strict=True):
+            d = state_dir(repo_root, slot)
+            d.mkdir(parents=True, exist_ok=True)
+            f = stack.enter_context(open(d / "sweep.lock", "a+"))  # noqa: SIM115 - held until the stack closes
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                raise KernelcampError(
+                    f"GPU {gpu} (worker slot {slot}) is in use by another kernelcamp sweep of this workspace (pid "
+                    f"{holder}): wait for it to finish (experiments queued now are drained by it), or pass other "
+                    "GPUs with --gpus"
+                ) from None
+            f.truncate(0)
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+    except BaseException:
+        stack.close()
+        raise
+    return stack
+
+
 def run_sweep(
     repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print, drain_grace_s: float = DRAIN_GRACE_S
 ) -> int:
@@ -324,13 +360,20 @@ def run_sweep(
         raise KernelcampError(f"--poll {poll_s}: must be a positive number of seconds")
     if not (repo_root / ".dvc").is_dir():
         raise KernelcampError(f"{repo_root}: not a DVC repo (no .dvc/): run from the workspace or pass --repo")
-    # Create the tracking store once, before any worker (DESIGN.md: concurrent creation can break it).
-    prepare_tracking_store(repo_root)
-    n = queued_count(repo_root)
-    if n == 0:
-        raise KernelcampError(
-            "nothing is queued: queue experiments first, e.g. dvc exp run --queue -S 'variant.num_warps=4,8'"
-        )
+    # a slot (its port and server folder) belongs to one sweep: a second sweep on the same GPU stopped the first
+    # one's server mid-experiment, then reported done; it is refused here, before any side effect
+    held = hold_slots(repo_root, worker_slots(gpus), gpus)
+    try:
+        # Create the tracking store once, before any worker (DESIGN.md: concurrent creation can break it).
+        prepare_tracking_store(repo_root)
+        n = queued_count(repo_root)
+        if n == 0:
+            raise KernelcampError(
+                "nothing is queued: queue experiments first, e.g. dvc exp run --queue -S 'variant.num_warps=4,8'"
+            )
+    except BaseException:
+        held.close()
+        raise
     log(f"sweep: {n} queued experiment(s), {len(gpus)} worker(s) on GPU(s) {', '.join(gpus)}")
     log_dir = repo_root / ".dvc" / "tmp" / "kernelcamp-sweep"
     # SIGTERM raises Terminated (a BaseException, like KeyboardInterrupt, so that no `except Exception`
@@ -402,6 +445,7 @@ def run_sweep(
                     "`dvc exp run --queue` with its -S overrides queues it again"
                 )
         sig.close()
+        held.close()
     if interrupted:
         return interrupted[1]
     failed = [w for w in workers if w.proc.returncode != 0 and w.gpu not in idle_stopped]

@@ -274,6 +274,31 @@ def test_sweep_refuses_an_empty_queue(tmp_path: Path, monkeypatch: pytest.Monkey
         sweep.run_sweep(tmp_path, ["0", "1"])
 
 
+def test_a_second_sweep_on_a_held_gpu_is_refused_before_anything(tmp_path: Path, monkeypatch) -> None:
+    """A second `kernelcamp sweep --gpus 0` while one ran: it found no worker of its own, stopped slot 0's server
+    (the first sweep's, mid-experiment: that experiment failed at benchmark) and said done, exit 0."""
+    calls: list[str] = []
+    monkeypatch.setattr(sweep, "prepare_tracking_store", lambda root: calls.append("store"))
+    monkeypatch.setattr(sweep, "queued_count", lambda root: 0)
+    monkeypatch.setattr(sweep, "stop_slot_servers", lambda root, slots: calls.append("stop") or [])
+    (tmp_path / ".dvc").mkdir()
+    first = sweep.hold_slots(tmp_path, [0], ["0"])  # the running sweep (flock: any other open file conflicts)
+    try:
+        with pytest.raises(
+            KernelcampError,
+            match=rf"GPU 0 \(worker slot 0\) is in use by another kernelcamp sweep of "
+            rf"this workspace \(pid {os.getpid()}\)",
+        ):
+            sweep.run_sweep(tmp_path, ["0", "1"])
+        assert calls == [], "the refused sweep touched the store or the servers"
+        with pytest.raises(KernelcampError, match="nothing is queued"):  # another GPU is free
+            sweep.run_sweep(tmp_path, ["1"])
+    finally:
+        first.close()
+    with pytest.raises(KernelcampError, match="nothing is queued"):  # released with the first sweep
+        sweep.run_sweep(tmp_path, ["0", "1"])
+
+
 def test_bare_kernelcamp_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
     assert cli.main([]) == 2
     err = capsys.readouterr().err
