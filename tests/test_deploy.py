@@ -151,6 +151,22 @@ def test_foreign_listener_on_port_deploys_on_next_free_port(params, tmp_path, ca
                 check_baseline_port(params, rec, tmp_path)
 
 
+def test_a_server_started_for_another_server_port_is_not_reused(params, tmp_path):
+    # `dvc exp run` (server on 8765), then `-S server.port=8760`: 8765 is in 8760's fallback range, so the
+    # server was reused and deploy.json said "port 8760 was held by another process when it started"; nothing
+    # ever held 8760
+    base = free_port_block(20)
+    params["server"]["port"] = base + 10
+    first = deploy(params, tmp_path)
+    assert first["port"] == base + 10 and not first["reused"]
+    moved = copy.deepcopy(params)
+    moved["server"]["port"] = base + 5  # its fallbacks (base + 7 ...) include base + 10
+    new = deploy(moved, tmp_path)
+    assert not new["reused"] and new["port"] == base + 5 and new["configured_port"] == base + 5
+    assert not new.get("port_note") and not _alive(first["pid"])
+    assert deploy(moved, tmp_path)["reused"]  # the same server.port again: reused
+
+
 def test_no_free_fallback_port_is_a_clear_error(params, tmp_path):
     port = params["server"]["port"] = free_port_block(10)
     tried = fallback_ports(port, params)

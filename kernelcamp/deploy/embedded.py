@@ -140,6 +140,9 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
         st
         and st.get("variant_hash") == vhash
         and st.get("port") in [port, *fallbacks]
+        # started for this server.port: a server on 8765 is in 8760's fallback range, and was reused for
+        # `-S server.port=8760` with a note that 8760 had been held when it started
+        and st.get("configured_port") == port
         and st.get("flags") == flags
         and st.get("setup_digest") == setup_digest(params)
         and _alive(st.get("pid"))
@@ -294,6 +297,7 @@ def start_embedded(
                 "start_time": pid_start_time(proc.pid),
                 "host": host,
                 "port": port,
+                "configured_port": worker_port(int(server.get("port", 8765))),  # server.port it was started for
                 "url": url,
                 "variant_hash": vhash,
                 "flags": flags,
