@@ -49,7 +49,7 @@ def compose_text(root: str | os.PathLike = ".", overrides: list[str] | None = No
     """params.yaml text that ``dvc exp run -S <overrides>`` would write for the repo at ``root``.
 
     Raises ``KernelcampError`` with Hydra's message when composition fails (unknown group option,
-    misspelled key, ...).
+    misspelled key, an override OmegaConf cannot apply such as deleting a list item, ...).
     """
     from dvc.utils.hydra import compose_and_dump
     from hydra.core.global_hydra import GlobalHydra
@@ -67,6 +67,14 @@ def compose_text(root: str | os.PathLike = ".", overrides: list[str] | None = No
         except (HydraException, OmegaConfBaseException) as e:
             msg = " ".join(str(e).split())
             raise KernelcampError(f"cannot compose conf/ with {list(overrides or [])}: {msg}") from e
+        except (TypeError, ValueError, KeyError, IndexError) as e:
+            # what OmegaConf raises for an override it cannot apply, e.g. `~variant.configs.0` (a list item:
+            # "list indices must be integers or slices, not str")
+            msg = " ".join(str(e).split())
+            raise KernelcampError(
+                f"cannot compose conf/ with {list(overrides or [])}: {type(e).__name__}: {msg} (`~` and `+` take keys "
+                "of a mapping; to change a list, give the whole list, e.g. -S 'variant.configs=[...]')"
+            ) from e
         finally:
             GlobalHydra.instance().clear()
         return out.read_text(encoding="utf-8")
@@ -101,7 +109,15 @@ def main(args: argparse.Namespace) -> int:
         return 0
     from kernelcamp.io import write_text_atomic
 
-    write_text_atomic(path, text)
+    if path.is_dir() or not path.parent.is_dir():
+        what = "is a folder" if path.is_dir() else f"is in {path.parent}, which does not exist"
+        print(f"error: -o {args.out}: {path} {what}; give a file path in an existing folder", file=sys.stderr)
+        return 2
+    try:
+        write_text_atomic(path, text)
+    except OSError as e:
+        print(f"error: cannot write {path}: {e.strerror or e}", file=sys.stderr)
+        return 2
     print(f"wrote {path} from conf/ ({len(args.overrides)} override(s))")
     return 0
 

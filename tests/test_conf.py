@@ -73,3 +73,27 @@ def test_misspelled_key_is_rejected():
 def test_unknown_variant_name_is_rejected():
     with pytest.raises(KernelcampError, match="no_such_variant"):
         compose_text(ROOT, ["variant=no_such_variant"])
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        # OmegaConf's TypeError ("list indices must be integers or slices, not str") ended in a traceback
+        (["variant=story_autotune", "~variant.configs.0"], "TypeError: list indices must be integers"),
+        (["-o", "reports"], "is a folder"),  # IsADirectoryError traceback
+        (["-o", "no/such/folder/p.yaml"], "which does not exist"),  # created the folders
+    ],
+)
+def test_compose_bad_input_is_one_line_and_writes_nothing(argv, needle, capsys, tmp_path):
+    from kernelcamp import cli
+
+    before = sorted(p.name for p in ROOT.iterdir())
+    args = [a if a != "reports" else str(tmp_path) for a in argv]
+    if "-o" in argv and argv[1].startswith("no/"):
+        args[1] = str(tmp_path / "no" / "such" / "folder" / "p.yaml")
+    params = (ROOT / "params.yaml").read_bytes()
+    assert cli.main(["compose", *args, "--root", str(ROOT)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert (ROOT / "params.yaml").read_bytes() == params and sorted(p.name for p in ROOT.iterdir()) == before
+    assert not (tmp_path / "no").exists()
