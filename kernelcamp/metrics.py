@@ -45,6 +45,13 @@ def timed_prefix(device: str | None) -> str:
     return "" if device == "cuda" else "cpu."
 
 
+def serving_prefix(device: str | None, serving: Mapping[str, Any] | None) -> str:
+    """:func:`timed_prefix` for serving figures: ``"cpu."`` also when the benchmark ran on a GPU machine but
+    the server it measured ran on a CPU (``serving.scaled_for_cpu``, e.g. ``-S server.device=cpu``): its
+    tok/s are a CPU server's, and were logged beside GPU figures under GPU names."""
+    return "cpu." if (serving or {}).get("scaled_for_cpu") else timed_prefix(device)
+
+
 def is_number(v: Any) -> bool:
     """A finite int or float that is not a bool (what a metric value may be)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")

@@ -128,6 +128,8 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike, threshold: f
     out_dir.mkdir(parents=True, exist_ok=True)
     bench = data["benchmark"]
     cpu = is_cpu(bench)
+    # the serving plots are a CPU's also when a GPU machine measured a server on a CPU (-S server.device=cpu)
+    serving_cpu = cpu or bool((bench.get("serving") or {}).get("scaled_for_cpu"))
     names = {n: bench["variants"][n]["name"] for n in ("baseline", "candidate")}
     made: dict[str, str] = {}
 
@@ -168,7 +170,7 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike, threshold: f
                 marked = True
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel("output tok/s (ok requests; mean over repeats)")
-        ax.set_title("Serving throughput per concurrency" + (" (CPU)" if cpu else ""), fontsize=10)
+        ax.set_title("Serving throughput per concurrency" + (" (CPU)" if serving_cpu else ""), fontsize=10)
         _save_plot(fig, ax, out_dir, "serving_throughput", made)
 
     with_ci = [e for e in levels if e.get("ci_lo") is not None and e.get("ratio") is not None]
@@ -206,7 +208,8 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike, threshold: f
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel("throughput ratio candidate/baseline (higher is faster)")
         ax.set_title(
-            f"Serving A/B per level (dashed: 1 +- threshold {threshold:.1%})" + (" (CPU)" if cpu else ""), fontsize=10
+            f"Serving A/B per level (dashed: 1 +- threshold {threshold:.1%})" + (" (CPU)" if serving_cpu else ""),
+            fontsize=10,
         )
         _save_plot(fig, ax, out_dir, "serving_ratio", made, legend_fontsize=8)
 
@@ -233,7 +236,7 @@ def make_plots(data: Mapping[str, Any], out_dir: str | os.PathLike, threshold: f
         ax.set_ylim(bottom=0)  # a step never takes negative time (the fit holds a_ms >= 0: stats.fit_step_model)
         ax.set_xlabel("batch (running requests)")
         ax.set_ylabel("decode step (ms)")
-        ax.set_title("Step-time model" + (" (CPU)" if cpu else ""), fontsize=10)
+        ax.set_title("Step-time model" + (" (CPU)" if serving_cpu else ""), fontsize=10)
         _save_plot(fig, ax, out_dir, "step_model", made, legend_fontsize=8)
     return made
 
@@ -306,7 +309,7 @@ def headline_metrics(data: Mapping[str, Any], threshold: float) -> dict[str, flo
     Figures the records lack are left out (never logged as 0). Raises ``KeyError`` only on records
     that :func:`load_inputs` would have refused.
     """
-    from kernelcamp.metrics import is_number, timed_prefix
+    from kernelcamp.metrics import is_number, serving_prefix, timed_prefix
 
     bench = data["benchmark"]
     p = timed_prefix(bench.get("device"))
@@ -322,6 +325,7 @@ def headline_metrics(data: Mapping[str, Any], threshold: float) -> dict[str, flo
     m[f"{p}kernel.candidate.latency_us_p50"] = bench["kernel"]["batch"][b_max]["candidate"].get("latency_us_p50")
     m[f"{p}kernel.candidate.batch"] = int(b_max)
     sv = bench.get("serving") or {}
+    p = serving_prefix(bench.get("device"), sv)  # a CPU server's figures are CPU figures on a GPU machine too
     o = (sv.get("ab") or {}).get("overall") or {}
     if o.get("ci_lo") is not None and o.get("ratio") is not None:
         m[f"{p}serving.decision"] = DECISION_CODES[serving_decision(o, threshold, sv)]

@@ -62,6 +62,7 @@ def test_headline_on_a_gpu_carries_both_decisions_intervals_and_resolutions():
     b = d["benchmark"]
     b.update(device="cuda", gpu="NVIDIA H200")
     b["serving"]["attention_impl"] = "triton"  # a GPU server runs the variant's kernel
+    b["serving"]["scaled_for_cpu"] = False  # and its plan was a GPU's
     b["kernel"]["overall"] = {"ratio": 1.10, "ci_lo": 1.09, "ci_hi": 1.11, "n_rounds": 10, "confidence": 0.95}
     fig = {"output_tok_s": 100.0, "steady_output_tok_s": 100.0, "requests_ok": 8, "requests_failed": 0}
     lv = {"concurrency": 4, "valid": True, "baseline": dict(fig), "candidate": dict(fig), "n_pairs": 3}
@@ -96,5 +97,6 @@ def test_detail_files_use_the_scheme_with_cpu_timings_under_cpu():
     assert not [k for k in bench if k.split(".")[0] in km.TIMED_GROUPS]  # no CPU timing under a GPU name
     assert build["build.candidate.sm120.n_fit"] == d["build"]["roles"]["variant"]["targets"]["sm120"]["n_fit"]
     assert build["build.baseline.sm120.n_pruned"] == len(d["build"]["roles"]["baseline"]["targets"]["sm120"]["pruned"])
-    gpu = km.flatten(benchmark_metrics(d["benchmark"]["kernel"], d["benchmark"]["serving"], "cuda"))
+    gpu_served = {**d["benchmark"]["serving"], "scaled_for_cpu": False}  # a GPU machine's own server
+    gpu = km.flatten(benchmark_metrics(d["benchmark"]["kernel"], gpu_served, "cuda"))
     assert {k.removeprefix("cpu.") for k in bench} == set(gpu) and gpu["device.is_gpu"] == 1

@@ -31,6 +31,7 @@ def _as_gpu(data, slowdown=1.0):
     b = d["benchmark"]
     b.update(device="cuda", gpu="NVIDIA H200")
     b["serving"]["attention_impl"] = "triton"  # a GPU server runs the variant's kernel
+    b["serving"]["scaled_for_cpu"] = False  # and its plan was a GPU's
     b["kernel"]["overall"] = {
         "ratio": slowdown,
         "ci_lo": slowdown - 0.01,
@@ -165,6 +166,23 @@ def test_cpu_report_is_labelled_and_complete(tmp_path):
     detail = flatten(benchmark_metrics(data["benchmark"]["kernel"], data["benchmark"]["serving"], "cpu"))
     assert "cpu.step_model.candidate.a_ms" in detail and detail["device.is_gpu"] == 0
     assert not any(k.startswith(("kernel.", "serving.", "step_model.")) for k in detail)
+
+
+def test_a_cpu_servers_figures_are_cpu_figures_on_a_gpu_machine_too(tmp_path):
+    """`-S server.device=cpu` on a GPU machine: the serving figures (a CPU server's tok/s) were named as GPU
+    figures (`serving.*`, no `cpu.`) beside the GPU's kernel figures, and the serving plots lacked "(CPU)"."""
+    d = _as_gpu(_data(), 1.0)
+    b = d["benchmark"]
+    b["serving"]["scaled_for_cpu"] = True  # the serving plan saw a server on a CPU
+    keys = set(kr.headline_metrics(d, 0.02))
+    assert "kernel.ratio" in keys and "cpu.serving.candidate.output_tok_s" in keys, sorted(keys)
+    assert not any(k.startswith(("serving.", "step_model.", "cpu.kernel.")) for k in keys), sorted(keys)
+    detail = flatten(benchmark_metrics(b["kernel"], b["serving"], "cuda"))
+    assert detail["device.is_gpu"] == 1 and any(k.startswith("kernel.") for k in detail)
+    assert "cpu.step_model.candidate.a_ms" in detail
+    assert not any(k.startswith(("serving.", "step_model.", "cpu.kernel.")) for k in detail), sorted(detail)
+    b["serving"]["scaled_for_cpu"] = False  # a GPU server: GPU names
+    assert "serving.candidate.output_tok_s" in set(kr.headline_metrics(d, 0.02))
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from kernelcamp.bench.kernel import decision_metrics, kept_configs, kernel_level
 from kernelcamp.bench.profile import TABLE_COLS, kernel_launch_profile, placeholder_trace, server_profile
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import write_csv_atomic, write_json_atomic
-from kernelcamp.metrics import is_number, nest, timed_prefix
+from kernelcamp.metrics import is_number, nest, serving_prefix, timed_prefix
 from kernelcamp.stats import DECISION_CODES
 
 
@@ -111,7 +111,8 @@ def benchmark_metrics(kernel: dict, serving: dict, device: str) -> dict[str, Any
     nested (DVC and MLflow read the dotted keys); timed figures carry ``cpu.`` on a CPU, so they are
     never put beside GPU ones (DESIGN.md). Raises ``ValueError`` on a key off the naming scheme."""
     p = timed_prefix(device)
-    return nest({"device.is_gpu": int(device == "cuda"), **kernel_metrics(kernel, p), **serving_metrics(serving, p)})
+    sp = serving_prefix(device, serving)  # a CPU server's figures are CPU figures, whatever ran the benchmark
+    return nest({"device.is_gpu": int(device == "cuda"), **kernel_metrics(kernel, p), **serving_metrics(serving, sp)})
 
 
 def serving_summary(serving: dict, device: str) -> list[dict]:
@@ -304,8 +305,8 @@ def measure_and_write(args, spec, deploy, device, run_as, notes, variants, final
         serving = serving_level(params, deploy, shared)
         if profile_on:
             table, prof_meta, prof_why = server_profile(params, deploy, serving, traces, shared)
-    if device != "cuda":
-        withhold_cpu_decisions(serving)  # as the report reads it: a CPU benchmark decides nothing
+    if device != "cuda" or serving.get("scaled_for_cpu"):
+        withhold_cpu_decisions(serving)  # a CPU benchmark, or a server on a CPU, decides nothing
     if shared is not None and serving.get("baseline"):
         serving["baseline"]["stopped"] = True  # as the block above ended
     if profile_on:
