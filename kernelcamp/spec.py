@@ -374,10 +374,19 @@ def _check_control_chars(where: str, value: Any, allowed: str = "") -> None:
         raise KernelcampError(f"{where} = {value!r}: holds a control character ({bad[0]!r}); remove it")
 
 
+def _conf_home(where: str) -> str:
+    """Where a params section is written in conf/: its group folder (``conf/verify/``), or conf/config.yaml
+    for a section that has none (``report``: the error said "see conf/report/", which does not exist)."""
+    from kernelcamp.targets import conf_dir
+
+    section = where.split(".")[0]
+    return f"conf/{section}/" if (conf_dir() / section).is_dir() else "conf/config.yaml"
+
+
 def _build(cls: type, raw: Any, where: str) -> Any:
     """Instantiate dataclass ``cls`` from mapping ``raw``, checking every field (see module docstring)."""
     if not isinstance(raw, Mapping):
-        raise KernelcampError(f"{where} = {as_written(raw)}: expected a mapping (see conf/{where.split('.')[0]}/)")
+        raise KernelcampError(f"{where} = {as_written(raw)}: expected a mapping (see {_conf_home(where)})")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = [k for k in raw if k not in fields]
@@ -393,7 +402,7 @@ def _build(cls: type, raw: Any, where: str) -> Any:
                 if typing.get_origin(hints[name]) in (typing.Union, types.UnionType):
                     kwargs[name] = None
                     continue
-                raise KernelcampError(f"{key} is missing: set it in conf/ (see conf/{where.split('.')[0]}/)")
+                raise KernelcampError(f"{key} is missing: set it in conf/ (see {_conf_home(where)})")
             continue
         if raw[name] == "???":
             raise KernelcampError(f"{key} is required (??? in conf/): set it, e.g. -S {key}=...")

@@ -725,6 +725,14 @@ def test_cli_bad_params_are_one_line_not_a_traceback_or_a_prune(capsys, tmp_path
     assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
 
 
+def test_cli_a_group_choice_is_a_file_name_not_a_path(capsys):
+    """`inspect --variant ../../etc/passwd` said "no etc named 'passwd': choose one of []"."""
+    assert cli.main(["inspect", "--variant", "../../etc/passwd", "--target", "sm90", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--variant '../../etc/passwd': give the name of a file of conf/variant/" in err[0], err
+    assert "bt16_w4" in err[0]
+
+
 def test_cli_takes_the_params_target_only_as_its_conf_file(capsys, tmp_path):
     """`inspect --params` loaded the params' target section as given: a `target.shared_bytes_per_block` edit
     pruned (or kept) configs under sm90's name, as the run spec now refuses."""

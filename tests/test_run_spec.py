@@ -287,6 +287,9 @@ BAD = [
     ("target.peak_gbps", 9999, r"target\.peak_gbps = 9999 but conf/target/sm90\.yaml says 4250"),
     ("target.max_ctas_per_sm", True, r"target\.max_ctas_per_sm = True but conf/target/sm90\.yaml says 32"),
     ("target", "sm999", r"unknown target 'sm999': choose one of"),
+    # `~report.threshold` said "see conf/report/": report has no group folder, it is in conf/config.yaml
+    ("report", {"confidence": 0.95}, r"report\.threshold is missing: set it in conf/ \(see conf/config\.yaml\)"),
+    ("verify", {"serving": {}}, r"verify\.kernel is missing: set it in conf/ \(see conf/verify/\)"),
     # a pattern ending in `$` matches before a trailing newline: these passed with re.match
     ("variant.name", "bt16_w4\n", r"variant\.name = 'bt16_w4\\n': a name is letters"),
     ("baseline.name", "x\n", r"baseline\.name = 'x\\n': a name is letters"),

@@ -42,7 +42,11 @@ def _load_group(conf: Path, group: str, choice: str) -> dict:
     import yaml
 
     from kernelcamp.compose import compose_text
+    from kernelcamp.variant import NAME_RE
 
+    if not NAME_RE.fullmatch(choice):  # `--variant ../../etc/passwd` read as "no etc named 'passwd'"
+        choices = sorted(p.stem for p in (conf / group).glob("*.yaml"))
+        raise KernelcampError(f"--{group} {choice!r}: give the name of a file of conf/{group}/ (one of {choices})")
     _load_yaml(conf / group / f"{choice}.yaml")  # a missing file: the one-line error with the choices
     section = (yaml.safe_load(compose_text(conf.parent, [f"{group}={choice}"])) or {}).get(group)
     if not isinstance(section, dict):
