@@ -212,6 +212,28 @@ def fail_orphaned_experiments(repo_root: Path, task_ids: set[str]) -> list[str]:
     return sorted(e.name or e.stash_rev[:7] for e in ours.values())
 
 
+def failed_experiments(repo_root: Path, task_ids: set[str]) -> list[str]:
+    """Names (the stash rev's first 7 characters where one has none) of the experiments this sweep's workers took
+    (their celery task ids in ``task_ids``) that DVC records as failed (``dvc queue status``: Failed; DVC 3.67's
+    ``iter_failed``: done with no result). A sweep whose experiment failed said "done" and exited 0.
+
+    Raises whatever DVC raises when its repo or queue cannot be read."""
+    if not task_ids:
+        return []
+    from dvc.repo import Repo
+    from dvc.repo.experiments.queue.base import QueueEntry
+
+    with Repo(str(repo_root)) as repo:
+        queue = repo.experiments.celery_queue
+        ours: dict[str, str] = {}  # stash rev -> name, for this sweep's tasks
+        for msg in queue.celery.iter_processed():
+            if msg.headers.get("id") in task_ids:
+                args, kwargs, _embed = msg.decode()
+                e = QueueEntry.from_dict(kwargs.get("entry_dict", args[0] if args else {}))
+                ours[e.stash_rev] = e.name or e.stash_rev[:7]
+        return sorted(ours[r.entry.stash_rev] for r in queue.iter_failed() if r.entry.stash_rev in ours)
+
+
 def start_workers(
     repo_root: Path, gpus: list[str], log_dir: Path, ready_timeout_s: float = READY_TIMEOUT_S, poll_s: float = 0.2
 ) -> list[Worker]:
@@ -333,7 +355,8 @@ def run_sweep(
     repo_root: Path, gpus: list[str], poll_s: float = 5.0, log=print, drain_grace_s: float = DRAIN_GRACE_S
 ) -> int:
     """Drain the DVC queue with one worker per GPU; return 0 if every worker exited cleanly (or failed at its start,
-    before it took an experiment, and the others drained the queue: READY_TIMEOUT_S above).
+    before it took an experiment, and the others drained the queue: READY_TIMEOUT_S above) and no experiment this
+    sweep ran failed (:func:`failed_experiments`, named in one line), else 1.
 
     When the queue is drained, or on Ctrl-C (exit 130) or SIGTERM (exit 143), the workers are stopped
     with their process groups (the running experiment's stages too) and the embedded servers of
@@ -465,11 +488,21 @@ def run_sweep(
                 f"sweep: warning: the worker on GPU {w.gpu} exited with {w.proc.returncode} before it took an "
                 f"experiment (log: {w.log}); the other workers drained the queue"
             )
+    failed_exps: list[str] = []
+    try:
+        failed_exps = failed_experiments(repo_root, set().union(*(received_task_ids(w) for w in workers)))
+    except Exception as e:  # noqa: BLE001 - the workers' own status stands; the user is told what to check
+        log(f"sweep: warning: could not read which experiments failed ({e}); see `dvc queue status`")
+    if failed_exps:
+        log(
+            f"sweep: {len(failed_exps)} experiment(s) failed: {', '.join(failed_exps)}; `dvc queue logs NAME` shows "
+            "why (its `error:` line), and `dvc exp run --queue` with its -S overrides queues it again"
+        )
     log(
         f"sweep: done in {time.monotonic() - t0:.0f} s; "
         "`dvc exp show` lists the results, `dvc queue status` any failures"
     )
-    return 1 if bad else 0
+    return 1 if bad or failed_exps else 0
 
 
 def build_parser(sub: Any) -> argparse.ArgumentParser:

@@ -66,6 +66,35 @@ def _mini_dvc_repo(tmp_path: Path, stage_src: str, gitignore: str) -> Path:
 
 @pytest.mark.timeout(300)
 @pytest.mark.slow  # an end-to-end DVC queue run: `make test-slow` (CI runs both)
+def test_a_sweep_whose_experiment_failed_says_so_and_exits_1(tmp_path: Path) -> None:
+    """A queued experiment failed at its benchmark stage; the sweep still printed "done" and exited 0, and only
+    `dvc queue status` showed the failure."""
+    if shutil.which("dvc") is None:
+        pytest.skip("dvc is not installed")
+    failing = STAGE.replace("time.sleep(2)", 'time.sleep(0)\nif x == 13: sys.exit("error: x is 13")')
+    repo = _mini_dvc_repo(tmp_path, failing, "mlflow.db\n")
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    mlflow.set_experiment("sweep-test")
+    for x, name in ((2, "fine"), (13, "broken")):
+        subprocess.run(["dvc", "exp", "run", "--queue", "-q", "-S", f"x={x}", "-n", name], cwd=repo, check=True)
+    env = dict(os.environ, KC_ROOT=str(ROOT), PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-m", "kernelcamp.cli", "sweep", "--gpus", "7", "--poll", "1"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if "experiment(s) failed" in ln]
+    assert len(lines) == 1 and "1 experiment(s) failed: broken;" in lines[0], out.stdout + out.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow  # an end-to-end DVC queue run: `make test-slow` (CI runs both)
 def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
     if shutil.which("dvc") is None:
         pytest.skip("dvc is not installed")
