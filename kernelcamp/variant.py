@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kernelcamp.errors import KernelcampError
+from kernelcamp.errors import KernelcampError, as_written
 
 #: A name that reaches a report heading, a plot label, an MLflow param and a file name (a variant's, a
 #: workload's, a server flag set's): letters, digits and ``_ . + -``, as conf/'s file names are.
@@ -238,7 +238,7 @@ class Variant:
 
 def _check_int(where: str, field: str, value: Any, lo: int, pow2: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise KernelcampError(f"{where}.{field} = {value!r}: expected an integer >= {lo}")
+        raise KernelcampError(f"{where}.{field} = {as_written(value)}: expected an integer >= {lo}")
     if value < lo:
         raise KernelcampError(
             f"{where}.{field} = {value}: must be >= {lo}"
@@ -263,7 +263,7 @@ def parse_config(raw: Mapping[str, Any], where: str, in_list: bool = False) -> L
         raise KernelcampError(f"{where}: unknown key(s) {unknown}; the kernel takes {list(allowed)}{hint}")
     ws = raw.get("warp_specialize", False)
     if not isinstance(ws, bool):
-        raise KernelcampError(f"{where}.warp_specialize = {ws!r}: expected true or false")
+        raise KernelcampError(f"{where}.warp_specialize = {as_written(ws)}: expected true or false")
     missing = [f for f in LAUNCH_FIELDS[:4] if f not in raw]
     if missing:
         raise KernelcampError(
@@ -339,12 +339,12 @@ def _kernel_rev(raw: Mapping[str, Any], section: str) -> str | None:
         return None
     if section != "baseline":
         raise KernelcampError(
-            f"{section}.kernel_rev = {rev!r}: kernel_rev is baseline-only (the candidate always runs the working "
-            "tree's kernel); set -S baseline.kernel_rev=<commit> instead"
+            f"{section}.kernel_rev = {as_written(rev)}: kernel_rev is baseline-only (the candidate always runs the "
+            "working tree's kernel); set -S baseline.kernel_rev=<commit> instead"
         )
     if not isinstance(rev, str):
         raise KernelcampError(
-            f"{section}.kernel_rev = {rev!r}: expected a git commit as a string, e.g. its full 40-hex sha "
+            f"{section}.kernel_rev = {as_written(rev)}: expected a git commit as a string, e.g. its full 40-hex sha "
             "(YAML read this one as a number: quote it)"
         )
     return rev

@@ -290,6 +290,7 @@ BAD = [
     # `~report.threshold` said "see conf/report/": report has no group folder, it is in conf/config.yaml
     ("report", {"confidence": 0.95}, r"report\.threshold is missing: set it in conf/ \(see conf/config\.yaml\)"),
     ("verify", {"serving": {}}, r"verify\.kernel is missing: set it in conf/ \(see conf/verify/\)"),
+    ("variant.num_warps", None, r"variant\.num_warps = null: expected an integer >= 1"),  # said `= None`
     # a pattern ending in `$` matches before a trailing newline: these passed with re.match
     ("variant.name", "bt16_w4\n", r"variant\.name = 'bt16_w4\\n': a name is letters"),
     ("baseline.name", "x\n", r"baseline\.name = 'x\\n': a name is letters"),
