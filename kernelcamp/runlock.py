@@ -125,11 +125,10 @@ def claim_run(
     owner = run_owner() if owner is None else owner
     if owner is None:
         return None
-    tree, *server = _claim_paths(root)
-    got = _claim(tree, root, stage, params_sha256, owner)
-    for path in server:
+    got = None
+    for i, path in enumerate(_claim_paths(root)):
         said = False
-        while _claim(path, root, stage, params_sha256, owner, shared=True) is None:
+        while (claim := _claim(path, root, stage, params_sha256, owner, shared=i > 0)) is None:
             if not said:
                 print(
                     f"[{stage}] waiting: another pipeline run uses this workspace's server ({path.parent}); this "
@@ -139,19 +138,21 @@ def claim_run(
                 )
                 said = True
             time.sleep(poll_s)
+        got = got or claim
     return got
 
 
 def _claim(
     path: Path, root: Path, stage: str, params_sha256: str, owner: int, shared: bool = False
 ) -> dict[str, Any] | None:
-    """Claim ``path`` for ``owner``. Another live owner's claim raises ``KernelcampError``, or, for a
-    ``shared`` (server folder) claim, returns None (the caller waits)."""
+    """Claim ``path`` for ``owner``. Another live owner's claim raises ``KernelcampError`` when it is a run
+    of the same tree; a run of another tree (a queued experiment's copy) holding this server folder, also
+    where it is the workspace's own claim file, makes it return None (the caller waits)."""
     with _locked(path):
         cur = _read_claim(path)
         if cur is not None and _owner_alive(cur):
             if cur["owner_pid"] != owner:
-                if shared:
+                if shared or cur.get("tree") not in (None, str(root)):
                     return None  # the caller waits
                 raise KernelcampError(
                     f"another pipeline run (dvc pid {cur['owner_pid']}, since stage {cur.get('stage')}) is running in "

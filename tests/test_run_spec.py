@@ -613,6 +613,18 @@ def test_a_queued_run_waits_for_the_workspace_run_that_holds_its_server(tmp_path
         # a workspace run's stages re-check its own claim: one file, no wait
         claim_run(ws, "spec", "c" * 64, owner=workspace_owner.pid)
         assert claim_run(ws, "build", "c" * 64, owner=workspace_owner.pid)["stage"] == "spec"
+        release_run(ws, owner=workspace_owner.pid)
+        # the other order: a queued experiment holds the server, then a workspace run starts: it waits too (it
+        # was refused as "another pipeline run ... is running in <the workspace>", a run of another tree)
+        claim_run(copy, "deploy", "b" * 64, owner=queued_owner.pid)
+        done.clear()
+        t = threading.Thread(target=lambda: done.append(claim_run(ws, "spec", "c" * 64, workspace_owner.pid, 0.05)))
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and not done, "the workspace run went on while a queued run held its server"
+        release_run(copy, owner=queued_owner.pid)
+        t.join(5.0)
+        assert done and done[0]["owner_pid"] == workspace_owner.pid
     finally:
         for p in (workspace_owner, queued_owner):
             p.kill()
