@@ -109,8 +109,16 @@ def main(args: argparse.Namespace) -> int:
         return 0
     from kernelcamp.io import write_text_atomic
 
-    if path.is_dir() or not path.parent.is_dir():
-        what = "is a folder" if path.is_dir() else f"is in {path.parent}, which does not exist"
+    # the file is replaced by a rename: whatever is at the path (a device such as /dev/null, a FIFO, a symlink)
+    # would be replaced by a regular file, so only a regular file or a new file in an existing folder is written
+    what = None
+    if path.is_symlink():
+        what = "is a symbolic link (give the file it points to)"
+    elif path.exists() and not path.is_file():
+        what = "is a folder" if path.is_dir() else "is not a regular file (a device, FIFO or socket)"
+    elif not path.parent.is_dir():
+        what = f"is in {path.parent}, which does not exist"
+    if what:
         print(f"error: -o {args.out}: {path} {what}; give a file path in an existing folder", file=sys.stderr)
         return 2
     try:

@@ -42,9 +42,15 @@ def _umask() -> int:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
 
-    Raises whatever the block raises, after removing the temporary file.
+    Raises whatever the block raises, after removing the temporary file; ``KernelcampError`` (before
+    anything is written) when ``path`` is a folder, a device, a FIFO or a socket: the rename would replace
+    it with a regular file (``kernelcamp compose -o /dev/null`` replaced the machine's /dev/null). A
+    symbolic link is replaced, not written through (DVC's cache links must never be written into).
     """
     path = Path(path)
+    if path.exists() and not path.is_symlink() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file (a device, FIFO or socket)"
+        raise KernelcampError(f"cannot write {path}: it is {kind}; give a file path")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)

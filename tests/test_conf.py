@@ -82,18 +82,29 @@ def test_unknown_variant_name_is_rejected():
         (["variant=story_autotune", "~variant.configs.0"], "TypeError: list indices must be integers"),
         (["-o", "reports"], "is a folder"),  # IsADirectoryError traceback
         (["-o", "no/such/folder/p.yaml"], "which does not exist"),  # created the folders
+        (["-o", "fifo"], "is not a regular file"),  # `-o /dev/null` replaced the device with a regular file
+        (["-o", "link"], "is a symbolic link"),  # the link became a regular file, its target untouched
     ],
 )
 def test_compose_bad_input_is_one_line_and_writes_nothing(argv, needle, capsys, tmp_path):
     from kernelcamp import cli
 
     before = sorted(p.name for p in ROOT.iterdir())
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "target.yaml").write_text("x: 1\n")
+    (tmp_path / "link").symlink_to(tmp_path / "target.yaml")
     args = [a if a != "reports" else str(tmp_path) for a in argv]
     if "-o" in argv and argv[1].startswith("no/"):
         args[1] = str(tmp_path / "no" / "such" / "folder" / "p.yaml")
+    if argv[-1] in ("fifo", "link"):
+        args[1] = str(tmp_path / argv[-1])
     params = (ROOT / "params.yaml").read_bytes()
     assert cli.main(["compose", *args, "--root", str(ROOT)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
     assert (ROOT / "params.yaml").read_bytes() == params and sorted(p.name for p in ROOT.iterdir()) == before
     assert not (tmp_path / "no").exists()
+    assert (tmp_path / "fifo").is_fifo() and (tmp_path / "link").is_symlink()
+    assert (tmp_path / "target.yaml").read_text() == "x: 1\n"

@@ -96,3 +96,21 @@ def test_a_stage_stopped_by_a_signal_says_so_in_one_line(capsys, code, sig):
     err = capsys.readouterr().err.strip().splitlines()
     want = f"error: interrupted by {sig}: this stage's outputs are as they were before it ran; run the pipeline again"
     assert err == [want]
+
+
+def test_an_atomic_write_never_replaces_a_device_fifo_or_folder(tmp_path: Path) -> None:
+    """`kernelcamp compose -o /dev/null` renamed a regular file over the machine's /dev/null; any output path
+    a user gives (compose, bench_kernel.py --out, ...) goes through atomic_path."""
+    from kernelcamp.errors import KernelcampError
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target, kind in ((fifo, "not a regular file"), (tmp_path, "a folder")):
+        with pytest.raises(KernelcampError, match=f"cannot write {target}: it is {kind}"):
+            write_text_atomic(target, "x")
+    assert fifo.is_fifo() and [p.name for p in tmp_path.iterdir()] == ["fifo"]  # no temporary file left
+    (tmp_path / "real.yaml").write_text("old")
+    (tmp_path / "link.yaml").symlink_to(tmp_path / "real.yaml")
+    write_text_atomic(tmp_path / "link.yaml", "new")  # a link (DVC's cache link) is replaced, never written into
+    assert (tmp_path / "real.yaml").read_text() == "old" and (tmp_path / "link.yaml").read_text() == "new"
+    assert not (tmp_path / "link.yaml").is_symlink()
