@@ -97,3 +97,32 @@ def test_setup_digest_covers_every_section_the_server_reads() -> None:
 
     build_state(Recording(params), "cpu")
     assert "kernel" in read and read <= {"variant", *SERVER_SECTIONS}, sorted(read)
+
+
+def test_a_server_started_by_other_server_code_is_not_reused(tmp_path, monkeypatch) -> None:
+    """A line added to kernelcamp/serve/server.py, then `dvc exp run`: deploy reran (kernelcamp/serve is its
+    dependency) and reused the live server, which still ran the old code, while the serving benchmark's baseline
+    server started with the new: an old-code candidate against a new-code baseline, recorded as the new code."""
+    import shutil
+    from pathlib import Path
+
+    import yaml
+
+    from kernelcamp.deploy import embedded
+    from kernelcamp.deploy.embedded import server_code_hash, setup_digest
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "kernelcamp", tmp_path / "kernelcamp", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(root / "dvc.yaml", tmp_path / "dvc.yaml")
+    base = server_code_hash(tmp_path)
+    assert base == server_code_hash(root)
+    report = tmp_path / "kernelcamp" / "report.py"  # not code the deploy runs: no restart for it
+    report.write_text(report.read_text() + "\n# edited\n")
+    assert server_code_hash(tmp_path) == base
+    server = tmp_path / "kernelcamp" / "serve" / "server.py"
+    server.write_text(server.read_text() + "\n# edited\n")
+    assert server_code_hash(tmp_path) != base
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    before = setup_digest(params)
+    monkeypatch.setattr(embedded, "server_code_hash", lambda root=None: "0" * 16)
+    assert setup_digest(params) != before

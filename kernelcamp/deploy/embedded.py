@@ -92,6 +92,25 @@ def fallback_ports(port: int, params: dict[str, Any]) -> list[int]:
 SERVER_SECTIONS = ("kernel", "server", "workload")
 
 
+def server_code_hash(root: Path = REPO_ROOT) -> str:
+    """sha256 (16 hex) of the kernelcamp code a deploy runs: every ``*.py`` of the ``kernelcamp/`` paths
+    that dvc.yaml's deploy stage depends on (the server, the deploy, their helpers), relative path and
+    bytes, in ``root`` (the tree whose code a new server would run). A server started by other code
+    (the serve code edited, or a queued experiment of another commit) is not reused: it answered with
+    the old code while the benchmark's baseline server ran the new. Without a dvc.yaml beside the code,
+    every ``kernelcamp/**/*.py``."""
+    try:
+        deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["deploy"]["deps"]
+        paths = [root / d for d in deps if isinstance(d, str) and d.startswith("kernelcamp/")]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        paths = [root / "kernelcamp"]
+    files = sorted({f for p in paths for f in ([p] if p.is_file() else p.rglob("*.py"))})
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def setup_digest(params: dict[str, Any]) -> str:
     """sha256 (16 hex) of everything that shapes what an embedded server computes besides the variant
     hash: every section of :data:`SERVER_SECTIONS` (the kernel section's ``dot_dtype``, the workload's
@@ -99,10 +118,11 @@ def setup_digest(params: dict[str, Any]) -> str:
     a fallback port is the same setup; its host is not, a server on 0.0.0.0 is reachable from other
     machines). A live server is reused only when this matches too: the variant hash leaves out e.g.
     ``-S workload=deepseek_v32``, ``server.max_context_tokens``, ``kernel.dot_dtype`` or
-    ``server.host``, and a reused server would have been measured (and recorded) as the new setup."""
+    ``server.host``, and a reused server would have been measured (and recorded) as the new setup. The
+    code the server runs (:func:`server_code_hash`) is part of it too."""
     server = {k: v for k, v in (params.get("server") or {}).items() if k != "port"}
     sections = {name: params.get(name) for name in SERVER_SECTIONS} | {"server": server}
-    payload = json.dumps(sections, sort_keys=True, default=str)
+    payload = json.dumps(sections | {"server_code": server_code_hash()}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
