@@ -76,3 +76,11 @@ def test_stages_whose_record_names_the_baselines_kernel_rerun_when_it_moves():
 
     for stage in ("build", "benchmark", "verify"):  # their records carry baseline_hash / baseline_kernel_source_hash
         assert "reports/spec.json" in upstream(stage), f"{stage} does not rerun when the baseline's kernel moves"
+
+
+def test_stages_that_read_conf_target_files_by_name_depend_on_them():
+    # an edited conf/target/sm120.yaml (build.also_targets: [sm120]) skipped build: build.json kept sm120's old
+    # pruned configs and the report accepted it (the params hold only the name)
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for stage in ("build", "benchmark"):  # also_targets / run_as_target; peaks_for_gpu
+        assert "conf/target" in stages[stage]["deps"], stage
