@@ -371,7 +371,7 @@ def run_sweep(
     """
     if not gpus:
         raise KernelcampError("no GPU found: pass --gpus 0,1 or, on a CPU-only machine, use `dvc queue start`")
-    if len(set(gpus)) != len(gpus):
+    if len(set(gpus)) != len(gpus) or len(set(worker_slots(gpus))) != len(gpus):  # `0,00` is GPU 0 twice
         raise KernelcampError(f"--gpus {','.join(gpus)}: each GPU may appear once (one worker per GPU)")
     bad = [g for g in gpus if not (g.isdigit() or g.startswith(("GPU-", "MIG-")))]
     if bad:

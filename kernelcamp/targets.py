@@ -177,11 +177,13 @@ def roofline_pct(bytes_moved: float, flops: float, seconds: float, peaks: Mappin
 
 
 def _same_value(a: Any, b: Any) -> bool:
-    """``a == b`` with types: ``4250`` and ``4250.0`` are one number, ``True`` is not ``1``."""
+    """``a == b`` with types, ``b`` being the file's value: ``True`` is not ``1``, and where the file has an
+    integer the params need one (``arch: 90.0`` is refused, as every integer written ``4.0`` is); where the
+    file has a float, an equal integer passes."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return float(a) == float(b)
+    if isinstance(b, float) and isinstance(a, (int, float)):
+        return float(a) == b
     return type(a) is type(b) and a == b
 
 

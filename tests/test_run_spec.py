@@ -284,6 +284,7 @@ BAD = [
     ("target.num_smss", 10, r"target\.num_smss: not a field of conf/target/sm90\.yaml"),
     ("target.num_sms", 0, r"target\.num_sms = 0 but conf/target/sm90\.yaml says 132"),
     ("target.arch", 3, r"target\.arch = 3 but conf/target/sm90\.yaml says 90"),
+    ("target.arch", 90.0, r"target\.arch = 90\.0 but conf/target/sm90\.yaml says 90"),  # an integer written 90.0
     ("target.peak_gbps", 9999, r"target\.peak_gbps = 9999 but conf/target/sm90\.yaml says 4250"),
     ("target.max_ctas_per_sm", True, r"target\.max_ctas_per_sm = True but conf/target/sm90\.yaml says 32"),
     ("target", "sm999", r"unknown target 'sm999': choose one of"),
@@ -312,7 +313,7 @@ GOOD = [
     ("deploy", {"kind": "command", "url": "u", "kernel_dest": "/k", "launch": "cd /x &&\n  ./serve\t--a"}),
     ("target", "sm120"),  # a name: the file is read
     ("target", yaml.safe_load((ROOT / "conf" / "target" / "sm90_h100.yaml").read_text())),
-    ("target", {"name": "sm90", "peak_gbps": 4250.0}),  # keys left out take the file's values
+    ("target", {"name": "sm90", "peak_gbps": 4250}),  # keys left out take the file's values
 ]
 
 

@@ -267,6 +267,8 @@ def test_sweep_refuses_no_gpu_and_repeated_gpu(tmp_path: Path) -> None:
         sweep.run_sweep(tmp_path, [])
     with pytest.raises(KernelcampError, match="once"):
         sweep.run_sweep(tmp_path, ["0", "0"])
+    with pytest.raises(KernelcampError, match="once"):  # one GPU, one slot: it was refused as held by itself
+        sweep.run_sweep(tmp_path, ["0", "00"])
 
 
 def test_embedded_deploy_state_is_per_worker_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
