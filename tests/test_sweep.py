@@ -64,6 +64,13 @@ def _mini_dvc_repo(tmp_path: Path, stage_src: str, gitignore: str) -> Path:
     return repo
 
 
+def _sweep(repo: Path, gpus: str) -> subprocess.CompletedProcess:
+    """`kernelcamp sweep --gpus GPUS` in ``repo`` (this tree's code), polling every second."""
+    env = dict(os.environ, KC_ROOT=str(ROOT), PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "kernelcamp.cli", "sweep", "--gpus", gpus, "--poll", "1"]
+    return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.slow  # an end-to-end DVC queue run: `make test-slow` (CI runs both)
 def test_a_sweep_whose_experiment_failed_says_so_and_exits_1(tmp_path: Path) -> None:
@@ -79,15 +86,7 @@ def test_a_sweep_whose_experiment_failed_says_so_and_exits_1(tmp_path: Path) -> 
     mlflow.set_experiment("sweep-test")
     for x, name in ((2, "fine"), (13, "broken")):
         subprocess.run(["dvc", "exp", "run", "--queue", "-q", "-S", f"x={x}", "-n", name], cwd=repo, check=True)
-    env = dict(os.environ, KC_ROOT=str(ROOT), PYTHONPATH=str(ROOT))
-    out = subprocess.run(
-        [sys.executable, "-m", "kernelcamp.cli", "sweep", "--gpus", "7", "--poll", "1"],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    out = _sweep(repo, "7")
     assert out.returncode == 1, out.stdout + out.stderr
     lines = [ln for ln in (out.stdout + out.stderr).splitlines() if "experiment(s) failed" in ln]
     assert len(lines) == 1 and "1 experiment(s) failed: broken;" in lines[0], out.stdout + out.stderr
@@ -106,15 +105,7 @@ def test_two_workers_each_own_gpu_port_and_run(tmp_path: Path) -> None:
     mlflow.set_experiment("sweep-test")
     for x in (2, 3):
         subprocess.run(["dvc", "exp", "run", "--queue", "-q", "-S", f"x={x}"], cwd=repo, check=True)
-    env = dict(os.environ, KC_ROOT=str(ROOT), PYTHONPATH=str(ROOT))
-    out = subprocess.run(
-        [sys.executable, "-m", "kernelcamp.cli", "sweep", "--gpus", "7,9", "--poll", "1"],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    out = _sweep(repo, "7,9")
     assert out.returncode == 0, out.stdout + out.stderr
     shown = json.loads(
         subprocess.run(["dvc", "exp", "show", "--json"], cwd=repo, check=True, capture_output=True, text=True).stdout
