@@ -69,6 +69,24 @@ def project_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
+def dvc_stage(stage: str, root: Path | None = None) -> dict[str, Any]:
+    """Stage ``stage`` of the ``dvc.yaml`` of the tree ``root`` (default: the one beside this code, a queued
+    experiment's copy included, else the current directory's), as a mapping (``cmd``, ``deps``, ``params``...).
+    Raises ``KernelcampError`` when dvc.yaml is unreadable or has no such stage."""
+    import yaml
+
+    path = (root or project_root()) / "dvc.yaml"
+    if root is None and not path.exists():
+        path = Path.cwd() / "dvc.yaml"
+    try:
+        st = yaml.safe_load(path.read_text())["stages"][stage]
+        if not isinstance(st, Mapping):
+            raise TypeError(f"stage {stage!r} is not a mapping")
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as e:
+        raise KernelcampError(f"{path}: no stage {stage!r} with its params ({e}); restore dvc.yaml from git") from e
+    return dict(st)
+
+
 def kernel_path(module: str, root: Path | None = None) -> Path:
     """File of kernel module ``module`` (``kernels.<name>``) in the tree ``root`` (default: this one)."""
     return (root or project_root()) / (module.replace(".", "/") + ".py")

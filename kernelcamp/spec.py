@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from kernelcamp.errors import KernelcampError, as_written
-from kernelcamp.hashes import kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
+from kernelcamp.hashes import dvc_stage, kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.kernel_rev import KernelRev, import_kernel_rev, resolve_kernel_rev
 from kernelcamp.ports import PORT_STRIDE, worker_port
 from kernelcamp.variant import Variant, check_name, parse_variant
@@ -591,16 +591,8 @@ class RunSpec:
 def stage_param_keys(stage: str) -> list[str]:
     """The ``params`` keys of ``stage`` in the ``dvc.yaml`` beside this code (a queued experiment's copy
     included), e.g. ``["variant", "benchmark", "report.threshold"]``: what DVC reruns the stage for.
-    Raises ``KernelcampError`` when dvc.yaml is unreadable or has no such stage."""
-    path = project_root() / "dvc.yaml"
-    if not path.exists():
-        path = Path.cwd() / "dvc.yaml"
-    try:
-        stages = yaml.safe_load(path.read_text())["stages"]
-        keys = stages[stage].get("params") or []
-    except (OSError, KeyError, TypeError, yaml.YAMLError) as e:
-        raise KernelcampError(f"{path}: no stage {stage!r} with its params ({e}); restore dvc.yaml from git") from e
-    return [k for k in keys if isinstance(k, str)]
+    Raises ``KernelcampError`` when dvc.yaml is unreadable or has no such stage (:func:`dvc_stage`)."""
+    return [k for k in dvc_stage(stage).get("params") or [] if isinstance(k, str)]
 
 
 def stage_params(raw: Mapping[str, Any], stage: str) -> dict[str, Any]:

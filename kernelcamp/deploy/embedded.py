@@ -29,7 +29,7 @@ from kernelcamp.deploy.common import (
     workspace,
 )
 from kernelcamp.errors import KernelcampError
-from kernelcamp.hashes import server_flags
+from kernelcamp.hashes import dvc_stage, server_flags
 from kernelcamp.io import pid_start_time, repo_relative, write_json_atomic, write_text_atomic
 from kernelcamp.ports import PORT_STRIDE, baseline_port, worker_port
 from kernelcamp.provenance import now_utc, sha256_file
@@ -100,9 +100,9 @@ def server_code_hash(root: Path = REPO_ROOT) -> str:
     the old code while the benchmark's baseline server ran the new. Without a dvc.yaml beside the code,
     every ``kernelcamp/**/*.py``."""
     try:
-        deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["deploy"]["deps"]
+        deps = dvc_stage("deploy", root)["deps"]
         paths = [root / d for d in deps if isinstance(d, str) and d.startswith("kernelcamp/")]
-    except (OSError, KeyError, TypeError, yaml.YAMLError):
+    except (KernelcampError, KeyError, TypeError):
         paths = [root / "kernelcamp"]
     files = sorted({f for p in paths for f in ([p] if p.is_file() else p.rglob("*.py"))})
     h = hashlib.sha256()
