@@ -490,7 +490,7 @@ def run_sweep(
             )
     failed_exps: list[str] = []
     try:
-        failed_exps = failed_experiments(repo_root, set().union(*(received_task_ids(w) for w in workers)))
+        failed_exps = failed_experiments(repo_root, taken)  # the tasks the stopped workers took
     except Exception as e:  # noqa: BLE001 - the workers' own status stands; the user is told what to check
         log(f"sweep: warning: could not read which experiments failed ({e}); see `dvc queue status`")
     if failed_exps:
