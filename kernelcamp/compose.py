@@ -109,13 +109,11 @@ def main(args: argparse.Namespace) -> int:
         return 0
     from kernelcamp.io import write_text_atomic
 
-    # the file is replaced by a rename: whatever is at the path (a device such as /dev/null, a FIFO, a symlink)
-    # would be replaced by a regular file, so only a regular file or a new file in an existing folder is written
+    # the file is replaced by a rename: write_text_atomic refuses a folder, device, FIFO or socket; a symlink
+    # given here would be replaced (not written through), and a missing folder would be created
     what = None
     if path.is_symlink():
         what = "is a symbolic link (give the file it points to)"
-    elif path.exists() and not path.is_file():
-        what = "is a folder" if path.is_dir() else "is not a regular file (a device, FIFO or socket)"
     elif not path.parent.is_dir():
         what = f"is in {path.parent}, which does not exist"
     if what:
@@ -123,6 +121,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         write_text_atomic(path, text)
+    except KernelcampError as e:  # a folder, a device, a FIFO or a socket at the path
+        print(f"error: -o {args.out}: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"error: cannot write {path}: {e.strerror or e}", file=sys.stderr)
         return 2
