@@ -221,7 +221,7 @@ def check_target_section(raw: Any, where: str = "target") -> Target:
             raise KernelcampError(f"{where}.{key}: not a field of conf/target/{name}.yaml ({sorted(file)}); {hint}")
         if not _same_value(value, file[key]):
             raise KernelcampError(f"{where}.{key} = {value!r} but conf/target/{name}.yaml says {file[key]!r}: {hint}")
-    return load_target(name)
+    return load_target(file)  # the file as read above (load_target(name) would read it again)
 
 
 def peaks_for_gpu(gpu_name: str | None, target: Target | Mapping[str, Any] | None = None) -> dict[str, Any] | None:
