@@ -56,9 +56,12 @@ printed as its level ends, so ``jq`` or a pipe sees results while later levels r
 line per level on stderr.
 
 Exit status: 0 when every level is valid; 1 when some level had a failed or incomplete request (its
-results are still printed); 2 for bad input: a URL that is not ``http(s)://host[:port]``, a count
-that is not a positive integer, a server that cannot be reached or refuses the API key (one
-``error:`` line on stderr, no traceback); 130 on Ctrl-C.
+results are still printed); 2 for bad input, as one ``error:`` line on stderr (no traceback): a URL
+that is not ``http(s)://host[:port]``, a count that is not a positive integer, a server that cannot be
+reached or refuses the API key, or a server that refuses every request of the first level with a
+client error (:func:`refusal`; e.g. an unknown ``--model``, a ``--max-tokens`` past its limit): the
+line gives the server's message, and that level is not printed; 130 on Ctrl-C. ``--model`` is not
+checked against ``/v1/models`` beforehand: some servers (TGI, llama.cpp's) take any name.
 
 ``--url`` is the server's base URL; a trailing ``/v1`` is accepted and dropped. ``--model``: the
 model name sent (default: the first id of ``/v1/models``, else ``default``). ``--api-key``: sent as
@@ -113,6 +116,7 @@ class RequestResult:
     chunks: list[tuple[float, float]] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    error: str | None = None  # a non-200 answer's message (:func:`error_message`), else None
 
     @property
     def ok(self) -> bool:
@@ -204,7 +208,7 @@ async def run_request(
     async def _do() -> None:
         async with session.post(url, json=payload, headers=auth_headers(api_key)) as resp:
             if resp.status != 200:
-                await resp.read()
+                r.error = error_message(await resp.read())
                 r.status = f"http_{resp.status}"
                 return
             async for line in resp.content:
@@ -269,6 +273,39 @@ async def run_request(
     else:
         r.status = "ok"
     return r
+
+
+def error_message(body: bytes, limit: int = 300) -> str:
+    """A refused request's reason from its answer ``body``: the OpenAI error's ``error.message`` (vLLM's
+    older ``message``, FastAPI's ``detail``), else the body's text; one line of at most ``limit``
+    characters, ``"(empty answer)"`` for an empty body."""
+    text = body.decode("utf-8", "replace")
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        for v in (err.get("message") if isinstance(err, dict) else err, obj.get("message"), obj.get("detail")):
+            if isinstance(v, str) and v.strip():
+                text = v
+                break
+    text = " ".join(text.split())
+    return (text[: limit - 3] + "...") if len(text) > limit else text or "(empty answer)"
+
+
+#: Client errors that say nothing about the request's arguments: the server's time limit and its rate limit.
+_LOAD_STATUSES = ("http_408", "http_429")
+
+
+def refusal(results: Sequence[RequestResult]) -> RequestResult | None:
+    """The first (lowest index) of ``results`` when the server refused every one of them with a client
+    error (HTTP 4xx but 408 and 429, which are about load): the arguments every request carries (model,
+    max_tokens, endpoint) are wrong, and the level measured nothing. None otherwise (also for no results)."""
+    refused = [r for r in results if r.status.startswith("http_4") and r.status not in _LOAD_STATUSES]
+    if not results or len(refused) != len(results):
+        return None
+    return min(refused, key=lambda r: r.index)
 
 
 def _pct(values: Sequence[float], prefix: str) -> dict[str, float | None]:
@@ -688,6 +725,14 @@ def result_block(obj: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _drop_bar(bar: Any) -> None:
+    """Stop the rich ``Progress`` ``bar`` leaving nothing behind: erased from a terminal, and without the
+    empty line ``Progress.stop`` ends it with elsewhere (its ``with`` block's exit then does nothing)."""
+    bar.live.transient = True
+    bar.live.stop()
+    bar.disable = True
+
+
 async def _run(args: argparse.Namespace, base: str, model: str | None) -> list[dict[str, Any]]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -696,11 +741,11 @@ async def _run(args: argparse.Namespace, base: str, model: str | None) -> list[d
     rows = []
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    for c in args.concurrency:
+    for level, c in enumerate(args.concurrency):
         n = args.num_requests if args.num_requests is not None else 2 * c
         with Progress(*columns, console=console) as bar:
             task = bar.add_task(f"concurrency {c}", total=n)
-            row, _ = await run_level(
+            row, results = await run_level(
                 base,
                 prompts,
                 c,
@@ -712,6 +757,14 @@ async def _run(args: argparse.Namespace, base: str, model: str | None) -> list[d
                 api_key=args.api_key,
                 on_result=lambda _r, task=task, bar=bar: bar.advance(task),
             )
+            if level == 0 and (refused := refusal(results)) is not None:
+                _drop_bar(bar)  # bad arguments, not a measurement: the error line is all that stays
+                path = "/v1/chat/completions" if args.chat else "/v1/completions"
+                raise KernelcampError(
+                    f"{base}{path} refused all {n} requests at concurrency {c} "
+                    f"(HTTP {refused.status.removeprefix('http_')}): {refused.error}; "
+                    "fix the loadgen option it names (--model, --max-tokens, --chat)"
+                )
         obj = json_row(row, base, model, args.chat)
         rows.append(obj)
         if args.json:

@@ -1,6 +1,6 @@
 """``kernelcamp loadgen`` against the fixed-rate fake server: vLLM bench serve's metrics per level
 (JSON Lines and the human block), failures kept out of throughput with exit status 1, the API key,
-and bad input as one ``error:`` line with exit status 2."""
+and bad input (ours, or arguments the server refuses) as one ``error:`` line with exit status 2."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernelcamp.cli import main
+from kernelcamp.loadgen import RequestResult, error_message, refusal
 from kernelcamp.serve.fake import FakeSpec, make_fake_app
 from kernelcamp.serve.openai import MODEL_NAME
 from kernelcamp.serve.testing import ServerThread, free_port
@@ -98,6 +99,39 @@ def test_bad_input_is_one_error_line_and_exit_2(args, says, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and says in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--max-tokens", "100000"], "(HTTP 400): max_tokens: Input should be less than or equal to 65536"),
+        (["--model", "nope"], "(HTTP 404): The model `nope` does not exist: this server serves"),
+        (["--chat", "--model", "nope"], "/v1/chat/completions refused all 4 requests at concurrency 2 (HTTP 404)"),
+    ],
+)
+def test_arguments_the_server_refuses_are_one_error_line_and_exit_2(args, says, capsys):
+    """Before: every request was refused (400 or 404) and the run printed the level as measured, INVALID,
+    exit status 1. Now: the server's own reason in one ``error:`` line, exit status 2, nothing on stdout."""
+    with ServerThread(make_fake_app(FakeSpec(ttft_ms=1, itl_ms=1))) as url:
+        rc = main(["loadgen", "--url", url, "--concurrency", "2", "1", "--num-requests", "4", "--json", *args])
+    out = capsys.readouterr()
+    assert rc == 2 and out.out == "", out.out
+    assert out.err.startswith("error: ") and out.err.count("\n") == 1 and says in out.err, out.err
+
+
+def test_only_a_first_level_refused_whole_for_its_arguments_is_bad_input():
+    def refused(statuses: list[str]) -> RequestResult | None:
+        return refusal([RequestResult(i, status=s, error=f"reason {i}") for i, s in enumerate(statuses)])
+
+    assert refused(["http_404", "http_400"]).error == "reason 0"
+    assert refused(["http_400", "ok"]) is None  # some requests ran: a measured (invalid) level
+    assert refused(["http_400", "http_500"]) is None
+    assert refused(["http_429", "http_429"]) is None and refused(["http_408"]) is None  # about load, not arguments
+    assert refused([]) is None
+    body = b'{"error": {"message": "max_tokens:\\n too many", "type": "invalid_request_error"}}'
+    assert error_message(body) == "max_tokens: too many"
+    assert error_message(b'{"detail": "Not Found"}') == "Not Found" and error_message(b"") == "(empty answer)"
+    assert error_message(b"x" * 1000) == "x" * 297 + "..."
 
 
 def test_unreachable_url_from_the_command_line():
