@@ -233,7 +233,8 @@ def test_slow_bodies_time_out_and_connections_are_capped(tmp_path):
     ``{"prompt":``) held their connections forever, and enough of them starved /health and real requests.
     Now (server.body_timeout_s, server.max_connections): each is answered 408 with an OpenAI error and
     closed once its body is late, /health answers meanwhile; and clients that never finish their headers
-    (which uvicorn never times out) are capped: past max_connections a request is answered 503 at once."""
+    (which uvicorn never times out) are capped: past max_connections a request is answered 503 at once,
+    with an OpenAI error and Retry-After."""
     s = _Served(_params(tmp_path, body_timeout_s=1, max_connections=48))
     try:
         head = f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{s.port}\r\nContent-Type: application/json\r\n"
@@ -247,8 +248,15 @@ def test_slow_bodies_time_out_and_connections_are_capped(tmp_path):
             assert err["code"] == "request_timeout" and "body_timeout_s" in err["message"], err
         stalled = [_send_part(s.port, head.encode()) for _ in range(48)]  # headers never finished
         try:
-            r = httpx.get(s.url + "/health", timeout=30)
-            assert r.status_code == 503 and r.text == "Service Unavailable", r.text
+            for r in (
+                httpx.get(s.url + "/health", timeout=30),
+                httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30),
+            ):  # an OpenAI error (uvicorn's limit_concurrency had answered plain text "Service Unavailable")
+                assert r.status_code == 503 and r.headers.get("content-type") == "application/json", r.text
+                assert r.headers["retry-after"] == "1" and r.headers["connection"] == "close", r.headers
+                err = r.json()["error"]
+                assert err["code"] == "too_many_connections" and err["type"] == "server_error", err
+                assert "connection limit (48 open connections, server.max_connections)" in err["message"], err
         finally:
             for sock in stalled:
                 sock.close()

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Annotated, Any
@@ -242,8 +243,8 @@ ENGINE_BODY_FACTOR = 4
 #: starved /health and real requests. The benchmark's and deploy's bodies (a few kB on loopback) take
 #: milliseconds; 30 s still lets a full MAX_BODY_BYTES body through a link of about 1.2 Mbit/s.
 BODY_TIMEOUT_S = 30.0
-#: Open connections past which uvicorn answers each new request 503 at once (``server.max_connections``,
-#: uvicorn's ``limit_concurrency``). Uvicorn never times out a client that has not finished its headers
+#: Open connections past which each new request is answered 503 at once (``server.max_connections``,
+#: :class:`ConnectionCap`). Uvicorn never times out a client that has not finished its headers
 #: (its keep-alive timer starts only after a response), nor one whose response is in progress, so this
 #: cap, not a timeout, keeps such clients from taking every file descriptor: with more of them than the
 #: cap the server answers 503 to everyone until they leave (a proxy in front, e.g. nginx's
@@ -251,6 +252,49 @@ BODY_TIMEOUT_S = 30.0
 #: and server.max_running_requests (96); the front process holds about two descriptors per request
 #: (the client's and one to its engine process), far below the usual limit of 1024.
 MAX_CONNECTIONS = 256
+#: Seconds a client refused at the connection cap is told to wait (``Retry-After``).
+RETRY_AFTER_S = 1
+
+
+class ConnectionCap:
+    """ASGI middleware, outermost: ``server.max_connections`` (:data:`MAX_CONNECTIONS`) with an OpenAI
+    error. A request is answered at once, before its body is read or the API key checked, 503 with
+    ``Retry-After`` (:data:`RETRY_AFTER_S` s) and ``Connection: close``, when the server's open
+    connections (its own included; clients that never finished their headers too) number
+    ``max_connections`` or more, or the requests in progress (its own included) exceed it: the rule of
+    uvicorn's ``limit_concurrency``, which this replaces, as it answered plain text ``Service
+    Unavailable``. Nothing queues past the cap. It counts from the uvicorn ``Server.server_state`` given
+    to :meth:`watch`; before that it refuses nothing."""
+
+    def __init__(self, app: Any, max_connections: int = MAX_CONNECTIONS):
+        self.app, self.limit = app, int(max_connections)
+        self.state: Any = None
+
+    def watch(self, server_state: Any) -> None:
+        """Count the ``connections`` and ``tasks`` of ``server_state`` (uvicorn's ``ServerState``)."""
+        self.state = server_state
+
+    def _full(self) -> JSONResponse:
+        resp = _error(
+            f"the server is at its connection limit ({self.limit} open connections, server.max_connections): "
+            f"retry in {RETRY_AFTER_S} s, or raise server.max_connections",
+            503,
+            code="too_many_connections",
+        )
+        resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+        resp.headers["Connection"] = "close"  # frees the slot; the body, if any, is never read
+        return resp
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        st = self.state
+        if (
+            scope["type"] == "http"
+            and st is not None
+            and (len(st.connections) >= self.limit or len(st.tasks) > self.limit)
+        ):
+            logging.getLogger("uvicorn.error").warning("server.max_connections (%d) reached: answered 503", self.limit)
+            return await self._full()(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class _Guard:

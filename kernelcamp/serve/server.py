@@ -117,6 +117,7 @@ from kernelcamp.serve.openai import (
     MODEL_NAME,
     ChatRequest,
     CompletionRequest,
+    ConnectionCap,
     ProfileRequest,
     _add_completion_routes,
     _check_model,
@@ -1180,20 +1181,22 @@ def main(args: argparse.Namespace) -> int:
     if warn:
         print(warn, file=sys.stderr, flush=True)
     stack = http_stack()  # what the real server's info reports as http_stack
+    # past this many open connections a request is answered 503 at once: uvicorn never times out a client
+    # that has not finished its headers (openai.MAX_CONNECTIONS); uvicorn's own limit_concurrency would
+    # answer plain text, the cap an OpenAI error
+    capped = ConnectionCap(app, max_connections)
     config = uvicorn.Config(
-        app,
+        capped,
         host=host,
         port=port,
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=5,
-        # past this many open connections a request is answered 503 at once: uvicorn never times out a
-        # client that has not finished its headers (kernelcamp.serve.openai.MAX_CONNECTIONS)
-        limit_concurrency=max_connections,
         http=stack["http"],
         loop=stack["loop"],
     )
     srv = uvicorn.Server(config)
+    capped.watch(srv.server_state)
     if link is not None:
         link.on_failure = lambda: setattr(srv, "should_exit", True)
         link.stopping = lambda: bool(srv.should_exit)
