@@ -19,8 +19,13 @@ from kernelcamp.serve.testing import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("stage", ["benchmark", "verify"])
-def test_stopped_server_fails_fast_with_the_redeploy_command(tmp_path: Path, stage: str) -> None:
+@pytest.mark.parametrize(
+    "stage, queued",
+    [("benchmark", False), ("verify", False), ("benchmark", True), ("verify", True)],
+)
+def test_stopped_server_fails_fast_with_the_redeploy_command(tmp_path: Path, stage: str, queued: bool) -> None:
+    # queued: the stage runs in a copy of the workspace ($DVC_ROOT elsewhere), as a queued experiment's does;
+    # forcing the workspace's deploy stage would not reach it (it advised `dvc repro -f -s deploy` there too)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     pfile = tmp_path / "params.yaml"
     pfile.write_text(yaml.safe_dump(params))
@@ -40,8 +45,9 @@ def test_stopped_server_fails_fast_with_the_redeploy_command(tmp_path: Path, sta
         args += ["--kernel-table", str(r_out / "k.csv")]
     else:
         args = ["--out", str(r_out / "verify.json"), "--details", str(r_out / "d.json")]
-    env = {**os.environ, "DVC_ROOT": str(tmp_path)}
-    env.pop("MLFLOW_TRACKING_URI", None)
+    env = {**os.environ, "DVC_ROOT": str(tmp_path), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    if not queued:
+        env.pop("DVC_ROOT")  # the workspace: $DVC_ROOT is this tree (unset: the current directory, ROOT)
     r = subprocess.run(
         [sys.executable, "-m", f"stages.{stage}", "--params", str(pfile), "--deploy", str(deploy), *args],
         capture_output=True,
@@ -52,6 +58,10 @@ def test_stopped_server_fails_fast_with_the_redeploy_command(tmp_path: Path, sta
     )
     assert r.returncode == 2, r.stdout[-1000:] + r.stderr[-1000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "does not answer" in errors[0] and "dvc repro -f -s deploy" in errors[0]
+    assert len(errors) == 1 and "does not answer" in errors[0]
+    if queued:
+        assert "queue it again" in errors[0] and "dvc repro" not in errors[0]
+    else:
+        assert "dvc repro -f -s deploy" in errors[0]
     assert "batch" not in r.stdout, "it measured before finding the server gone"
     assert not r_out.exists() or not any(r_out.iterdir()), "nothing is written"

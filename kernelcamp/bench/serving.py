@@ -79,9 +79,25 @@ from kernelcamp.stats import SequentialPlan, decision, fit_step_model
 CPU_DEFAULT = {"concurrency": [4, 1], "max_tokens": 16, "warmup_s": 0.25, "window_s": 1.0, "repeats": 2}
 
 
-#: How to recover when the deployed server is gone or replaced: DVC cannot see a server that stopped,
-#: so it considers the deploy stage up to date; force it.
+#: How to recover in the workspace when the deployed server is gone or replaced: DVC cannot see a server
+#: that stopped, so it considers the deploy stage up to date; force it (:func:`redeploy_advice`).
 REDEPLOY = "redeploy with `dvc repro -f -s deploy` (DVC cannot see that a server stopped), then run again"
+#: The same inside a queued experiment's copy, where forcing a stage of the workspace would not reach this run:
+#: its deploy record is not kept (``cache: false``), so the experiment queued again deploys again.
+REDEPLOY_QUEUED = (
+    "this queued experiment ran its deploy stage in its own copy of the workspace: queue it again "
+    "(`dvc exp run --queue` with the same -S options, then `dvc queue start`), which deploys again"
+)
+
+
+def redeploy_advice() -> str:
+    """How to recover when the deployed server is gone or replaced: :data:`REDEPLOY` in the workspace,
+    :data:`REDEPLOY_QUEUED` in a queued experiment's copy (its root is not ``$DVC_ROOT``, the test
+    ``kernelcamp.kernel_rev`` makes too)."""
+    from kernelcamp.hashes import project_root
+    from kernelcamp.provenance import dvc_root
+
+    return REDEPLOY_QUEUED if project_root().resolve() != dvc_root() else REDEPLOY
 
 
 def _fmt_ci(o: dict[str, Any]) -> str:
@@ -95,7 +111,7 @@ def fetch_info(url: str, **query: Any) -> dict[str, Any] | None:
     try:
         r = httpx.get(url.rstrip("/") + INFO_PATH, params=query or None, timeout=30, headers=auth_headers())
     except httpx.HTTPError as e:
-        raise KernelcampError(f"server at {url} does not answer ({type(e).__name__}): {REDEPLOY}") from e
+        raise KernelcampError(f"server at {url} does not answer ({type(e).__name__}): {redeploy_advice()}") from e
     if r.status_code == 404:
         return None
     if r.status_code != 200:
@@ -115,11 +131,12 @@ def check_server(deploy_record: dict[str, Any], info: dict[str, Any] | None) -> 
     if got != want:
         raise KernelcampError(
             f"server at {url} runs variant hash {got}, but the deploy record says {want}: "
-            f"refusing to measure it; {REDEPLOY}"
+            f"refusing to measure it; {redeploy_advice()}"
         )
     if deploy_record.get("kind") == "embedded" and deploy_record.get("pid") and info.get("pid") != deploy_record["pid"]:
         raise KernelcampError(
-            f"server at {url} is pid {info.get('pid')}, not the deployed pid {deploy_record['pid']}: {REDEPLOY}"
+            f"server at {url} is pid {info.get('pid')}, not the deployed pid {deploy_record['pid']}: "
+            f"{redeploy_advice()}"
         )
     return True
 
@@ -130,7 +147,7 @@ def refuse_profiled(url: str, info: dict[str, Any] | None) -> None:
     if info is not None and info.get("cuda_profiled"):
         raise KernelcampError(
             f"server at {url} (pid {info.get('pid')}) will not be timed: {CUDA_PROFILED_WHY} (an earlier "
-            f"benchmark profiled it): {REDEPLOY}"
+            f"benchmark profiled it): {redeploy_advice()}"
         )
 
 
@@ -138,11 +155,11 @@ def require_deployed_server(deploy_record: dict[str, Any], timed: bool = False) 
     """Fail fast, before any measuring, when the server of the deploy record is gone or replaced, or,
     with ``timed`` (the serving benchmark will time it), when it ran a CUDA profile (:func:`refuse_profiled`).
 
-    Raises ``KernelcampError`` saying how to redeploy (``REDEPLOY``).
+    Raises ``KernelcampError`` saying how to redeploy (:func:`redeploy_advice`).
     """
     url = deploy_record.get("url")
     if not url:
-        raise KernelcampError(f"deploy record has no url: {REDEPLOY}")
+        raise KernelcampError(f"deploy record has no url: {redeploy_advice()}")
     info = fetch_info(url)
     check_server(deploy_record, info)
     if timed:
@@ -621,7 +638,7 @@ def serving_benchmark(
     """
     url = str(deploy_record.get("url") or "").rstrip("/")
     if not url:
-        raise KernelcampError(f"deploy record has no url: {REDEPLOY}")
+        raise KernelcampError(f"deploy record has no url: {redeploy_advice()}")
     info = fetch_info(url)
     hash_checked = check_server(deploy_record, info)
     refuse_profiled(url, info)

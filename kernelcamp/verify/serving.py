@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kernelcamp.bench.serving import REDEPLOY, check_server, fetch_info, server_on_cpu, serving_plan
+from kernelcamp.bench.serving import check_server, fetch_info, redeploy_advice, server_on_cpu, serving_plan
 from kernelcamp.errors import KernelcampError
 from kernelcamp.loadgen import default_prompts, run_level
 from kernelcamp.provenance import now_utc
@@ -57,7 +57,7 @@ def serving_verify(params: dict[str, Any], deploy_record: dict[str, Any]) -> dic
     """
     url = str(deploy_record.get("url") or "").rstrip("/")
     if not url:
-        raise KernelcampError(f"deploy record has no url: {REDEPLOY}")
+        raise KernelcampError(f"deploy record has no url: {redeploy_advice()}")
     info = fetch_info(url)
     check_server(deploy_record, info)
     vs = (params.get("verify") or {}).get("serving") or {}
