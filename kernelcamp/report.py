@@ -391,13 +391,14 @@ def build_table(build: Mapping[str, Any]) -> list[str]:
 
 def _impl_cells(a: Mapping[str, Any] | None, valid: bool) -> str:
     if not a:
-        return "n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a"
+        return "n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a"
     tput = _f(a.get("output_tok_s")) if valid else f"~~{_f(a.get('output_tok_s'))}~~ INVALID"
+    steady = _f(a.get("steady_output_tok_s")) if valid else f"~~{_f(a.get('steady_output_tok_s'))}~~"
     counts = (
         f"{a.get('requests_ok')} / {a.get('requests_failed')} / {a.get('requests_incomplete', a.get('incomplete', 0))}"
     )
     return (
-        f"{counts} | {tput} | {_f(a.get('per_request_tok_s'))} | {_f(a.get('ttft_ms_p50'))} | "
+        f"{counts} | {tput} | {steady} | {_f(a.get('per_request_tok_s'))} | {_f(a.get('ttft_ms_p50'))} | "
         f"{_f(a.get('tpot_ms_p50'))} | {_f(a.get('itl_ms_p50'))} | {_f(a.get('e2e_ms_p50'))} | {a.get('n_repeats', 1)}"
     )
 
@@ -438,9 +439,10 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
         if any(e.get("ci_lo") is not None for e in levels):
             out += serving_decisions_table(levels, threshold, sv)
         out += [
-            "| concurrency | impl | valid | ok / failed / incomplete | output tok/s | per-request tok/s | "
-            "TTFT p50 ms | TPOT p50 ms | ITL p50 ms | e2e p50 ms | repeats | ratio cand./base. | CI |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| concurrency | impl | valid | ok / failed / incomplete | output tok/s | steady tok/s | "
+            "per-request tok/s | TTFT p50 ms | TPOT p50 ms | ITL p50 ms | e2e p50 ms | repeats | "
+            "ratio cand./base. (steady tok/s) | CI |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for e in levels:
             ok = bool(e.get("valid"))
@@ -461,7 +463,9 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
         out += [
             "",
             "Figures per impl are means over the repeats (counts summed); a level with any failed or incomplete "
-            "run is INVALID and kept out of every ratio.",
+            "run is INVALID and kept out of every ratio. output tok/s: ok tokens over the whole run of the level, "
+            "warm-up and drain included (DESIGN.md); steady tok/s: tokens that arrived in the measured window over "
+            "its length, the figure the ratio and its interval compare.",
             "",
         ]
         b = sv.get("baseline") or {}

@@ -70,7 +70,7 @@ def test_recorded_sequential_decision_is_reported_with_resolution_rounds_and_sto
 def test_serving_per_level_decisions_in_report_and_plot(tmp_path):
     d = _as_gpu(_data(), 1.0)
     sv = d["benchmark"]["serving"]
-    fig = {"output_tok_s": 100.0, "steady_output_tok_s": 100.0, "requests_ok": 8, "requests_failed": 0}
+    fig = {"output_tok_s": 100.0, "steady_output_tok_s": 90.0, "requests_ok": 8, "requests_failed": 0}
     lv = [
         {"concurrency": 4, "ratio": 1.10, "ci_lo": 1.05, "ci_hi": 1.15, "half_width": 0.05, "decision": "faster"},
         {"concurrency": 1, "ratio": 1.0, "ci_lo": 0.99, "ci_hi": 1.01, "half_width": 0.01, "decision": "equivalent"},
@@ -84,6 +84,10 @@ def test_serving_per_level_decisions_in_report_and_plot(tmp_path):
     assert "| concurrency | ratio cand./base. (steady tok/s) | CI | decision | resolution | pairs |" in md
     assert "| 4 | 1.1000 | [1.0500, 1.1500]" in md and "| faster | +-5.0% | 3 |" in md
     assert "| equivalent | +-1.0% | 3 |" in md and "![serving ratio per level]" in md
+    # the level table gives each impl's steady tok/s beside its whole-run output tok/s and says which one the ratio
+    # compares (it put the steady ratio beside the whole-run figures alone)
+    assert "| output tok/s | steady tok/s |" in md and "ratio cand./base. (steady tok/s) | CI |" in md
+    assert "| 8 / 0 / 0 | 100 | 90 |" in md and "the figure the ratio and its interval compare" in md
     # the multiplicity note counts this run's detail decisions (it said "8 batch sizes" whatever ran)
     n_batch = len(d["benchmark"]["kernel"]["batch"])
     assert f"with {n_batch} batch sizes and 2 serving levels here" in md
