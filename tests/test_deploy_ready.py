@@ -79,23 +79,15 @@ def test_setup_digest_covers_every_section_the_server_reads() -> None:
     from pathlib import Path
 
     import yaml
+    from param_reads import ParamReads, sections
 
     from kernelcamp.deploy.embedded import SERVER_SECTIONS
     from kernelcamp.serve.server import build_state
 
     params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
-    read: set[str] = set()
-
-    class Recording(dict):
-        def __getitem__(self, k):
-            read.add(k)
-            return super().__getitem__(k)
-
-        def get(self, k, default=None):
-            read.add(k)
-            return super().get(k, default)
-
-    build_state(Recording(params), "cpu")
+    seen: set[str] = set()
+    build_state(ParamReads(params, seen), "cpu")
+    read = sections(seen)
     assert "kernel" in read and read <= {"variant", *SERVER_SECTIONS}, sorted(read)
 
 

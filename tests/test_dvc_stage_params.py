@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from param_reads import ParamReads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,25 +18,6 @@ def test_benchmark_stage_depends_on_the_report_keys_its_stopping_rule_reads():
     assert 'rep.get("threshold"' in src or 'rep["threshold"]' in src  # kernel_plan reads report.threshold
     for k in ("confidence", "threshold"):
         assert f"report.{k}" in params, f"benchmark stage lacks report.{k}"
-
-
-class _Reads(dict):
-    """A params mapping that records each dotted key read (``benchmark.serving.cpu_concurrency``)."""
-
-    def __init__(self, data, seen, where=""):
-        super().__init__(data)
-        self._seen, self._where = seen, where
-
-    def _wrap(self, k, v):
-        key = f"{self._where}.{k}" if self._where else str(k)
-        self._seen.add(key)
-        return _Reads(v, self._seen, key) if isinstance(v, dict) else v
-
-    def __getitem__(self, k):
-        return self._wrap(k, super().__getitem__(k))
-
-    def get(self, k, default=None):
-        return self._wrap(k, super().get(k, default)) if k in self else self._seen.add(f"{self._where}.{k}") or default
 
 
 def _covered(key: str, params: list[str]) -> bool:
@@ -53,7 +35,7 @@ def test_verify_reruns_for_every_key_its_serving_plan_reads():
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     for on_cpu in (True, False):
         seen: set[str] = set()
-        serving_plan(_Reads(params, seen), on_cpu)
+        serving_plan(ParamReads(params, seen), on_cpu)
         leaves = {k for k in seen if not any(o.startswith(k + ".") for o in seen)}
         for stage in ("verify", "benchmark"):
             missing = sorted(k for k in leaves if not _covered(k, stages[stage]["params"]))
