@@ -517,7 +517,12 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
 def conf_file_value(section: str, name: str) -> dict[str, Any] | None:
     """What ``conf/<section>/<name>.yaml`` composes to, its defaults list merged first (an entry of
     the same group, ``deepseek_v32``, or another group's file at this package, ``/variant/x@_here_``,
-    as the shipped files write them), or ``None`` when there is no such file."""
+    as the shipped files write them), or ``None`` when there is no such file.
+
+    Deliberately not Hydra's composition (``kernelcamp.compose``, as ``kernelcamp inspect`` uses): that also
+    applies the git-ignored ``conf/local/default.yaml``, whose settings are not in any versioned file and so must
+    show in :func:`conf_overrides`' tags. ``tests/test_tracking.py`` checks this against Hydra for every shipped
+    variant, baseline, workload and server file."""
     import yaml
 
     from kernelcamp.targets import conf_dir

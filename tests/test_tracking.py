@@ -352,6 +352,28 @@ def test_the_mlflow_imports_are_not_cut_by_a_signal(monkeypatch, store):
     assert entered == [1]
 
 
+def test_a_conf_local_setting_shows_as_an_override(tmp_path: Path) -> None:
+    """A git-ignored conf/local/default.yaml is composed into params.yaml but is in no versioned file: the
+    `<section>_overrides` tag shows its settings (kernelcamp.tracking.conf_file_value composes the named file
+    without it, unlike Hydra's composition)."""
+    import shutil
+
+    import yaml
+
+    from kernelcamp.compose import compose_text
+    from kernelcamp.tracking import run_tags
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "conf", tmp_path / "conf", ignore=shutil.ignore_patterns("local"))
+    (tmp_path / ".dvc").mkdir()
+    shutil.copy(root / ".dvc" / "config", tmp_path / ".dvc" / "config")  # Hydra composition on, as in the repo
+    (tmp_path / "conf" / "local").mkdir()
+    (tmp_path / "conf" / "local" / "default.yaml").write_text("# @package _global_\nserver:\n  port: 8799\n")
+    params = yaml.safe_load(compose_text(tmp_path, []))
+    assert params["server"]["port"] == 8799
+    assert "port=8799" in run_tags(params)["server_overrides"]
+
+
 def test_the_variant_tag_says_what_was_overridden() -> None:
     """`dvc exp run -S variant.num_warps=8` was tagged `variant=bt16_w4` alone: the name of a file that
     did not run as it stands. `<section>_overrides` lists what differs (variant, baseline, workload,
