@@ -465,7 +465,8 @@ def serving_markdown(sv: Mapping[str, Any], plots: Mapping[str, str], plots_rel:
             "Figures per impl are means over the repeats (counts summed); a level with any failed or incomplete "
             "run is INVALID and kept out of every ratio. output tok/s: ok tokens over the whole run of the level, "
             "warm-up and drain included (DESIGN.md); steady tok/s: tokens that arrived in the measured window over "
-            "its length, the figure the ratio and its interval compare.",
+            "its length, the figure the ratio compares: the ratio is the geometric mean of the repeats' paired "
+            "candidate/baseline ratios of it, so it can differ from the ratio of the two means shown.",
             "",
         ]
         b = sv.get("baseline") or {}

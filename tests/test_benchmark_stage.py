@@ -161,7 +161,9 @@ def test_one_baseline_server_serves_the_windows_and_the_profile(tmp_path: Path, 
     assert sv_record["baseline"]["stopped"] is True
 
 
-def test_a_cpu_run_records_no_decision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cpu_run_records_no_decision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """A CPU run's report said inconclusive while benchmark.json (``kernel.overall.decision``, each
     batch size's), benchmark_metrics.json and MLflow (``cpu.kernel.ab.decision``) said faster or
     equivalent: the record of a CPU run holds no decision but inconclusive, wherever it is written."""
@@ -230,3 +232,34 @@ def test_a_cpu_run_records_no_decision(tmp_path: Path, monkeypatch: pytest.Monke
     assert o["stop_reason"] == "max_rounds", o["stop_reason"]
     m = json.loads(outs["metrics"].read_text())
     assert m["cpu"]["kernel"]["ab"]["decision"] == DECISION_CODES["inconclusive"]
+    # nor does its console: each look printed the interval's decision ("faster") before the record withheld it
+    out = capsys.readouterr()
+    looks = [line for line in (out.out + out.err).splitlines() if " look " in line]
+    assert looks and all("(a CPU run decides nothing)" in line and "faster" not in line for line in looks), looks
+
+
+def test_serving_summary_gives_the_steady_figures_its_ratio_compares() -> None:
+    """serving_summary.csv put the A/B ratio of steady tok/s beside each impl's whole-run output tok/s only (a level
+    at 151 against 151 tok/s with a ratio of 0.959), and dvc.yaml's plot drew those: both now carry steady tok/s."""
+    from kernelcamp.bench.record import serving_summary
+
+    level = {
+        "concurrency": 4,
+        "baseline": {"output_tok_s": 151.2, "steady_output_tok_s": 160.0},
+        "candidate": {"output_tok_s": 150.8, "steady_output_tok_s": 152.0},
+        "ratio": 0.959,
+        "ci_lo": 0.08,
+        "ci_hi": 10.8,
+        "decision": "inconclusive",
+        "valid": True,
+    }
+    (row,) = serving_summary({"ab": {"per_level": [level]}}, "cpu")
+    assert row["baseline_steady_output_tok_s"] == 160.0 and row["candidate_steady_output_tok_s"] == 152.0
+    assert row["baseline_output_tok_s"] == 151.2 and row["ratio"] == 0.959
+    empty = serving_summary({"skipped": "off"}, "cpu")[0]
+    assert set(row) - {"half_width", "decision"} <= set(empty), "the skipped row has the same columns"
+    plots = yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
+    drawn = [
+        c for p in plots for spec in p.values() for c in (spec.get("y") or {}).get("reports/serving_summary.csv", [])
+    ]
+    assert drawn and all(c in row for c in drawn) and all("steady" in c for c in drawn), drawn

@@ -87,7 +87,7 @@ def test_serving_per_level_decisions_in_report_and_plot(tmp_path):
     # the level table gives each impl's steady tok/s beside its whole-run output tok/s and says which one the ratio
     # compares (it put the steady ratio beside the whole-run figures alone)
     assert "| output tok/s | steady tok/s |" in md and "ratio cand./base. (steady tok/s) | CI |" in md
-    assert "| 8 / 0 / 0 | 100 | 90 |" in md and "the figure the ratio and its interval compare" in md
+    assert "| 8 / 0 / 0 | 100 | 90 |" in md and "the geometric mean of the repeats' paired" in md
     # the multiplicity note counts this run's detail decisions (it said "8 batch sizes" whatever ran)
     n_batch = len(d["benchmark"]["kernel"]["batch"])
     assert f"with {n_batch} batch sizes and 2 serving levels here" in md

@@ -84,12 +84,16 @@ def _assert_stopped(seen, tmp_path):
 
 
 @pytest.mark.slow  # > 9 s on 2 cores: `make test-slow` (CI runs both)
-def test_ab_interleaved_both_impls_ratios_step_models(params, candidate_app, env, monkeypatch):
+def test_ab_interleaved_both_impls_ratios_step_models(params, candidate_app, env, monkeypatch, capsys):
     seen = _spy_baseline(monkeypatch)
     port = _port_pair()
     with ServerThread(candidate_app, port=port) as url:
-        res = serving_benchmark(params, _record(params, url), progress=False, root=env)
+        res = serving_benchmark(params, _record(params, url), progress=True, root=env)
     _assert_stopped(seen, env)
+    # CPU servers decide nothing: each look's console line printed the interval's decision all the same
+    looks = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[serving A/B] look")]
+    assert res["scaled_for_cpu"] and looks, looks
+    assert all("(a CPU server decides nothing)" in line for line in looks), looks
     assert seen["port"] == port + 1
     assert res["baseline_measured"] and res["baseline"]["stopped"]
     # the record keeps workspace paths relative, never this machine's

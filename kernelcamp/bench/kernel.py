@@ -245,7 +245,8 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
             log(
                 f"look {len(looks)}/{len(plan.looks)} after {r} rounds ({elapsed:.1f} s): ratio {overall['ratio']:.4f} "
                 f"[{overall['ci_lo']:.4f}, {overall['ci_hi']:.4f}] ({overall['confidence_per_look']:.2%} CI), "
-                f"resolution +-{100 * overall['half_width']:.2f}%: {overall['decision']}"
+                f"resolution +-{100 * overall['half_width']:.2f}%: "
+                + (overall["decision"] if gpu else "(a CPU run decides nothing)")
                 + (f"; stop ({reason})" if reason else "")
             )
             if reason:

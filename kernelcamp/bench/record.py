@@ -116,7 +116,10 @@ def benchmark_metrics(kernel: dict, serving: dict, device: str) -> dict[str, Any
 
 
 def serving_summary(serving: dict, device: str) -> list[dict]:
-    """Wide rows per concurrency (ascending): both impls' output tok/s, the ratio and its CI."""
+    """Wide rows per concurrency (ascending): both impls' output tok/s (the whole run, DESIGN.md) and steady tok/s
+    (the measured window), means over the repeats, and the ratio with its CI: the geometric mean of the repeats'
+    paired candidate/baseline ratios of steady tok/s (``kernelcamp.bench.serving.ab_summary``), not a ratio of the
+    columns beside it."""
     out = []
     for e in sorted((serving.get("ab") or {}).get("per_level") or [], key=lambda e: e["concurrency"]):
         out.append(
@@ -124,6 +127,8 @@ def serving_summary(serving: dict, device: str) -> list[dict]:
                 "concurrency": e["concurrency"],
                 "baseline_output_tok_s": (e.get("baseline") or {}).get("output_tok_s"),
                 "candidate_output_tok_s": (e.get("candidate") or {}).get("output_tok_s"),
+                "baseline_steady_output_tok_s": (e.get("baseline") or {}).get("steady_output_tok_s"),
+                "candidate_steady_output_tok_s": (e.get("candidate") or {}).get("steady_output_tok_s"),
                 "ratio": e.get("ratio"),
                 "ci_lo": e.get("ci_lo"),
                 "ci_hi": e.get("ci_hi"),
@@ -138,6 +143,8 @@ def serving_summary(serving: dict, device: str) -> list[dict]:
             "concurrency": None,
             "baseline_output_tok_s": None,
             "candidate_output_tok_s": None,
+            "baseline_steady_output_tok_s": None,
+            "candidate_steady_output_tok_s": None,
             "ratio": None,
             "ci_lo": None,
             "ci_hi": None,
@@ -264,8 +271,9 @@ def serving_level(params: dict, deploy: dict, baseline: dict | None = None) -> d
     o = (res.get("ab") or {}).get("overall") or {}
     if res.get("baseline_measured") and o.get("ratio") is not None:
         log(
-            f"serving output tok/s candidate/baseline {o['ratio']:.3f} [{o['ci_lo']:.3f}, {o['ci_hi']:.3f}] "
-            f"over {o['n_pairs']} paired windows at {o.get('n_levels')} levels: {o.get('decision')}"
+            f"serving steady tok/s candidate/baseline {o['ratio']:.3f} [{o['ci_lo']:.3f}, {o['ci_hi']:.3f}] "
+            f"over {o['n_pairs']} paired windows at {o.get('n_levels')} levels: "
+            + ("inconclusive (a CPU server decides nothing)" if res.get("scaled_for_cpu") else str(o.get("decision")))
         )
     elif not res.get("baseline_measured"):
         log(f"serving: candidate only ({res.get('baseline_not_measured_reason')})")

@@ -745,7 +745,9 @@ def serving_benchmark(
             if progress:
                 print(
                     f"[serving A/B] look {len(looks)}/{len(seq.looks)} after {n} repeats ({elapsed:.0f} s): "
-                    f"{o.get('decision')} {_fmt_ci(o)}" + (f"; stop ({reason})" if reason else ""),
+                    + ("(a CPU server decides nothing)" if plan["scaled_for_cpu"] else str(o.get("decision")))
+                    + f" {_fmt_ci(o)}"
+                    + (f"; stop ({reason})" if reason else ""),
                     file=sys.stderr,
                     flush=True,
                 )
