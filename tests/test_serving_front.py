@@ -246,8 +246,16 @@ def test_slow_bodies_time_out_and_connections_are_capped(tmp_path):
             assert status.startswith(b"HTTP/1.1 408"), answer[:300]
             err = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
             assert err["code"] == "request_timeout" and "body_timeout_s" in err["message"], err
-        stalled = [_send_part(s.port, head.encode()) for _ in range(48)]  # headers never finished
+        stalled = [_send_part(s.port, head.encode()) for _ in range(47)]  # headers never finished
         try:
+            # 47 held connections and this one: 48, the cap, still served (with uvicorn's rule, which counted the
+            # caller's own connection, 47 were the most served, and a cap of 1 refused every request)
+            deadline = time.monotonic() + 30
+            while (h := httpx.get(s.url + "/health", timeout=30)).status_code != 200:
+                assert time.monotonic() < deadline, f"/health refused at 48 of 48 connections: {h.text}"
+                time.sleep(0.1)
+            stalled.append(_send_part(s.port, head.encode()))
+            time.sleep(0.2)  # the server has accepted the 48th held connection
             for r in (
                 httpx.get(s.url + "/health", timeout=30),
                 httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30),

@@ -254,21 +254,26 @@ BODY_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 256
 #: Seconds a client refused at the connection cap is told to wait (``Retry-After``).
 RETRY_AFTER_S = 1
+#: Seconds between the cap's warnings in the server log (a burst of refusals had logged a line each).
+CAP_LOG_EVERY_S = 10.0
 
 
 class ConnectionCap:
     """ASGI middleware, outermost: ``server.max_connections`` (:data:`MAX_CONNECTIONS`) with an OpenAI
     error. A request is answered at once, before its body is read or the API key checked, 503 with
     ``Retry-After`` (:data:`RETRY_AFTER_S` s) and ``Connection: close``, when the server's open
-    connections (its own included; clients that never finished their headers too) number
-    ``max_connections`` or more, or the requests in progress (its own included) exceed it: the rule of
-    uvicorn's ``limit_concurrency``, which this replaces, as it answered plain text ``Service
-    Unavailable``. Nothing queues past the cap. It counts from the uvicorn ``Server.server_state`` given
-    to :meth:`watch`; before that it refuses nothing."""
+    connections (its own included; clients that never finished their headers too) or the requests in
+    progress (its own included) exceed ``max_connections``: ``max_connections`` clients are served,
+    the next is refused. (Uvicorn's ``limit_concurrency``, which this replaces, answered plain text
+    ``Service Unavailable`` and refused from ``max_connections`` connections on, its own included, so a
+    cap of 1 refused every request.) Nothing queues past the cap. It counts from the uvicorn
+    ``Server.server_state`` given to :meth:`watch`; before that it refuses nothing. The refusals are
+    logged as one warning every :data:`CAP_LOG_EVERY_S` seconds at most, with their count."""
 
     def __init__(self, app: Any, max_connections: int = MAX_CONNECTIONS):
         self.app, self.limit = app, int(max_connections)
         self.state: Any = None
+        self._refused, self._logged_at = 0, float("-inf")
 
     def watch(self, server_state: Any) -> None:
         """Count the ``connections`` and ``tasks`` of ``server_state`` (uvicorn's ``ServerState``)."""
@@ -290,9 +295,17 @@ class ConnectionCap:
         if (
             scope["type"] == "http"
             and st is not None
-            and (len(st.connections) >= self.limit or len(st.tasks) > self.limit)
+            and (len(st.connections) > self.limit or len(st.tasks) > self.limit)
         ):
-            logging.getLogger("uvicorn.error").warning("server.max_connections (%d) reached: answered 503", self.limit)
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._logged_at >= CAP_LOG_EVERY_S:
+                logging.getLogger("uvicorn.error").warning(
+                    "server.max_connections (%d) reached: answered 503 to %d request(s) since the last warning",
+                    self.limit,
+                    self._refused,
+                )
+                self._refused, self._logged_at = 0, now
             return await self._full()(scope, receive, send)
         await self.app(scope, receive, send)
 
