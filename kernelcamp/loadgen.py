@@ -308,6 +308,17 @@ def refusal(results: Sequence[RequestResult]) -> RequestResult | None:
     return min(refused, key=lambda r: r.index)
 
 
+def refusal_advice(status: str, message: str | None) -> str:
+    """What to fix when the server refused every request with ``status`` (``http_4xx``) and ``message``: the URL
+    for a 404 that names no model and for 405 (no such route: ``--url`` is the base URL, without a path; an unknown
+    model is a 404 too, OpenAI's ``model_not_found``), the key for 401 and 403, else the request's arguments."""
+    if status == "http_405" or (status == "http_404" and "model" not in (message or "").lower()):
+        return "check --url: the server's base URL (http://host:port, a trailing /v1 allowed), no other path"
+    if status in ("http_401", "http_403"):
+        return "check --api-key (or KERNELCAMP_API_KEY)"
+    return "fix the loadgen option it names (--model, --max-tokens, --chat)"
+
+
 def _pct(values: Sequence[float], prefix: str) -> dict[str, float | None]:
     if not values:
         return {f"{prefix}_p50": None, f"{prefix}_p90": None, f"{prefix}_p99": None, f"{prefix}_mean": None}
@@ -762,8 +773,7 @@ async def _run(args: argparse.Namespace, base: str, model: str | None) -> list[d
                 path = "/v1/chat/completions" if args.chat else "/v1/completions"
                 raise KernelcampError(
                     f"{base}{path} refused all {n} requests at concurrency {c} "
-                    f"(HTTP {refused.status.removeprefix('http_')}): {refused.error}; "
-                    "fix the loadgen option it names (--model, --max-tokens, --chat)"
+                    f"(HTTP {refused.status.removeprefix('http_')}): {refused.error}; {refusal_advice(refused.status, refused.error)}"
                 )
         obj = json_row(row, base, model, args.chat)
         rows.append(obj)

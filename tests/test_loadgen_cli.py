@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernelcamp.cli import main
-from kernelcamp.loadgen import RequestResult, error_message, refusal
+from kernelcamp.loadgen import RequestResult, error_message, refusal, refusal_advice
 from kernelcamp.serve.fake import FakeSpec, make_fake_app
 from kernelcamp.serve.openai import MODEL_NAME
 from kernelcamp.serve.testing import ServerThread, free_port
@@ -132,6 +132,12 @@ def test_only_a_first_level_refused_whole_for_its_arguments_is_bad_input():
     assert error_message(body) == "max_tokens: too many"
     assert error_message(b'{"detail": "Not Found"}') == "Not Found" and error_message(b"") == "(empty answer)"
     assert error_message(b"x" * 1000) == "x" * 297 + "..."
+    # what to fix: a new user's `--url http://host:port/foo` (404, no route) was told to fix --model or --max-tokens
+    assert "check --url" in refusal_advice("http_404", "Not Found")
+    assert "check --url" in refusal_advice("http_405", "Method Not Allowed")
+    assert "--model" in refusal_advice("http_404", "The model `nope` does not exist: this server serves x")
+    assert "check --api-key" in refusal_advice("http_401", "invalid key")
+    assert "--max-tokens" in refusal_advice("http_400", "max_tokens: too many")
 
 
 def test_unreachable_url_from_the_command_line():
