@@ -663,6 +663,21 @@ def base_url(url: str) -> str:
     return f"{u.scheme}://{u.netloc}{path}"
 
 
+def check_key_text(key: str | None) -> None:
+    """``KernelcampError`` when the key sent (``key``, else ``$KERNELCAMP_API_KEY``) has whitespace around it or a
+    character an HTTP header cannot carry (the client refused it in an error that printed the key). The message
+    never shows the key."""
+    from kernelcamp.serve.client import api_key
+
+    k = api_key(key)
+    if k and (k != k.strip() or any(not 32 < ord(ch) < 127 for ch in k)):
+        where = "--api-key" if key is not None else "$KERNELCAMP_API_KEY"
+        raise KernelcampError(
+            f"{where}: has whitespace or a character other than printable ASCII, which an Authorization header "
+            "cannot carry (a copy-paste's trailing space or newline?); pass the key exactly as issued"
+        )
+
+
 def probe_server(base: str, api_key: str | None, timeout_s: float = 10.0) -> str | None:
     """Check that ``base`` answers HTTP before any load (``GET /v1/models``); returns the first model id
     it lists, or None when it lists none (any HTTP answer but 401/403 counts as reachable).
@@ -773,7 +788,8 @@ async def _run(args: argparse.Namespace, base: str, model: str | None) -> list[d
                 path = "/v1/chat/completions" if args.chat else "/v1/completions"
                 raise KernelcampError(
                     f"{base}{path} refused all {n} requests at concurrency {c} "
-                    f"(HTTP {refused.status.removeprefix('http_')}): {refused.error}; {refusal_advice(refused.status, refused.error)}"
+                    f"(HTTP {refused.status.removeprefix('http_')}): {refused.error}; "
+                    + refusal_advice(refused.status, refused.error)
                 )
         obj = json_row(row, base, model, args.chat)
         rows.append(obj)
@@ -792,6 +808,7 @@ def main(args: argparse.Namespace) -> int:
         base = base_url(args.url)
         if args.api_key is not None and not args.api_key.strip():
             raise KernelcampError("--api-key: empty; pass a key or leave the option out")
+        check_key_text(args.api_key)
         listed = probe_server(base, args.api_key)
         model = args.model or listed
         rows = asyncio.run(_run(args, base, model))

@@ -150,3 +150,18 @@ def test_unreachable_url_from_the_command_line():
     )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("error: cannot reach") and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("key", ["secret ", " secret", "sec ret", "secr\u00e9t", "secret\n"])
+def test_a_key_a_header_cannot_carry_is_one_error_line_that_does_not_show_it(key, capsys, monkeypatch):
+    """`--api-key "secret "` printed `error: cannot reach ...: Illegal header value b'Bearer secret '`: a server
+    that was reachable, and the key on stderr."""
+    with ServerThread(make_fake_app(FakeSpec(ttft_ms=1, itl_ms=1))) as url:
+        rc = main(["loadgen", "--url", url, "--concurrency", "1", "--api-key", key])
+        out = capsys.readouterr()
+        assert rc == 2 and out.out == "" and out.err.count("\n") == 1, out.err
+        assert out.err.startswith("error: --api-key: has whitespace") and "secr" not in out.err, out.err
+        monkeypatch.setenv("KERNELCAMP_API_KEY", key)
+        rc = main(["loadgen", "--url", url, "--concurrency", "1"])
+        out = capsys.readouterr()
+        assert rc == 2 and out.err.startswith("error: $KERNELCAMP_API_KEY: has whitespace"), out.err
