@@ -85,8 +85,8 @@ REDEPLOY = "redeploy with `dvc repro -f -s deploy` (DVC cannot see that a server
 #: The same inside a queued experiment's copy, where forcing a stage of the workspace would not reach this run:
 #: its deploy record is not kept (``cache: false``), so the experiment queued again deploys again.
 REDEPLOY_QUEUED = (
-    "this queued experiment ran its deploy stage in its own copy of the workspace: queue it again "
-    "(`dvc exp run --queue` with the same -S options, then `dvc queue start`), which deploys again"
+    "this queued experiment ran its deploy stage in its own copy of the workspace: queue it again to redeploy "
+    "(`dvc exp run --queue` with the same -S options, then `dvc queue start`)"
 )
 
 
