@@ -275,6 +275,11 @@ async def run_request(
     return r
 
 
+def endpoint(chat: bool) -> str:
+    """The route a level's requests go to: ``/v1/chat/completions`` with ``chat``, else ``/v1/completions``."""
+    return "/v1/chat/completions" if chat else "/v1/completions"
+
+
 def error_message(body: bytes, limit: int = 300) -> str:
     """A refused request's reason from its answer ``body``: the OpenAI error's ``error.message`` (vLLM's
     older ``message``, FastAPI's ``detail``), else the body's text; one line of at most ``limit``
@@ -416,7 +421,7 @@ async def run_level(
     ``api_key``: see :func:`run_request`. ``on_result``: called with each request's record as it ends
     (in the event loop's thread; a progress bar advances on it)."""
     n = num_requests if num_requests is not None else 2 * concurrency
-    path = "/v1/chat/completions" if chat else "/v1/completions"
+    path = endpoint(chat)
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
@@ -490,7 +495,7 @@ async def run_window(
     cover the first prompts' prefill and about one spread request so that the window sees that state.
     Seconds throughout. Returns (row, records).
     """
-    path = "/v1/chat/completions" if chat else "/v1/completions"
+    path = endpoint(chat)
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     results: list[RequestResult] = []
@@ -707,7 +712,7 @@ def json_row(row: dict[str, Any], url: str, model: str | None, chat: bool) -> di
     wall = row.get("wall_s") or 0.0
     return {
         "url": url,
-        "endpoint": "/v1/chat/completions" if chat else "/v1/completions",
+        "endpoint": endpoint(chat),
         "model": model,
         **row,
         "request_throughput": row["requests_ok"] / wall if wall > 0 else None,
@@ -785,9 +790,8 @@ async def _run(args: argparse.Namespace, base: str, model: str | None) -> list[d
             )
             if level == 0 and (refused := refusal(results)) is not None:
                 _drop_bar(bar)  # bad arguments, not a measurement: the error line is all that stays
-                path = "/v1/chat/completions" if args.chat else "/v1/completions"
                 raise KernelcampError(
-                    f"{base}{path} refused all {n} requests at concurrency {c} "
+                    f"{base}{endpoint(args.chat)} refused all {n} requests at concurrency {c} "
                     f"(HTTP {refused.status.removeprefix('http_')}): {refused.error}; "
                     + refusal_advice(refused.status, refused.error)
                 )
