@@ -390,6 +390,10 @@ def make_payload(prompt: str, max_tokens: int, chat: bool, model: str, extra: di
     return p
 
 
+DEFAULT_MODEL = "default"
+"""The model name sent when ``--model`` is not given and ``/v1/models`` lists none (or fails)."""
+
+
 async def _model_id(session: aiohttp.ClientSession, base: str, api_key: str | None = None) -> str:
     try:
         async with session.get(
@@ -398,7 +402,7 @@ async def _model_id(session: aiohttp.ClientSession, base: str, api_key: str | No
             data = await r.json()
             return data["data"][0]["id"]
     except Exception:  # noqa: BLE001 - a server without /v1/models gets a placeholder name
-        return "default"
+        return DEFAULT_MODEL
 
 
 async def run_level(
@@ -814,7 +818,7 @@ def main(args: argparse.Namespace) -> int:
             raise KernelcampError("--api-key: empty; pass a key or leave the option out")
         check_key_text(args.api_key)
         listed = probe_server(base, args.api_key)
-        model = args.model or listed
+        model = args.model or listed or DEFAULT_MODEL  # the name every request sends, and the record's
         rows = asyncio.run(_run(args, base, model))
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

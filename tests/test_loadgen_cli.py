@@ -165,3 +165,22 @@ def test_a_key_a_header_cannot_carry_is_one_error_line_that_does_not_show_it(key
         rc = main(["loadgen", "--url", url, "--concurrency", "1"])
         out = capsys.readouterr()
         assert rc == 2 and out.err.startswith("error: $KERNELCAMP_API_KEY: has whitespace"), out.err
+
+
+@pytest.mark.parametrize("models", ["empty", "absent"])
+def test_the_record_names_the_model_the_requests_sent_when_the_server_lists_none(models, capsys, monkeypatch):
+    """A server whose ``/v1/models`` lists nothing (or has no such route) got every request as model
+    ``default``, while ``--json`` recorded ``"model": null``: a record that differs from what ran."""
+    from kernelcamp.serve import fake
+
+    sent: list[str] = []
+    monkeypatch.setattr(fake, "_check_model", lambda req: sent.append(req.model))  # serves any name
+    app = make_fake_app(FakeSpec(ttft_ms=1, itl_ms=1))
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", "") != "/v1/models"]
+    if models == "empty":
+        app.get("/v1/models")(lambda: {"object": "list", "data": []})
+    with ServerThread(app) as url:
+        rc = main(["loadgen", "--url", url, "--concurrency", "1", "--num-requests", "2", "--json"])
+    row = json.loads(capsys.readouterr().out)
+    assert rc == 0 and sent == ["default", "default"]
+    assert row["model"] == "default"
