@@ -15,3 +15,16 @@ def as_written(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return "null" if value is None else repr(value)
+
+
+def url_shown(url: str) -> str:
+    """``url`` as a message or a record may show it: a password in its user information becomes ``***``
+    (``http://me:s3cret@host:8000`` -> ``http://me:***@host:8000``), also in a URL too malformed to parse
+    (``http://me:s3cret@[::1``); anything else is returned unchanged. Raises nothing."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, tail = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    if not (sep and at and colon):
+        return url
+    return f"{scheme}://{user}:***@{host}{slash}{tail}"

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelcamp.errors import KernelcampError
+from kernelcamp.errors import KernelcampError, url_shown
 from kernelcamp.ports import SLOT_ENV
 from kernelcamp.signals import Terminated, signals_deferred, signals_raise
 
@@ -213,7 +213,7 @@ def server_uri(params: Mapping[str, Any]) -> str:
     uri = tracking.tracking_uri(params)
     if not uri.startswith(("http://", "https://")):
         raise KernelcampError(
-            f"jobs need an MLflow server, not {uri}: start one with a database backend (mlflow server "
+            f"jobs need an MLflow server, not {url_shown(uri)}: start one with a database backend (mlflow server "
             "--backend-store-uri sqlite:///PATH or postgresql://...) and set MLFLOW_TRACKING_URI or "
             "-S tracking.uri=http://HOST:PORT"
         )
@@ -541,7 +541,7 @@ def run_launcher_sweep(
     _git(repo_root, "push", "-q", git_url, *refspecs)
     log(
         f"sweep: {len(experiments)} queued experiment(s) as {len(plans)} {name} job(s); git remote {git_url}, "
-        f"MLflow {uri}, DVC remote {spec.dvc_remote or '(none)'}; job logs in {folder}"
+        f"MLflow {url_shown(uri)}, DVC remote {spec.dvc_remote or '(none)'}; job logs in {folder}"
     )
     sig = contextlib.ExitStack()
     sig.enter_context(signals_raise((signal.SIGTERM,)))

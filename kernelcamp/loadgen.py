@@ -63,7 +63,8 @@ client error (:func:`refusal`; e.g. an unknown ``--model``, a ``--max-tokens`` p
 line gives the server's message, and that level is not printed; 130 on Ctrl-C. ``--model`` is not
 checked against ``/v1/models`` beforehand: some servers (TGI, llama.cpp's) take any name.
 
-``--url`` is the server's base URL; a trailing ``/v1`` is accepted and dropped. ``--model``: the
+``--url`` is the server's base URL; a trailing ``/v1`` is accepted and dropped; a password in it
+(``http://user:password@host``, sent as basic auth) is shown as ``***`` in every line and record. ``--model``: the
 model name sent (default: the first id of ``/v1/models``, else ``default``). ``--api-key``: sent as
 ``Authorization: Bearer`` (default ``$KERNELCAMP_API_KEY``; prefer the variable, a command line is
 visible in ``ps``).
@@ -85,7 +86,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import numpy as np
 
-from kernelcamp.errors import KernelcampError
+from kernelcamp.errors import KernelcampError, url_shown
 from kernelcamp.serve import gcwatch
 from kernelcamp.serve.client import DEFAULT_PROMPT_WORDS, auth_headers
 
@@ -652,20 +653,21 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
 def base_url(url: str) -> str:
     """``url`` as the load generator's base: ``http(s)://host[:port][/prefix]`` without a trailing ``/``
     or ``/v1``. Raises ``KernelcampError`` for another scheme, no host, or a bad port."""
+    shown = url_shown(url)
     try:
         u = urlsplit(url.strip())
     except ValueError as e:  # e.g. "Invalid IPv6 URL" for http://[::1
-        raise KernelcampError(f"--url {url!r}: {e}") from None
+        raise KernelcampError(f"--url {shown!r}: {e}") from None
     if u.scheme not in ("http", "https") or not u.netloc:
-        raise KernelcampError(f"--url {url!r}: expected http://host:port or https://host:port")
+        raise KernelcampError(f"--url {shown!r}: expected http://host:port or https://host:port")
     try:
         if u.hostname is None:
             raise ValueError("no host")
         u.port  # noqa: B018 - raises ValueError for a port outside 0..65535 or not a number
     except ValueError as e:
-        raise KernelcampError(f"--url {url!r}: {e}") from None
+        raise KernelcampError(f"--url {shown!r}: {e}") from None
     if u.query or u.fragment:
-        raise KernelcampError(f"--url {url!r}: give the server's base URL, without a query or fragment")
+        raise KernelcampError(f"--url {shown!r}: give the server's base URL, without a query or fragment")
     path = u.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[: -len("/v1")]
@@ -699,10 +701,11 @@ def probe_server(base: str, api_key: str | None, timeout_s: float = 10.0) -> str
         r = httpx.get(base + "/v1/models", headers=auth_headers(api_key), timeout=timeout_s)
     except httpx.HTTPError as e:
         why = " ".join(str(e).split()) or type(e).__name__
-        raise KernelcampError(f"cannot reach {base}: {why[:200]}") from None
+        raise KernelcampError(f"cannot reach {url_shown(base)}: {why[:200]}") from None
     if r.status_code in (401, 403):
         raise KernelcampError(
-            f"{base} refuses the request ({r.status_code}): pass its key with --api-key or $KERNELCAMP_API_KEY"
+            f"{url_shown(base)} refuses the request ({r.status_code}): "
+            "pass its key with --api-key or $KERNELCAMP_API_KEY"
         )
     try:
         return str(r.json()["data"][0]["id"])
@@ -795,11 +798,11 @@ async def _run(args: argparse.Namespace, base: str, model: str | None) -> list[d
             if level == 0 and (refused := refusal(results)) is not None:
                 _drop_bar(bar)  # bad arguments, not a measurement: the error line is all that stays
                 raise KernelcampError(
-                    f"{base}{endpoint(args.chat)} refused all {n} requests at concurrency {c} "
+                    f"{url_shown(base)}{endpoint(args.chat)} refused all {n} requests at concurrency {c} "
                     f"(HTTP {refused.status.removeprefix('http_')}): {refused.error}; "
                     + refusal_advice(refused.status, refused.error)
                 )
-        obj = json_row(row, base, model, args.chat)
+        obj = json_row(row, url_shown(base), model, args.chat)
         rows.append(obj)
         if args.json:
             print(json.dumps(obj), flush=True)

@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from kernelcamp.errors import KernelcampError, as_written
+from kernelcamp.errors import KernelcampError, as_written, url_shown
 from kernelcamp.hashes import dvc_stage, kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.kernel_rev import KernelRev, import_kernel_rev, resolve_kernel_rev
 from kernelcamp.ports import PORT_STRIDE, worker_port
@@ -66,6 +66,14 @@ SERVE_OWN_ARGS = ("--params", "--host", "--port", "--device")
 #: the benchmark's /info and /health probes and the clock sampler's. ``server.max_connections`` must
 #: leave this much room above the highest concurrency level.
 CONNECTION_HEADROOM = 8
+#: Where a URL setting's secret goes instead of the URL (``url`` fields of the schema below): an environment
+#: variable, which no record keeps. MLflow reads ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` for a server
+#: behind basic auth (MLflow's documentation, "Authentication with Username and Password",
+#: https://mlflow.org/docs/3.5.0/self-hosting/security/basic-http-auth).
+_SECRET_HOME = {
+    "tracking.uri": "set $MLFLOW_TRACKING_USERNAME and $MLFLOW_TRACKING_PASSWORD instead",
+    "deploy.url": "the server's key goes in $KERNELCAMP_API_KEY, which every request sends as a bearer token",
+}
 #: What build.json records of the run spec (and the later stages check it against): build depends on
 #: the variant's configs and the kernel, not on the server flags that the deployed variant hash covers.
 BUILD_KEYS = (
@@ -86,7 +94,8 @@ MEASURE_KEYS = (*DEPLOY_KEYS, "baseline_hash", "baseline_kernel_source_hash")
 def _f(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
     """A dataclass field with range metadata: ge, gt, le, lt, choices, pow2, unique, nonempty, name
     (``kernelcamp.variant.check_name``), multiline (a shell command: newlines and tabs allowed; every other
-    string refuses control characters)."""
+    string refuses control characters), url (no password in it: params.yaml, dvc.lock, MLflow's params and
+    the records would all keep it)."""
     if isinstance(default, (list, dict)):
         value = default
         return field(default_factory=lambda: type(value)(value), metadata=meta)
@@ -242,7 +251,7 @@ class ReportSpec:
 
 @dataclass(kw_only=True)
 class TrackingSpec:
-    uri: str | None = _f(None)
+    uri: str | None = _f(None, url=True)
     experiment: str = _f("kernelcamp", nonempty=True)
 
 
@@ -258,7 +267,7 @@ class DeploySpec:
     poll_interval_s: float = _f(0.5, gt=0, le=MAX_SECONDS)
     port_free_timeout_s: float = _f(10.0, ge=0, le=MAX_SECONDS)
     # command
-    url: str | None = _f(None, nonempty=True)
+    url: str | None = _f(None, nonempty=True, url=True)
     kernel_dest: str | None = _f(None)
     launch: str | None = _f(None, multiline=True)
     stop: str | None = _f(None, multiline=True)
@@ -351,6 +360,11 @@ def _check_value(where: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> An
             raise KernelcampError(f"{where} = {value!r}: must not start with '-' (it would reach ssh as an option)")
         if meta.get("name"):
             check_name(where, value)
+        if meta.get("url") and url_shown(value) != value:
+            raise KernelcampError(
+                f"{where} = {url_shown(value)!r}: holds a password, which params.yaml, dvc.lock, MLflow and the "
+                f"records would keep; {_SECRET_HOME.get(where, 'leave it out of the URL')}"
+            )
         _check_control_chars(where, value, "\n\t" if meta.get("multiline") else "")
         return value
     for key, test, words in (

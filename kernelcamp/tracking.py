@@ -42,13 +42,11 @@ import socket
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelcamp.errors import KernelcampError
+from kernelcamp.errors import KernelcampError, url_shown
 from kernelcamp.io import pid_start_time, repo_relative, same_process
 from kernelcamp.provenance import dvc_root
 from kernelcamp.signals import Terminated, signals_raise
@@ -95,10 +93,11 @@ def _sqlite_path(uri: str) -> Path | None:
 def store_label(uri: str) -> str:
     """How a printed line names the store: a SQLite file in the workspace by its path relative to it
     (``sqlite store mlflow.db in the workspace``), so that no path of this machine reaches a log that is
-    committed with a campaign's records; anything else by its URI."""
+    committed with a campaign's records; anything else by its URI, a password in it shown as ``***``
+    (``MLFLOW_TRACKING_URI`` may hold one; ``tracking.uri`` may not: :mod:`kernelcamp.spec`)."""
     db = _sqlite_path(uri)
     if db is None:
-        return uri
+        return url_shown(uri)
     rel = repo_relative(db, dvc_root())
     return f"sqlite store {rel} in the workspace" if not Path(rel).is_absolute() else uri
 
@@ -120,20 +119,23 @@ def store_lock(uri: str) -> Iterator[None]:
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """For an http(s) store, GET ``<uri>/health``; raise ``KernelcampError`` in one line if it fails."""
+    """For an http(s) store, GET ``<uri>/health`` within ``timeout_s`` seconds (a user and password in the
+    URI go as basic auth, as MLflow's own client sends them); raise ``KernelcampError`` in one line, the
+    password shown as ``***``, if it fails."""
+    import httpx
+
     if not uri.startswith(("http://", "https://")):
         return
-    url = uri.rstrip("/") + "/health"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 (user-configured URL)
-            if r.status >= 400:
-                raise urllib.error.HTTPError(url, r.status, "bad status", r.headers, None)
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", None) or e
+        r = httpx.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+        reason = f"HTTP {r.status_code} from /health" if r.status_code >= 400 else None
+    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as e:
+        reason = _one_line(e).replace(uri, url_shown(uri)) or type(e).__name__
+    if reason is not None:
         raise KernelcampError(
-            f"MLflow tracking server {uri} is unreachable ({reason}): start it, or unset MLFLOW_TRACKING_URI "
-            "and tracking.uri to use the SQLite store in the workspace"
-        ) from None
+            f"MLflow tracking server {url_shown(uri)} is unreachable ({reason}): start it, or unset "
+            "MLFLOW_TRACKING_URI and tracking.uri to use the SQLite store in the workspace"
+        )
 
 
 def _client(uri: str):
@@ -198,7 +200,8 @@ def ensure_store(params: Mapping[str, Any] | None = None) -> tuple[str, str]:
     except KernelcampError:
         raise
     except Exception as e:
-        raise KernelcampError(f"cannot open the MLflow store {uri}: {type(e).__name__}: {_one_line(e)}") from e
+        why = _one_line(e).replace(uri, url_shown(uri))
+        raise KernelcampError(f"cannot open the MLflow store {url_shown(uri)}: {type(e).__name__}: {why}") from e
     return uri, exp_id
 
 

@@ -184,3 +184,43 @@ def test_the_record_names_the_model_the_requests_sent_when_the_server_lists_none
     row = json.loads(capsys.readouterr().out)
     assert rc == 0 and sent == ["default", "default"]
     assert row["model"] == "default"
+
+
+def test_a_password_in_the_url_is_never_printed_or_recorded(capsys):
+    """``--url http://me:s3cret@host:port`` printed the password in every error line and recorded it in each
+    ``--json`` object and the human block's Endpoint."""
+    with ServerThread(make_fake_app(FakeSpec(ttft_ms=1, itl_ms=1))) as url:
+        with_password = url.replace("http://", "http://me:s3cret@")
+        rc = main(["loadgen", "--url", with_password, "--concurrency", "1", "--num-requests", "1", "--json"])
+        rc_human = main(["loadgen", "--url", with_password, "--concurrency", "1", "--num-requests", "1"])
+        rc_refused = main(["loadgen", "--url", with_password, "--concurrency", "1", "--model", "nope"])
+        out = capsys.readouterr()
+    shown = url.replace("http://", "http://me:***@")
+    assert (rc, rc_human, rc_refused) == (0, 0, 2), out.err
+    endpoint_line = next(line for line in out.out.splitlines() if line.startswith("Endpoint:"))
+    assert json.loads(out.out.splitlines()[0])["url"] == shown and endpoint_line.endswith(f" {shown}/v1/completions")
+    assert f"error: {shown}/v1/completions refused" in out.err
+    gone = f"http://me:s3cret@127.0.0.1:{free_port()}"
+    for args in (["--url", gone], ["--url", gone + "/x?q=1"], ["--url", gone.replace("127.0.0.1", "[::1")]):
+        assert main(["loadgen", *args, "--concurrency", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "me:***@" in err, err
+    assert "s3cret" not in out.out + out.err + err
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("http://me:s3cret@host:8000/v1", "http://me:***@host:8000/v1"),
+        ("https://me:p@ss@host", "https://me:***@host"),  # an unquoted @ in the password: the last @ ends it
+        ("http://me:s3cret@[::1", "http://me:***@[::1"),  # too malformed for urlsplit
+        ("http://:s3cret@host", "http://:***@host"),
+        ("http://me@host:8000", "http://me@host:8000"),  # a user name alone is kept
+        ("http://host:8000/a@b:c", "http://host:8000/a@b:c"),  # an @ in the path is no user information
+        ("sqlite:////abs/mlflow.db", "sqlite:////abs/mlflow.db"),
+    ],
+)
+def test_url_shown_hides_only_the_password(url, shown):
+    from kernelcamp.errors import url_shown
+
+    assert url_shown(url) == shown

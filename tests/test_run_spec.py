@@ -297,6 +297,13 @@ BAD = [
     ("baseline.name", "x\n", r"baseline\.name = 'x\\n': a name is letters"),
     ("server.env", {"FOO\n": "1"}, r"server\.env key 'FOO\\n'"),
     ("kernel.module", "kernels.sparse_mla_decode\n", r"kernel\.module = 'kernels\.sparse_mla_decode\\n'"),
+    # a password in a URL setting went into params.yaml, dvc.lock, MLflow's params and deploy.json
+    ("tracking.uri", "http://me:s3cret@mlflow:5000", r"tracking\.uri = 'http://me:\*\*\*@mlflow:5000': holds a pass"),
+    (
+        "deploy",
+        {"kind": "command", "url": "http://me:s3cret@gpu:8000", "kernel_dest": "/k", "launch": "x"},
+        r"deploy\.url = 'http://me:\*\*\*@gpu:8000': holds a password.*\$KERNELCAMP_API_KEY",
+    ),
 ]
 
 GOOD = [
@@ -308,6 +315,7 @@ GOOD = [
     ("build.also_targets", ["sm90", "sm120"]),
     ("tracking.uri", "sqlite:////abs/mlflow.db"),
     ("tracking.uri", "http://mlflow.example:5000"),
+    ("tracking.uri", "http://me@mlflow.example:5000"),  # a user name alone is no secret
     ("tracking.uri", "file:///abs/mlruns"),
     ("variant.name", "bt16_w4.v2+try-1"),
     ("deploy", {"kind": "command", "url": "u", "kernel_dest": "/k", "launch": "cd /x &&\n  ./serve\t--a"}),
@@ -375,6 +383,7 @@ def test_bad_params_are_one_line_naming_the_key(key: str, value, msg: str) -> No
         parse_spec(_with(PARAMS, key, value))
     assert re.search(msg, str(e.value)), str(e.value)
     assert "\n" not in str(e.value)
+    assert "s3cret" not in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -405,3 +405,33 @@ def test_the_variant_tag_says_what_was_overridden() -> None:
     assert t["workload"] == "deepseek_v32" and 'layout="deepseek_v4"' in t["workload_overrides"], t
     p["server"]["name"] = "eager"  # cuda_graphs still on: the eager file says off
     assert "cuda_graphs=true" in run_tags(p)["server_overrides"]
+
+
+def test_a_server_uri_with_a_password_is_reached_with_it_and_never_shown(monkeypatch):
+    """``MLFLOW_TRACKING_URI=http://me:s3cret@host`` (MLflow's client sends the pair as basic auth): the
+    reachability check read ``me:s3cret@host`` as a host name ("Name or service not known") and its error
+    printed the password."""
+    import base64
+
+    from fastapi import FastAPI, Request, Response
+
+    from kernelcamp.serve.testing import ServerThread
+
+    want = "Basic " + base64.b64encode(b"me:s3cret").decode()
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health(request: Request):
+        return Response("OK", status_code=200 if request.headers.get("authorization") == want else 401)
+
+    with ServerThread(app) as url:
+        with_password = url.replace("http://", "http://me:s3cret@")
+        tracking.check_reachable(with_password)  # no error: the pair went as basic auth
+        with pytest.raises(KernelcampError) as e:
+            tracking.check_reachable(url.replace("http://", "http://me:wrong@"))
+    assert "HTTP 401" in str(e.value) and "wrong" not in str(e.value) and "me:***@" in str(e.value)
+    gone = f"http://me:s3cret@127.0.0.1:{_free_port()}"
+    with pytest.raises(KernelcampError, match="unreachable") as e:
+        tracking.check_reachable(gone)
+    assert "s3cret" not in str(e.value) and "\n" not in str(e.value)
+    assert tracking.store_label(gone) == gone.replace("s3cret", "***")
