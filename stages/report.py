@@ -91,6 +91,9 @@ def main() -> int:
             "measured_at": bench.get("measured_at"),
             "decision": head["decision"],
             "run_as_target": bench.get("run_as_target"),
+            # what the benchmark measured: params hold both the GPU's and the CPU's lists (workload.batch_sizes,
+            # workload.cpu.batch_sizes, benchmark.serving.concurrency / cpu_concurrency), and a CPU run ran the latter
+            **measured_tags(bench),
         },
     )
     with tempfile.TemporaryDirectory(prefix=".report.", dir=out.parent) as tmp:
@@ -128,6 +131,19 @@ def main() -> int:
         flush=True,
     )
     return 0
+
+
+def measured_tags(bench: dict) -> dict[str, str]:
+    """The tags that name what ``bench`` (benchmark.json) measured: ``measured_batch_sizes`` (the kernel A/B's batch
+    sizes, ascending, comma-separated), ``measured_concurrency`` (the serving A/B's concurrency levels, or "" when it
+    was skipped) and ``measured_workload`` (the params section whose shapes ran: ``workload.cpu`` on a CPU, else
+    ``workload``)."""
+    levels = sorted({int(lv["concurrency"]) for lv in (bench.get("serving") or {}).get("levels") or []})
+    return {
+        "measured_batch_sizes": ",".join(str(b) for b in sorted(int(b) for b in bench["kernel"]["batch"])),
+        "measured_concurrency": ",".join(str(c) for c in levels),
+        "measured_workload": "workload.cpu" if bench.get("device") == "cpu" else "workload",
+    }
 
 
 def _only(folder: Path, *names: str) -> Path:

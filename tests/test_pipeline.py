@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 NEEDED = [
@@ -150,6 +151,12 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
     assert tags["variant_hash"] == deploy["variant_hash"]
     assert tags["server_url"] == deploy["url"]  # server.port is the configured one; a fallback shows here
     assert tags["device"] == "cpu" and tags["gpu"] == "none (cpu)"
+    # what ran: params hold the GPU's batch sizes and levels beside the CPU's, and a CPU run measures the CPU's
+    p = yaml.safe_load((repo / "params.yaml").read_text())
+    assert tags["measured_workload"] == "workload.cpu"
+    assert tags["measured_batch_sizes"] == ",".join(map(str, sorted(p["workload"]["cpu"]["batch_sizes"])))
+    assert tags["measured_batch_sizes"] != ",".join(map(str, sorted(p["workload"]["batch_sizes"])))
+    assert tags["measured_concurrency"] == ",".join(map(str, sorted(p["benchmark"]["serving"]["cpu_concurrency"])))
     bench = json.loads((repo / "reports/benchmark.json").read_text())
     assert bench["device"] == "cpu" and bench["measured_at"] and bench["deploy_id"]
     # no roofline on a CPU, and the record says so (on a GPU: the conf/target naming that GPU, tests/test_kernel_gpu.py)
