@@ -25,7 +25,7 @@ from kernelcamp.io import load_params
 from kernelcamp.loadgen import run_load
 from kernelcamp.serve.client import API_KEY_ENV, PROFILE_PATH, client_url
 from kernelcamp.serve.fake import FakeSpec, make_fake_app
-from kernelcamp.serve.openai import MODEL_NAME
+from kernelcamp.serve.openai import CHAT_ROLES, MODEL_NAME
 from kernelcamp.serve.server import build_state, make_app
 from kernelcamp.serve.testing import ServerThread, free_port
 
@@ -128,6 +128,17 @@ HTTP_ROWS = [
     ("n_two", COMP, {"prompt": "x", "n": 2}, JSON, 400, "n", None),
     ("prompt_two_strings", COMP, {"prompt": ["a", "b"]}, JSON, 400, "prompt", None),
     ("prompt_number", COMP, {"prompt": 7}, JSON, 400, "prompt", None),
+    # accepted before: a completion with no prompt generated from an empty one; sampling values outside OpenAI's
+    # ranges, an unknown role and a request for log probabilities (answered with "logprobs": null) went through
+    ("prompt_missing", COMP, {"max_tokens": 2}, JSON, 400, "prompt", "missing"),
+    ("temperature_negative", COMP, {"prompt": "x", "temperature": -1}, JSON, 400, "temperature", None),
+    ("temperature_above_2", CHAT, _chat("hi", temperature=2.5), JSON, 400, "temperature", None),
+    ("top_p_above_1", COMP, {"prompt": "x", "top_p": 1.5}, JSON, 400, "top_p", None),
+    ("unknown_role", CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, JSON, 400, "messages[0].role", None),
+    ("logprobs_completion", COMP, {"prompt": "x", "logprobs": 1}, JSON, 400, "logprobs", None),
+    ("logprobs_zero", COMP, {"prompt": "x", "logprobs": 0}, JSON, 400, "logprobs", None),
+    ("logprobs_chat", CHAT, _chat("hi", logprobs=True), JSON, 400, "logprobs", None),
+    ("top_logprobs_chat", CHAT, _chat("hi", top_logprobs=2), JSON, 400, "top_logprobs", None),
 ]
 
 
@@ -157,6 +168,19 @@ def test_bad_request(request, app, row):
     _assert_openai_error(_send(c, path, body, headers), status, param, code)
     # the server still answers a good request afterwards (no broken engine, no stuck state)
     assert _send(c, COMP, {"prompt": "still here", "max_tokens": 2}, JSON).status_code == 200
+
+
+@pytest.mark.parametrize("app", ["fake", "real"])
+def test_the_values_next_to_the_refused_ones_pass(request, app):
+    c = request.getfixturevalue(app)
+    for path, body in [
+        (COMP, {"prompt": "x", "max_tokens": 2, "temperature": 0, "top_p": 1, "logprobs": None}),
+        (COMP, {"prompt": "x", "max_tokens": 2, "temperature": 2.0, "top_p": 0.0}),
+        (CHAT, _chat("hi", logprobs=False, top_logprobs=None)),
+        *[(CHAT, {"messages": [{"role": r, "content": "hi"}], "max_tokens": 2}) for r in CHAT_ROLES],
+    ]:
+        r = _send(c, path, body, JSON)
+        assert r.status_code == 200, (body, r.text)
 
 
 def test_text_content_parts_are_joined_not_repr(fake, real):

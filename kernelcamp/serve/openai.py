@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import FastAPI, Request
@@ -88,10 +88,16 @@ class TextPart(_Open):
         return self
 
 
-class ChatMessage(_Open):
-    """A chat message; ``content`` is a string, a list of text parts (joined by newlines) or null."""
+#: The message roles of OpenAI's Chat Completions API (its API reference, "Create chat completion": developer,
+#: system, user, assistant, tool, and the deprecated function); any other role is a 400.
+CHAT_ROLES = ("developer", "system", "user", "assistant", "tool", "function")
 
-    role: Text = "user"
+
+class ChatMessage(_Open):
+    """A chat message; ``role`` one of :data:`CHAT_ROLES`; ``content`` is a string, a list of text parts (joined by
+    newlines) or null."""
+
+    role: Literal[CHAT_ROLES] = "user"  # type: ignore[valid-type]
     content: Text | list[TextPart] | None = None
 
     def text(self) -> str:
@@ -108,14 +114,26 @@ class _Generate(_Open):
     n: StrictInt = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    temperature: FiniteFloat | StrictInt | None = None
-    top_p: FiniteFloat | StrictInt | None = None
+    # OpenAI's ranges (API reference: temperature "between 0 and 2", top_p a probability mass); the server decodes
+    # greedily whatever they are, but a value outside them is a client's error, refused as OpenAI refuses it
+    temperature: FiniteFloat | StrictInt | None = Field(default=None, ge=0, le=2)
+    top_p: FiniteFloat | StrictInt | None = Field(default=None, ge=0, le=1)
+    # no log probabilities are computed: a request for them is refused, never answered with "logprobs": null
+    logprobs: StrictBool | StrictInt | None = None
+    top_logprobs: StrictInt | None = None
 
     @field_validator("n")
     @classmethod
     def _one(cls, v: int) -> int:
         if v != 1:
             raise ValueError("only n=1 is supported")
+        return v
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | int | None) -> bool | int | None:
+        if v is not None and v is not False:
+            raise ValueError("log probabilities are not computed by this server; leave logprobs and top_logprobs out")
         return v
 
     def tokens_wanted(self) -> int:
@@ -130,7 +148,7 @@ class _Generate(_Open):
 class CompletionRequest(_Generate):
     """``POST /v1/completions``: ``prompt`` is a string or a list holding exactly one string."""
 
-    prompt: Text | list[Text] = ""
+    prompt: Text | list[Text]  # required, as in vLLM's server (OpenAI's legacy default is an end-of-text token)
 
     @field_validator("prompt")
     @classmethod
