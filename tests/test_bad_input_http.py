@@ -183,6 +183,15 @@ def test_the_values_next_to_the_refused_ones_pass(request, app):
         assert r.status_code == 200, (body, r.text)
 
 
+@pytest.mark.parametrize("app", ["fake", "real"])
+def test_a_wrong_method_is_405_naming_the_allowed_one(request, app):
+    """The 405 lost its ``Allow`` header (RFC 9110 requires it) and said only "Method Not Allowed"."""
+    c = request.getfixturevalue(app)
+    r = c.get(COMP)
+    err = _assert_openai_error(r, 405, None, "method_not_allowed")
+    assert r.headers["allow"] == "POST" and err["message"] == f"GET is not allowed on {COMP}: use POST"
+
+
 def test_text_content_parts_are_joined_not_repr(fake, real):
     # A content-part list reached the model as its Python repr ("[{'type': 'text', ...}]").
     for c in (fake, real):

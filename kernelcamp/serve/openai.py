@@ -436,10 +436,18 @@ def _openai_app(
     return app
 
 
-async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """Starlette's own errors (unknown route 404, wrong method 405) in the OpenAI error shape too."""
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own errors (unknown route 404, wrong method 405) in the OpenAI error shape too, with their
+    headers: a 405 keeps its ``Allow`` (RFC 9110 section 15.5.6: a 405 response must list the allowed methods),
+    and its message names them."""
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return _error(str(exc.detail), exc.status_code, code=code)
+    headers = dict(exc.headers or {})
+    message = str(exc.detail)
+    if exc.status_code == 405 and headers.get("Allow"):
+        message = f"{request.method} is not allowed on {request.url.path}: use {headers['Allow']}"
+    resp = _error(message, exc.status_code, code=code)
+    resp.headers.update(headers)
+    return resp
 
 
 def _check_model(req: _Generate) -> JSONResponse | None:
