@@ -15,10 +15,11 @@ Token counting per chunk (documented rule):
 A request is ok when the status is 200, the stream ends cleanly (``[DONE]`` or a finish_reason) and
 it carried > 0 tokens. Failures (never counted toward throughput): ``http_<status>``, ``timeout``
 (``timeout_s`` per request, total), ``broken_stream`` (connection dropped / no end marker),
-``zero_tokens``, ``error:<Type>``. Incomplete (not ok, not failed, also kept out of throughput): a
-clean end with fewer than max_tokens tokens and finish_reason other than "stop", or a request
-still running when the level deadline (``level_timeout_s``) cut it off. A level with any failed or
-incomplete request has ``valid: false``.
+``stream_error`` (an error event in the stream, ``data: {"error": ...}``, as vLLM sends when a request
+fails after its stream began), ``zero_tokens``, ``error:<Type>``. Incomplete (not ok, not failed, also
+kept out of throughput): a clean end with fewer than max_tokens tokens and finish_reason other than
+"stop", or a request still running when the level deadline (``level_timeout_s``) cut it off. A level
+with any failed or incomplete request has ``valid: false``.
 
 Metrics per level (DESIGN.md, "Definitions"): requests_ok, requests_failed, incomplete, wall_s (first
 send to last end), output_tok_s (tokens of ok requests / wall_s), per_request_tok_s (mean over ok of
@@ -111,13 +112,14 @@ class RequestResult:
     """One request's record. Times in seconds (perf_counter); ``chunks``: (arrival time, tokens)."""
 
     index: int
-    status: str = "pending"  # ok | incomplete | http_<code> | timeout | broken_stream | zero_tokens | error:<T>
+    # ok | incomplete | http_<code> | timeout | broken_stream | stream_error | zero_tokens | error:<T>
+    status: str = "pending"
     start: float = 0.0
     end: float = 0.0
     chunks: list[tuple[float, float]] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
-    error: str | None = None  # a non-200 answer's message (:func:`error_message`), else None
+    error: str | None = None  # a non-200 answer's or a stream error event's message (:func:`error_message`)
 
     @property
     def ok(self) -> bool:
@@ -220,6 +222,9 @@ async def run_request(
                     state["done"] = True
                     return
                 obj = _check_chunk(json.loads(data))
+                if "error" in obj:  # an error event mid-stream (vLLM's shape): the request failed
+                    r.status, r.error = "stream_error", error_message(data)
+                    return
                 now = time.perf_counter()
                 text = _chunk_text(obj)
                 if not isinstance(text, str):
@@ -258,7 +263,7 @@ async def run_request(
         r.status, r.end = f"error:{type(e).__name__}", time.perf_counter()
         return r
     r.end = time.perf_counter()
-    if r.status != "pending":  # non-200
+    if r.status != "pending":  # non-200, or an error event
         return r
     r.text = "".join(texts)
     total = state["usage_total"]

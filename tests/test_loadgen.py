@@ -128,6 +128,33 @@ def test_a_stream_of_json_that_is_not_a_chunk_fails_the_request_not_the_worker(c
     assert row["requests_failed"] == 3 and row["valid"] is False
 
 
+def test_an_error_event_in_the_stream_fails_the_request_with_its_message():
+    """vLLM ends a stream whose request failed after the 200 with ``data: {"error": ...}`` and ``[DONE]``: loadgen
+    took that for a clean end (an incomplete request, its reason lost). It is now a failure, ``stream_error``."""
+    import asyncio
+    import json
+
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def complete():
+        async def body():
+            yield b'data: {"choices": [{"index": 0, "text": "a", "finish_reason": null}]}\n\n'
+            err = {"error": {"message": "engine error: gone", "type": "server_error", "param": None, "code": 500}}
+            yield f"data: {json.dumps(err)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    with ServerThread(app) as url:
+        row, results = asyncio.run(run_level(url, ["p"], 1, max_tokens=4, num_requests=2, timeout_s=5.0))
+    assert [(r.status, r.error) for r in results] == [("stream_error", "engine error: gone")] * 2
+    assert row["requests_failed"] == 2 and row["failure_reasons"] == {"stream_error": 2} and row["valid"] is False
+
+
 def test_a_malformed_url_is_one_line():
     from kernelcamp.errors import KernelcampError
     from kernelcamp.loadgen import base_url

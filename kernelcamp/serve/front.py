@@ -62,6 +62,7 @@ from kernelcamp.serve.openai import (
     BODY_TIMEOUT_S,
     ChatRequest,
     CompletionRequest,
+    EngineError,
     _add_completion_routes,
     _check_model,
     _completion_response,
@@ -331,7 +332,7 @@ class EngineLink:
             self.linked = False
             self.error = why
             for q in self.queues.values():
-                q.put_nowait(RuntimeError(f"engine error: {why}"))
+                q.put_nowait(EngineError(f"engine error: {why}"))
             if not ours and self.stopping is not None and self.stopping():
                 ours = True  # both got the process group's SIGTERM, and the engine was quicker
             if not ours:  # the engine ended (or never started): the server as a whole stops, and says why

@@ -546,7 +546,9 @@ async def _stream_tokens(
     include_usage: bool,
     counts: bool = True,
 ) -> AsyncIterator[bytes]:
-    """SSE body: one chunk per piece (text, tokens it holds), a finish chunk, optional usage, [DONE].
+    """SSE body: one chunk per piece (text, tokens it holds), a finish chunk, optional usage, [DONE]. When
+    ``pieces`` raises :class:`EngineError` (the engine process died mid-stream), an error event
+    ``data: {"error": {...}}`` and [DONE] end it instead (vLLM's serving_completion.py does the same).
 
     ``counts``: put ``kernelcamp_tokens`` in every chunk (False imitates a foreign server). All chunks
     carry one ``created`` (unix seconds at the stream's start); the first chat chunk also carries the
@@ -554,13 +556,19 @@ async def _stream_tokens(
     created = int(time.time())
     frames = _Frames(rid, chat, counts, created)
     n, first = 0, True
-    async for text, k in pieces:
-        if first:
-            yield _sse(_chunk(rid, chat, text, k if counts else None, None, True, created))
-            first = False
-        else:
-            yield frames.text(text, k)
-        n += k
+    try:
+        async for text, k in pieces:
+            if first:
+                yield _sse(_chunk(rid, chat, text, k if counts else None, None, True, created))
+                first = False
+            else:
+                yield frames.text(text, k)
+            n += k
+    except EngineError as e:  # the engine failed after the 200 went out: say so in the stream, as vLLM does
+        logging.getLogger("uvicorn.error").warning("request %s: %s", rid, e)
+        yield _sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": 500}})
+        yield b"data: [DONE]\n\n"
+        return
     yield _sse(_chunk(rid, chat, None if chat else "", 0 if counts else None, "length", first, created))
     if include_usage:
         yield _sse(
@@ -574,6 +582,10 @@ async def _stream_tokens(
             }
         )
     yield b"data: [DONE]\n\n"
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request after its answer began (its process exited, or its token stream broke)."""
 
 
 class ClientGone(Exception):
