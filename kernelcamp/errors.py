@@ -19,12 +19,17 @@ def as_written(value: object) -> str:
 
 def url_shown(url: str) -> str:
     """``url`` as a message or a record may show it: a password in its user information becomes ``***``
-    (``http://me:s3cret@host:8000`` -> ``http://me:***@host:8000``), also in a URL too malformed to parse
-    (``http://me:s3cret@[::1``); anything else is returned unchanged. Raises nothing."""
-    scheme, sep, rest = url.partition("://")
-    authority, slash, tail = rest.partition("/")
-    userinfo, at, host = authority.rpartition("@")
-    user, colon, _password = userinfo.partition(":")
-    if not (sep and at and colon):
+    (``http://me:s3cret@host:8000`` -> ``http://me:***@host:8000``). The user information is taken to end at the
+    string's last ``@``, so that a password holding ``/``, ``?``, ``#`` or ``@`` unencoded is hidden whole too, also in
+    a URL too malformed to parse (``http://me:s3cret@[::1``, ``http:///me:s3cret@host``); the price is that an ``@``
+    later in a URL (in a path) hides what comes before it. Anything without a password is returned unchanged.
+    Raises nothing."""
+    scheme, colon, rest = url.partition(":")
+    if not colon or "@" not in rest:
         return url
-    return f"{scheme}://{user}:***@{host}{slash}{tail}"
+    body = rest.lstrip("/")
+    userinfo, _, host = body.rpartition("@")
+    user, has_password, _password = userinfo.partition(":")
+    if not has_password:
+        return url
+    return f"{scheme}:{rest[: len(rest) - len(body)]}{user}:***@{host}"

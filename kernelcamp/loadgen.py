@@ -405,8 +405,7 @@ async def _model_id(session: aiohttp.ClientSession, base: str, api_key: str | No
         async with session.get(
             base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10), headers=auth_headers(api_key)
         ) as r:
-            data = await r.json()
-            return data["data"][0]["id"]
+            return listed_model(await r.json()) or DEFAULT_MODEL
     except Exception:  # noqa: BLE001 - a server without /v1/models gets a placeholder name
         return DEFAULT_MODEL
 
@@ -657,22 +656,30 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
 
 def base_url(url: str) -> str:
     """``url`` as the load generator's base: ``http(s)://host[:port][/prefix]`` without a trailing ``/``
-    or ``/v1``. Raises ``KernelcampError`` for another scheme, no host, or a bad port."""
+    or ``/v1``. Raises ``KernelcampError`` for another scheme, no host, a bad port, whitespace or a control
+    character inside it; a password in it is never part of the message (:func:`kernelcamp.errors.url_shown`:
+    neither the URL nor the parser's reason, which can quote a piece of it)."""
     shown = url_shown(url)
+    secret = shown != url
+
+    def bad(why: str) -> KernelcampError:
+        return KernelcampError(f"--url {shown!r}: {why}")
+
+    url = url.strip()
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise bad("holds whitespace or a control character; give the server's base URL alone")
     try:
-        u = urlsplit(url.strip())
-    except ValueError as e:  # e.g. "Invalid IPv6 URL" for http://[::1
-        raise KernelcampError(f"--url {shown!r}: {e}") from None
-    if u.scheme not in ("http", "https") or not u.netloc:
-        raise KernelcampError(f"--url {shown!r}: expected http://host:port or https://host:port")
-    try:
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.netloc:
+            raise bad("expected http://host:port or https://host:port")
         if u.hostname is None:
             raise ValueError("no host")
         u.port  # noqa: B018 - raises ValueError for a port outside 0..65535 or not a number
-    except ValueError as e:
-        raise KernelcampError(f"--url {shown!r}: {e}") from None
+    except ValueError as e:  # e.g. "Invalid IPv6 URL" for http://[::1
+        why = "not a valid URL (percent-encode a /, ?, # or @ in the password)" if secret else str(e)
+        raise bad(why) from None
     if u.query or u.fragment:
-        raise KernelcampError(f"--url {shown!r}: give the server's base URL, without a query or fragment")
+        raise bad("give the server's base URL, without a query or fragment")
     path = u.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[: -len("/v1")]
@@ -704,8 +711,8 @@ def probe_server(base: str, api_key: str | None, timeout_s: float = 10.0) -> str
 
     try:
         r = httpx.get(base + "/v1/models", headers=auth_headers(api_key), timeout=timeout_s)
-    except httpx.HTTPError as e:
-        why = " ".join(str(e).split()) or type(e).__name__
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as e:  # ValueError: UnicodeError of a bad host (IDNA)
+        why = " ".join(str(e).replace(base, url_shown(base)).split()) or type(e).__name__
         raise KernelcampError(f"cannot reach {url_shown(base)}: {why[:200]}") from None
     if r.status_code in (401, 403):
         raise KernelcampError(
@@ -713,9 +720,20 @@ def probe_server(base: str, api_key: str | None, timeout_s: float = 10.0) -> str
             "pass its key with --api-key or $KERNELCAMP_API_KEY"
         )
     try:
-        return str(r.json()["data"][0]["id"])
-    except (ValueError, KeyError, IndexError, TypeError):
+        return listed_model(r.json())
+    except ValueError:
         return None
+
+
+def listed_model(models: Any) -> str | None:
+    """The first model id of a ``/v1/models`` answer ``models`` (the parsed JSON), or None when it lists none: no
+    ``data``, an empty list, or an id that is not a string with something besides whitespace (``"id": null`` had
+    been sent as the model ``"None"``). Raises nothing."""
+    try:
+        mid = models["data"][0]["id"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return mid if isinstance(mid, str) and mid.strip() else None
 
 
 def json_row(row: dict[str, Any], url: str, model: str | None, chat: bool) -> dict[str, Any]:

@@ -304,6 +304,8 @@ BAD = [
         {"kind": "command", "url": "http://me:s3cret@gpu:8000", "kernel_dest": "/k", "launch": "x"},
         r"deploy\.url = 'http://me:\*\*\*@gpu:8000': holds a password.*\$KERNELCAMP_API_KEY",
     ),
+    # a / in the password: urlsplit ends the user information there, and the URL passed as one without a password
+    ("tracking.uri", "http://me:s3cret/x@mlflow:5000", r"tracking\.uri = 'http://me:\*\*\*@mlflow:5000': holds a pass"),
 ]
 
 GOOD = [
