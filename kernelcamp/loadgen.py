@@ -25,7 +25,9 @@ Metrics per level (DESIGN.md, "Definitions"): requests_ok, requests_failed, inco
 send to last end), output_tok_s (tokens of ok requests / wall_s), per_request_tok_s (mean over ok of
 tokens / e2e), ttft_ms, tpot_ms ((e2e - ttft)/(tokens - 1), requests with one token skipped),
 itl_ms (a chunk carrying k tokens after a gap g contributes k gaps of g/k), e2e_ms (send to end of
-stream); each latency as _p50/_p90/_p99 (numpy percentiles, linear) and _mean, over ok requests.
+stream); each latency as _p50/_p90/_p99 (numpy percentiles, linear) and _mean, over ok requests; with
+failure_reasons (a count per reason) and failure_messages (the first message of each reason that has one: a
+refusal's ``error.message``, a stream's error event), which the printed INVALID marks show too.
 
 API key: every request (and the ``/v1/models`` lookup) sends ``Authorization: Bearer <key>`` when
 ``KERNELCAMP_API_KEY`` is set (:func:`kernelcamp.serve.client.auth_headers`), as a server started
@@ -363,6 +365,8 @@ def level_metrics(
         "incomplete": len(incomplete),
         "valid": not failed and not incomplete and bool(ok),
         "failure_reasons": dict(Counter(r.status for r in failed + incomplete)),
+        # the first message of each reason that carries one (a refusal's error.message, a stream's error event)
+        "failure_messages": {r.status: r.error for r in reversed(failed) if r.error},
         "wall_s": wall_s,
         "output_tokens": tokens,
         "output_tok_s": tokens / wall_s if wall_s > 0 else None,
@@ -560,13 +564,19 @@ def run_window_sync(base_url: str, concurrency: int, **kw: Any) -> dict[str, Any
     return row
 
 
+def _messages(row: dict[str, Any]) -> str:
+    """`` (http_400: max_tokens ...; stream_error: engine error ...)``: a level's failure messages, or ``""``."""
+    msgs = row.get("failure_messages") or {}
+    return " (" + "; ".join(f"{k}: {v}" for k, v in msgs.items()) + ")" if msgs else ""
+
+
 def progress_line(row: dict[str, Any]) -> str:
     """One line per level: counts, throughput, p50 latencies, validity."""
 
     def f(v: Any, spec: str = ".1f") -> str:
         return "-" if v is None else format(v, spec)
 
-    mark = "valid" if row["valid"] else f"INVALID {row['failure_reasons']}"
+    mark = "valid" if row["valid"] else f"INVALID {row['failure_reasons']}{_messages(row)}"
     return (
         f"concurrency {row['concurrency']:>3}: ok {row['requests_ok']}/{row['num_requests']} failed "
         f"{row['requests_failed']} incomplete {row['incomplete']} | {f(row['output_tok_s'])} tok/s, "
@@ -781,7 +791,7 @@ def result_block(obj: dict[str, Any]) -> str:
         out.append("{s:{c}^50}".format(s=title, c="-"))
         for stat, label in (("mean", "Mean"), ("p50", "Median"), ("p90", "P90"), ("p99", "P99")):
             out.append(line(f"{label} {name} (ms):", num(obj[f"{key}_ms_{stat}"])))
-    valid = "yes" if obj["valid"] else f"NO {obj['failure_reasons'] or 'no successful request'}"
+    valid = "yes" if obj["valid"] else f"NO {obj['failure_reasons'] or 'no successful request'}{_messages(obj)}"
     out += [line("Valid level:", valid), "=" * 50]
     return "\n".join(out)
 

@@ -153,6 +153,11 @@ def test_an_error_event_in_the_stream_fails_the_request_with_its_message():
         row, results = asyncio.run(run_level(url, ["p"], 1, max_tokens=4, num_requests=2, timeout_s=5.0))
     assert [(r.status, r.error) for r in results] == [("stream_error", "engine error: gone")] * 2
     assert row["requests_failed"] == 2 and row["failure_reasons"] == {"stream_error": 2} and row["valid"] is False
+    # the reason's message reaches the record and the printed line (it had been kept on the request record only)
+    from kernelcamp.loadgen import progress_line
+
+    assert row["failure_messages"] == {"stream_error": "engine error: gone"}
+    assert "INVALID {'stream_error': 2} (stream_error: engine error: gone)" in progress_line(row)
 
 
 def test_a_malformed_url_is_one_line():

@@ -357,3 +357,28 @@ def test_server_flags_refuse_strings_where_bools_or_ints_belong():
             server_flags({key: value})
     with pytest.raises(KernelcampError, match="graph_batch_buckets"):
         server_flags({"graph_batch_buckets": [1, "2"]})
+
+
+@pytest.mark.parametrize("prefix", ["engine error: ", ""])
+def test_a_stream_the_engine_fails_ends_with_an_error_event(prefix):
+    """A model step's error (the in-process engine's exception, the engine process's per-request error line) broke
+    the stream off after its first chunks; only a dead engine process gave the error event. Now every failure of a
+    started stream ends it with ``data: {"error": ...}`` and ``[DONE]``, as vLLM's do."""
+    import asyncio
+    import json
+
+    from kernelcamp.serve.openai import CompletionRequest, _completion_response
+
+    async def batches():
+        yield [1, 2]
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    async def body() -> list[str]:
+        req = CompletionRequest(prompt="x", max_tokens=8, stream=True)
+        resp = await _completion_response("r1", False, req, 1, batches(), error_prefix=prefix)
+        return [(c if isinstance(c, bytes) else c.encode()).decode() async for c in resp.body_iterator]
+
+    events = [e[len("data: ") :] for e in "".join(asyncio.run(body())).split("\n\n") if e]
+    assert events[-1] == "[DONE]" and json.loads(events[0])["choices"][0]["text"]
+    err = json.loads(events[-2])["error"]
+    assert err["message"] == f"{prefix}CUDA error: an illegal memory access was encountered" and err["code"] == 500

@@ -640,7 +640,8 @@ async def _completion_response(
 ) -> Any:
     """The answer to a completion whose tokens arrive in ``batches`` (lists of token ids, each spelled
     by ``kernelcamp.serve.tokens.token_text``): SSE with one chunk per batch when ``req.stream``, else
-    the full response once they all came, or a 500 naming the error (after ``error_prefix``).
+    the full response once they all came, or a 500 naming the error (after ``error_prefix``); a stream whose
+    ``batches`` fail ends with an error event naming it (:func:`_stream_tokens`).
 
     ``request``: a non-streamed completion whose client disconnects meanwhile is cancelled (the
     ``batches`` generator is closed; :func:`_unless_client_leaves`) and answered 499, which nobody
@@ -652,8 +653,13 @@ async def _completion_response(
     if req.stream:
 
         async def pieces():
-            async for batch in batches:
-                yield "".join([token_text(t) for t in batch]), len(batch)
+            try:
+                async for batch in batches:
+                    yield "".join([token_text(t) for t in batch]), len(batch)
+            except EngineError:
+                raise
+            except Exception as e:  # the engine's failure of this request (a model step's error): the stream's error
+                raise EngineError(f"{error_prefix}{e}") from e
 
         return StreamingResponse(
             _stream_tokens(rid, chat, prompt_tokens, pieces(), req.include_usage()), media_type="text/event-stream"
