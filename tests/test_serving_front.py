@@ -135,6 +135,21 @@ def test_front_keeps_the_api_key_and_hides_the_internal_routes(served):
         assert c.get("/v1/models").json()["data"][0]["id"] == "kernelcamp-decoder"
 
 
+def test_a_wrong_method_is_the_405_of_the_route_it_names(served):
+    """At the front (the server's default: two processes), GET /v1/completions was a 404 "no route", POST /v1/models
+    a 405 without its Allow header, and DELETE /v1/models said `Allow: GET, POST` (the forwarding route's)."""
+    with _client(served) as c:
+        for method, path, allow in [
+            ("GET", "/v1/completions", "POST"),
+            ("PUT", "/v1/chat/completions", "POST"),
+            ("DELETE", "/v1/models", "GET"),
+            ("POST", "/health", "GET"),
+        ]:
+            r = c.request(method, path, json={})
+            assert r.status_code == 405 and r.headers.get("allow") == allow, (method, path, r.headers, r.text)
+            assert r.json()["error"]["message"] == f"{method} is not allowed on {path}: use {allow}"
+
+
 def test_front_passes_the_engines_refusals_through(served):
     with _client(served) as c:
         r = c.post("/v1/completions", json={"prompt": "w " * 200, "max_tokens": 100})

@@ -68,6 +68,7 @@ from kernelcamp.serve.openai import (
     _completion_response,
     _error,
     _openai_app,
+    method_not_allowed,
 )
 
 INTERNAL = "/internal/v1"
@@ -76,6 +77,7 @@ ENGINE_TOKEN_HEADER = "x-kernelcamp-engine-token"
 # The routes the front forwards to the engine (exact paths, or the prefix of the trace downloads);
 # every other path is 404 at the front, whatever it would normalize to.
 FORWARDED = ("/health", "/v1/models", INFO_PATH, PROFILE_PATH)
+COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")  # the front's own routes, POST only
 FORWARDED_PREFIX = TRACE_PATH.split("{")[0]
 ENGINE_STOP_GRACE_S = 30.0
 ENGINE_DIR_PREFIX = "kernelcamp-engine-"  # the front's private socket folder, in the temporary folder
@@ -427,7 +429,7 @@ class EngineLink:
             if self.exited():
                 return JSONResponse({"status": "error", "error": self.exited()}, status_code=500)
             return JSONResponse({"status": "starting"}, status_code=503)
-        keep = {k: v for k, v in resp.headers.items() if k.lower() in ("content-type", "content-disposition")}
+        keep = {k: v for k, v in resp.headers.items() if k.lower() in ("content-type", "content-disposition", "allow")}
         return Response(resp.content, status_code=resp.status_code, headers=keep)
 
     async def stop(self) -> None:
@@ -516,9 +518,14 @@ def make_front_app(
         body.update(front_gc=gc.snapshot(), front_gc_frozen_at_start=link.gc_frozen)
         return body
 
-    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def forward(path: str, request: Request):
+        # any method, so that a wrong one is the 405 of the route it names: the front's own completion routes answer
+        # it here; the engine's routes answer it there (its Allow header kept); before, GET /v1/completions was a
+        # 404 and DELETE /v1/models said `Allow: GET, POST` (this route's methods)
         p = request.url.path
+        if p in COMPLETION_PATHS:
+            return method_not_allowed(request.method, p, "POST")
         if p in FORWARDED or (p.startswith(FORWARDED_PREFIX) and ".." not in p):
             return await link.forward(request)
         return _error(f"no route {p}", 404)

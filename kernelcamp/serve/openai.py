@@ -440,13 +440,19 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     """Starlette's own errors (unknown route 404, wrong method 405) in the OpenAI error shape too, with their
     headers: a 405 keeps its ``Allow`` (RFC 9110 section 15.5.6: a 405 response must list the allowed methods),
     and its message names them."""
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     headers = dict(exc.headers or {})
-    message = str(exc.detail)
     if exc.status_code == 405 and headers.get("Allow"):
-        message = f"{request.method} is not allowed on {request.url.path}: use {headers['Allow']}"
-    resp = _error(message, exc.status_code, code=code)
+        return method_not_allowed(request.method, request.url.path, headers["Allow"])
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    resp = _error(str(exc.detail), exc.status_code, code=code)
     resp.headers.update(headers)
+    return resp
+
+
+def method_not_allowed(method: str, path: str, allow: str) -> JSONResponse:
+    """405 for ``method`` on ``path``, in the OpenAI error shape, with ``Allow: allow`` (e.g. ``"POST"``)."""
+    resp = _error(f"{method} is not allowed on {path}: use {allow}", 405, code="method_not_allowed")
+    resp.headers["Allow"] = allow
     return resp
 
 
