@@ -133,16 +133,29 @@ def main() -> int:
     return 0
 
 
+#: benchmark.json's kernel shape keys in the ``measured_kernel_shape`` tag, and their names there.
+SHAPE_TAG_KEYS = (
+    ("num_heads", "H"),
+    ("topk", "topk"),
+    ("page_size", "page_size"),
+    ("num_cache_tokens", "num_cache_tokens"),
+)
+
+
 def measured_tags(bench: dict) -> dict[str, str]:
-    """The tags that name what ``bench`` (benchmark.json) measured: ``measured_batch_sizes`` (the kernel A/B's batch
-    sizes, ascending, comma-separated), ``measured_concurrency`` (the serving A/B's concurrency levels, or "" when it
-    was skipped) and ``measured_workload`` (the params section whose shapes ran: ``workload.cpu`` on a CPU, else
-    ``workload``)."""
+    """The tags that name what ``bench`` (benchmark.json) measured, read from its records: ``measured_batch_sizes``
+    (the kernel A/B's batch sizes, ascending, comma-separated), ``measured_kernel_shape`` (its shape,
+    ``deepseek_v32 H=16 topk=2048 page_size=64 num_cache_tokens=262144``) and ``measured_concurrency`` (the serving
+    A/B's concurrency levels; "" when it was skipped). (The serving shapes follow the server's device, which may
+    differ from the kernel benchmark's: no tag names a params section for both.)"""
     levels = sorted({int(lv["concurrency"]) for lv in (bench.get("serving") or {}).get("levels") or []})
+    shape = bench["kernel"].get("shape") or {}
     return {
         "measured_batch_sizes": ",".join(str(b) for b in sorted(int(b) for b in bench["kernel"]["batch"])),
+        "measured_kernel_shape": " ".join(
+            [str(shape.get("layout", "?"))] + [f"{name}={shape[k]}" for k, name in SHAPE_TAG_KEYS if k in shape]
+        ),
         "measured_concurrency": ",".join(str(c) for c in levels),
-        "measured_workload": "workload.cpu" if bench.get("device") == "cpu" else "workload",
     }
 
 

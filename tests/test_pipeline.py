@@ -153,7 +153,11 @@ def test_exp_run_shows_in_dvc_and_mlflow(repo):
     assert tags["device"] == "cpu" and tags["gpu"] == "none (cpu)"
     # what ran: params hold the GPU's batch sizes and levels beside the CPU's, and a CPU run measures the CPU's
     p = yaml.safe_load((repo / "params.yaml").read_text())
-    assert tags["measured_workload"] == "workload.cpu"
+    cpu = p["workload"]["cpu"]
+    assert tags["measured_kernel_shape"] == (
+        f"{p['workload']['layout']} H={cpu['num_heads']} topk={cpu['topk']} page_size={cpu['page_size']} "
+        f"num_cache_tokens={cpu['num_cache_tokens']}"
+    )
     assert tags["measured_batch_sizes"] == ",".join(map(str, sorted(p["workload"]["cpu"]["batch_sizes"])))
     assert tags["measured_batch_sizes"] != ",".join(map(str, sorted(p["workload"]["batch_sizes"])))
     assert tags["measured_concurrency"] == ",".join(map(str, sorted(p["benchmark"]["serving"]["cpu_concurrency"])))
