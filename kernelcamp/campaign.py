@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -63,6 +64,23 @@ def exp_ref(repo_root: Path, exp_name: str) -> str:
     return refs[0]
 
 
+def _not_collected(folder: Path) -> str | None:
+    """The first entry of ``folder`` that a collect does not write (anything but params.yaml, dvc.lock, top-level
+    ``COPIED_SUFFIXES`` files and files in ``plots/``), relative to it; None when there is none."""
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        top = len(rel.parts) == 1
+        if p.is_dir() and top and rel.name == "plots":
+            continue
+        if p.is_file() and (
+            (top and (rel.name in ("params.yaml", "dvc.lock") or rel.name.endswith(COPIED_SUFFIXES)))
+            or (len(rel.parts) == 2 and rel.parts[0] == "plots")
+        ):
+            continue
+        return rel.as_posix() + ("/" if p.is_dir() else "")
+    return None
+
+
 def collect(repo_root: Path, exp_name: str, dest: Path) -> list[str]:
     """Replace ``dest`` with experiment ``exp_name``'s params.yaml, dvc.lock and report files.
 
@@ -72,7 +90,8 @@ def collect(repo_root: Path, exp_name: str, dest: Path) -> list[str]:
     Returns the copied paths, relative to ``dest``.
 
     Raises ``KernelcampError`` when the experiment does not exist or its commit lacks ``dvc.lock``, or when
-    ``dest`` is a file or names no folder of its own (``.``, ``/``).
+    ``dest`` is a file, names no folder of its own (``.``, ``/``), or holds anything a collect does not write
+    (a subfolder other than ``plots/``, a file of another kind): it would be deleted with the old copy.
     """
     ref = exp_ref(repo_root, exp_name)
     ls = subprocess.run(
@@ -99,8 +118,17 @@ def collect(repo_root: Path, exp_name: str, dest: Path) -> list[str]:
         )
     if dest.exists() and not dest.is_dir():
         raise KernelcampError(f"campaign folder {given!r} is a file: name a folder (it is replaced whole)")
+    if dest.is_dir() and (foreign := _not_collected(dest)):
+        # `collect EXP reports/campaigns` (for reports/campaigns/<name>) had deleted every campaign's records
+        raise KernelcampError(
+            f"campaign folder {given!r} holds {foreign!r}, which no collect writes: it would be replaced whole; name "
+            "a folder of its own, e.g. reports/campaigns/<name>, or empty this one first"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # a folder's usual mode, not mkdtemp's 0700
     copied = []
     try:
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
@@ -134,7 +162,11 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
         help="the DVC experiment's name (dvc exp list -A --name-only), or its full ref refs/exps/... where "
         "one name is on several baselines",
     )
-    c.add_argument("dest", help="the folder to (re)write, e.g. reports/campaigns/warp_occupancy/warp_occupancy")
+    c.add_argument(
+        "dest",
+        help="the folder to (re)write, e.g. reports/campaigns/warp_occupancy/warp_occupancy; refused when it holds "
+        "anything a collect does not write",
+    )
     c.add_argument("--repo", default=".", help="the DVC repo [default: .]")
     p.set_defaults(main=main)
     return p

@@ -117,3 +117,27 @@ def test_an_experiment_name_is_literal_and_a_full_ref_picks_one_of_several(tmp_p
     assert (tmp_path / "out" / "report.md").read_text() == "# r2: decision 0\n"
     with pytest.raises(KernelcampError, match="no DVC experiment ref"):
         campaign.collect(repo, ref + "x", tmp_path / "out2")
+
+
+def test_a_destination_holding_other_files_is_refused_and_kept(tmp_path: Path) -> None:
+    """`collect EXP reports/campaigns` (a slip for reports/campaigns/<name>) deleted every campaign's records, exit
+    0, and left the folder at mode 0700. A folder holding anything a collect does not write is now refused, whole;
+    an earlier copy is replaced, with a folder's usual mode."""
+    import stat
+
+    repo, _ = _repo_with(tmp_path, ["a-1"])
+    campaigns = repo / "reports" / "campaigns"
+    (campaigns / "kernel_speed").mkdir(parents=True)
+    (campaigns / "kernel_speed" / "report.md").write_text("keep\n")
+    notes = tmp_path / "scratch"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("keep\n")
+    for dest, foreign in ((campaigns, "kernel_speed/"), (notes, "notes.txt")):
+        with pytest.raises(KernelcampError, match=f"holds '{foreign}', which no collect writes"):
+            campaign.collect(repo, "a-1", dest)
+    assert (campaigns / "kernel_speed" / "report.md").read_text() == "keep\n" and (notes / "notes.txt").exists()
+    copy = campaigns / "a"
+    campaign.collect(repo, "a-1", copy)
+    campaign.collect(repo, "a-1", copy)  # a copy of its own is replaced
+    assert (copy / "report.md").read_text() == "# a-1: decision 0\n"
+    assert stat.S_IMODE(copy.stat().st_mode) & 0o055 == 0o055, oct(copy.stat().st_mode)
