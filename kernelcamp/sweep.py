@@ -49,6 +49,8 @@ DRAIN_GRACE_S = 60.0
 # any experiment while experiments are still queued
 READY_TIMEOUT_S = 30.0
 START_RETRIES = 2
+#: The longest --poll, seconds: an hour (an infinite one would never print progress).
+MAX_POLL_S = 3600.0
 # the celery log line of an experiment a queue worker took: "Task dvc.repo.experiments.queue.tasks.run_exp[ID] received"
 _RECEIVED_RE = re.compile(r"\.run_exp\[([0-9A-Za-z-]+)\] received")
 
@@ -379,8 +381,8 @@ def run_sweep(
             f"--gpus: {', '.join(map(repr, bad))} is not a GPU id: give indices (0,1) or UUIDs (GPU-..., MIG-...) "
             "as CUDA_VISIBLE_DEVICES takes them (nvidia-smi -L lists them)"
         )
-    if poll_s <= 0:
-        raise KernelcampError(f"--poll {poll_s}: must be a positive number of seconds")
+    if not 0 < poll_s <= MAX_POLL_S:  # nan passed `poll_s <= 0` and crashed time.sleep after a worker had started
+        raise KernelcampError(f"--poll {poll_s}: must be a positive number of seconds, at most {MAX_POLL_S:g}")
     if not (repo_root / ".dvc").is_dir():
         raise KernelcampError(f"{repo_root}: not a DVC repo (no .dvc/): run from the workspace or pass --repo")
     # a slot (its port and server folder) belongs to one sweep: a second sweep on the same GPU stopped the first

@@ -281,6 +281,9 @@ def test_sweep_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.C
         (["--repo", str(tmp_path / "nope"), "--gpus", "0"], "not a DVC repo"),
         (["--repo", str(tmp_path), "--gpus", "abc"], "'abc' is not a GPU id"),
         (["--repo", str(tmp_path), "--gpus", "0", "--poll", "-1"], "--poll -1.0: must be a positive"),
+        # nan passed `poll_s <= 0` and crashed in time.sleep after a worker had started; inf never polled
+        (["--repo", str(tmp_path), "--gpus", "0", "--poll", "nan"], "--poll nan: must be a positive"),
+        (["--repo", str(tmp_path), "--gpus", "0", "--poll", "inf"], "--poll inf: must be a positive"),
     ]
     for argv, needle in cases:
         assert cli.main(["sweep", *argv]) == 2, argv
