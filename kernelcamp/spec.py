@@ -838,11 +838,15 @@ def _check_tracking(tracking: TrackingSpec) -> None:
 
 
 def check_tracking_uri(uri: str, where: str = "tracking.uri") -> None:
-    """A local MLflow store (``sqlite:``, ``file:`` or a bare path) must be named by an absolute path:
-    a queued experiment runs in a temporary copy that DVC deletes, so a relative store would go with it
-    (and MLflow refuses some relative forms with errors of its own). Servers (``http:`` ...) pass.
-    ``where`` names the setting in the message (``kernelcamp.tracking.tracking_uri`` checks
-    ``MLFLOW_TRACKING_URI`` with it too). Raises ``KernelcampError``."""
+    """A local MLflow store must be a SQLite file named by an absolute path (``sqlite:////abs/mlflow.db``): a queued
+    experiment runs in a temporary copy that DVC deletes, so a relative store would go with it (and MLflow refuses
+    some relative forms with errors of its own); and MLflow 3's file store (a bare path, ``file:``) refuses to open
+    ("The filesystem tracking backend ... is in maintenance mode", mlflow.store.tracking.file_store) unless
+    ``MLFLOW_ALLOW_FILE_STORE=true`` is set, in which case an absolute one passes. Servers (``http:`` ...) pass.
+    ``where`` names the setting in the message (``kernelcamp.tracking.tracking_uri`` checks ``MLFLOW_TRACKING_URI``
+    with it too). Raises ``KernelcampError``."""
+    import os
+
     scheme, sep, rest = uri.partition(":")
     if not sep:  # a bare path
         path = uri
@@ -854,11 +858,17 @@ def check_tracking_uri(uri: str, where: str = "tracking.uri") -> None:
         path = rest[2:] if rest.startswith("//") else rest
     else:
         return  # a server (http, https, databricks, ...)
+    if scheme != "sqlite" and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        raise KernelcampError(
+            f"{where} = {uri!r}: MLflow's file store (a folder) refuses new runs, in maintenance mode since MLflow 3; "
+            "give a SQLite store, sqlite:////absolute/path/mlflow.db, or leave tracking.uri null for "
+            "$DVC_ROOT/mlflow.db"
+        )
     if not path.startswith("/"):
         raise KernelcampError(
             f"{where} = {uri!r}: a relative store path would resolve in the run's working folder (a queued "
-            "experiment's is a temporary copy); give an absolute path, or leave tracking.uri null for "
-            "$DVC_ROOT/mlflow.db"
+            "experiment's is a temporary copy); give an absolute path, sqlite:////absolute/path/mlflow.db, or "
+            "leave tracking.uri null for $DVC_ROOT/mlflow.db"
         )
 
 

@@ -267,8 +267,11 @@ BAD = [
     ("benchmark.serving.window_s", 1e9, r"benchmark\.serving\.window_s = 1000000000\.0: must be <= 604800"),
     # a relative store resolved in a queued experiment's temporary copy, deleted after the run
     ("tracking.uri", "sqlite:///mlflow.db", r"tracking\.uri = 'sqlite:///mlflow\.db': a relative store path"),
-    ("tracking.uri", "mlruns", r"tracking\.uri = 'mlruns': a relative store path"),
-    ("tracking.uri", "file:./mlruns", r"tracking\.uri = 'file:\./mlruns': a relative store path"),
+    # MLflow 3's file store refuses to open ("maintenance mode"): spec passed it and the store failed after it
+    ("tracking.uri", "mlruns", r"tracking\.uri = 'mlruns': MLflow's file store .* sqlite:////absolute/path"),
+    ("tracking.uri", "file:./mlruns", r"tracking\.uri = 'file:\./mlruns': MLflow's file store"),
+    ("tracking.uri", "file:///abs/mlruns", r"tracking\.uri = 'file:///abs/mlruns': MLflow's file store"),
+    ("tracking.uri", "/abs/mlflow.db", r"tracking\.uri = '/abs/mlflow\.db': MLflow's file store"),
     ("tracking.uri", "sqlite://mlflow.db", r"a SQLite store is sqlite:////absolute/path/mlflow\.db"),
     ("server.env", {"FOO": "a\nb"}, r"server\.env\.FOO = 'a\\nb': holds a control character"),
     # shapes the kernel's make_inputs refused only in the benchmark stage, with a traceback
@@ -318,7 +321,6 @@ GOOD = [
     ("tracking.uri", "sqlite:////abs/mlflow.db"),
     ("tracking.uri", "http://mlflow.example:5000"),
     ("tracking.uri", "http://me@mlflow.example:5000"),  # a user name alone is no secret
-    ("tracking.uri", "file:///abs/mlruns"),
     ("variant.name", "bt16_w4.v2+try-1"),
     ("deploy", {"kind": "command", "url": "u", "kernel_dest": "/k", "launch": "cd /x &&\n  ./serve\t--a"}),
     ("target", "sm120"),  # a name: the file is read
@@ -345,8 +347,14 @@ def test_a_relative_store_is_refused_before_any_store_is_opened(tmp_path: Path, 
     with pytest.raises(KernelcampError, match=r"tracking\.uri = 'sqlite:///rel/x\.db': a relative store path"):
         tracking.ensure_store(p)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "mlruns")
+    with pytest.raises(KernelcampError, match=r"MLFLOW_TRACKING_URI = 'mlruns': MLflow's file store"):
+        tracking.tracking_uri(PARAMS)
+    # with MLflow's own opt-out the file store opens: then only its path must be absolute
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     with pytest.raises(KernelcampError, match=r"MLFLOW_TRACKING_URI = 'mlruns': a relative store path"):
         tracking.tracking_uri(PARAMS)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:///abs/mlruns")
+    assert tracking.tracking_uri(PARAMS) == "file:///abs/mlruns"
     assert list(tmp_path.iterdir()) == []
 
 
