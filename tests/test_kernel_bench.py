@@ -53,6 +53,27 @@ def test_defaults_pass(params):
     check_kernel_params(params, "cuda")
 
 
+def test_a_cpu_run_of_a_warp_specialized_config_is_refused_before_the_rounds(params):
+    """`-S +variant.warp_specialize=true ...` on a CPU built and deployed, then the first launch raised a ValueError
+    ("dot_dtype='fp16': the warp-specialized kernel ... runs bf16 only") with a 30-line traceback."""
+    p = copy.deepcopy(params)
+    ws = {"BLOCK_T": 32, "BLOCK_H": 64, "num_warps": 12, "num_stages": 2, "num_splits": "auto", "warp_specialize": True}
+    p["variant"] = {"name": "ws", **ws}
+    with pytest.raises(
+        KernelcampError, match=r"variant 'ws': T32_H64_w12_s2_kauto_ws \(its row for B=1\) is warp-spec"
+    ):
+        check_kernel_params(p, "cpu")
+    check_kernel_params(p, "cuda")  # a GPU runs it
+    # a table whose CPU batch sizes choose only Triton rows passes; the baseline is checked too
+    triton = {"BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2, "num_splits": "auto"}
+    p["variant"] = {"name": "t", "configs": [{"max_batch": 4, **triton}, ws]}
+    p["workload"]["cpu"]["batch_sizes"] = [1, 3]
+    check_kernel_params(p, "cpu")
+    p["baseline"] = {"name": "bws", "configs": [{"max_batch": 1, **triton}, ws]}
+    with pytest.raises(KernelcampError, match=r"baseline 'bws': .*\(its row for B=3\)"):
+        check_kernel_params(p, "cpu")
+
+
 def test_busy_baseline_port_is_found_before_the_rounds(params, tmp_path):
     # A held baseline port was reported only after every kernel round had run.
     port = free_port()

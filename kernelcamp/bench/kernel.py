@@ -73,6 +73,28 @@ def check_kernel_params(params: dict, device: str) -> None:
     if dup:
         raise KernelcampError(f"{where}={sizes!r}: batch size {dup[0]} appears more than once")
     kernel_plan(params, device)
+    if not gpu:
+        _check_cpu_configs(params, sizes)
+
+
+def _check_cpu_configs(params: dict, sizes: list[int]) -> None:
+    """Refuse a CPU run whose variant or baseline would launch a warp-specialized config at one of the CPU batch
+    sizes: that kernel is Gluon, which has no interpreter, and runs on an sm90 GPU only (the launcher refused it at
+    the first launch with a ValueError traceback, after the deploy). Raises ``KernelcampError``."""
+    from kernelcamp.variant import parse_variant
+
+    for sec in ("variant", "baseline"):
+        if not isinstance(params.get(sec), dict):
+            continue
+        v = parse_variant(params[sec], sec)
+        rows = [(c, "") for c in v.configs] if not (v.single or v.is_table) else []
+        rows += [(v.config_for_batch(b), f" (its row for B={b})") for b in sizes] if not rows else []
+        for c, which in rows:
+            if getattr(c, "warp_specialize", False):
+                raise KernelcampError(
+                    f"{sec} {v.name!r}: {c.label()}{which} is warp-specialized, which runs on an sm90 GPU only (Gluon "
+                    "has no interpreter), and this run has no GPU: give the CPU run Triton configs"
+                )
 
 
 def kernel_plan(params: dict, device: str) -> SequentialPlan:
