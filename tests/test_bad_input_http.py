@@ -303,6 +303,8 @@ CLI_ROWS = [
     ("port_word", ["--fake", "chunk=1", "--port", "http"], "--port"),
     ("device_bogus", ["--params", "@good", "--device", "bogus"], "--device"),
     ("device_cuda_x", ["--params", "@good", "--device", "cuda:x"], "--device"),
+    # a GPU this machine lacks: the front spawned its engine process, which failed in three lines, exit 1
+    ("device_cuda_99", ["--params", "@good", "--device", "cuda:99"], "--device cuda:99"),
     ("params_broken_yaml", ["--params", "@broken"], "--params"),
     ("params_binary", ["--params", "@binary"], "--params"),
     ("params_folder", ["--params", "@folder"], "--params"),

@@ -968,6 +968,23 @@ def make_app(
     return app
 
 
+def check_device(device: str) -> None:
+    """Raise ``KernelcampError`` when ``device`` (``cpu``, ``cuda`` or ``cuda:N``) is a CUDA device this machine does
+    not have."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise KernelcampError(f"--device {device}: no CUDA GPU here; use --device cpu")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise KernelcampError(
+            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to "
+            f"cuda:{torch.cuda.device_count() - 1}"
+        )
+
+
 def build_state(params: dict[str, Any], device: str, never_ready: bool = False) -> ServeState:
     """Parse the variant, build and warm up the model (graphs captured, attention share calibrated)."""
     import torch
@@ -979,8 +996,7 @@ def build_state(params: dict[str, Any], device: str, never_ready: bool = False) 
     server = params.get("server") or {}
     flags = server_flags(server)
     if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise KernelcampError(f"--device {device}: no CUDA GPU here; use --device cpu")
+        check_device(device)
         torch.cuda.set_device(torch.device(device))
     cfg = ModelConfig.from_params(params, device)
     model = DecoderModel(
@@ -1152,6 +1168,7 @@ def main(args: argparse.Namespace) -> int:
                 import torch
 
                 device = "cuda:0" if torch.cuda.is_available() else "cpu"
+            check_device(device)  # here, not in the engine process: it would start, fail and say so in three lines
             if engine_uds is not None:
                 state = freeze_served_heap(build_state(params, device, never_ready=args.never_ready))
                 # the front's request holds the prompt it accepted and more (openai.ENGINE_BODY_FACTOR)
