@@ -840,11 +840,11 @@ def _check_tracking(tracking: TrackingSpec) -> None:
 def check_tracking_uri(uri: str, where: str = "tracking.uri") -> None:
     """A local MLflow store must be a SQLite file named by an absolute path (``sqlite:////abs/mlflow.db``): a queued
     experiment runs in a temporary copy that DVC deletes, so a relative store would go with it (and MLflow refuses
-    some relative forms with errors of its own); and MLflow's file store (a bare path, ``file:``) refuses to open (MLflow 3.17, the version pinned)
-    ("The filesystem tracking backend ... is in maintenance mode", mlflow.store.tracking.file_store) unless
-    ``MLFLOW_ALLOW_FILE_STORE=true`` is set, in which case an absolute one passes. Servers (``http:`` ...) pass.
-    ``where`` names the setting in the message (``kernelcamp.tracking.tracking_uri`` checks ``MLFLOW_TRACKING_URI``
-    with it too). Raises ``KernelcampError``."""
+    some relative forms with errors of its own); and MLflow's file store (a bare path, ``file:``) refuses to open
+    (MLflow 3.17, the version pinned) ("The filesystem tracking backend ... is in maintenance mode",
+    mlflow.store.tracking.file_store) unless ``MLFLOW_ALLOW_FILE_STORE=true`` is set, in which case an absolute one
+    passes. Servers (``http:`` ...) pass. ``where`` names the setting in the message
+    (``kernelcamp.tracking.tracking_uri`` checks ``MLFLOW_TRACKING_URI`` with it too). Raises ``KernelcampError``."""
     import os
 
     scheme, sep, rest = uri.partition(":")
