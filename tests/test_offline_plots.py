@@ -89,3 +89,20 @@ def test_readme_says_the_plots_render_offline_and_how():
     assert template, "no plots.html_template in .dvc/config"
     shown = (ROOT / ".dvc" / template).resolve().relative_to(ROOT).as_posix()
     assert "offline" in compare and "plots.html_template" in compare and shown in compare
+
+
+def test_every_dvc_plot_says_where_its_device_is_named():
+    """The dvc plots' titles did not say that a CPU run's figures are interpreter timings; each plotted CSV carries a
+    device column (cuda or cpu), and each title now points to it."""
+    import csv
+
+    import yaml
+
+    plots = yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
+    committed = ROOT / "reports" / "campaigns" / "kernel_speed" / "k16_tp8"  # a benchmark stage's own outputs
+    for plot in plots:
+        ((title, spec),) = plot.items()
+        assert "GPU or CPU" in title and "the device column says" in title, title
+        for path in spec["y"]:
+            with open(committed / Path(path).name, newline="") as f:
+                assert "device" in next(csv.reader(f)), (title, path)
