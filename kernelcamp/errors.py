@@ -33,3 +33,9 @@ def url_shown(url: str) -> str:
     if not has_password:
         return url
     return f"{scheme}:{rest[: len(rest) - len(body)]}{user}:***@{host}"
+
+
+def text_shown(text: str, url: str) -> str:
+    """``text`` (an error's message) with every copy of ``url`` in it as :func:`url_shown` shows it. Raises
+    nothing."""
+    return text.replace(url, url_shown(url))

@@ -89,7 +89,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import numpy as np
 
-from kernelcamp.errors import KernelcampError, url_shown
+from kernelcamp.errors import KernelcampError, text_shown, url_shown
 from kernelcamp.serve import gcwatch
 from kernelcamp.serve.client import DEFAULT_PROMPT_WORDS, auth_headers
 
@@ -722,7 +722,7 @@ def probe_server(base: str, api_key: str | None, timeout_s: float = 10.0) -> str
     try:
         r = httpx.get(base + "/v1/models", headers=auth_headers(api_key), timeout=timeout_s)
     except (httpx.HTTPError, httpx.InvalidURL, ValueError) as e:  # ValueError: UnicodeError of a bad host (IDNA)
-        why = " ".join(str(e).replace(base, url_shown(base)).split()) or type(e).__name__
+        why = " ".join(text_shown(str(e), base).split()) or type(e).__name__
         raise KernelcampError(f"cannot reach {url_shown(base)}: {why[:200]}") from None
     if r.status_code in (401, 403):
         raise KernelcampError(

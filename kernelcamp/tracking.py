@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelcamp.errors import KernelcampError, url_shown
+from kernelcamp.errors import KernelcampError, text_shown, url_shown
 from kernelcamp.io import pid_start_time, repo_relative, same_process
 from kernelcamp.provenance import dvc_root
 from kernelcamp.signals import Terminated, signals_raise
@@ -130,7 +130,7 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
         r = httpx.get(uri.rstrip("/") + "/health", timeout=timeout_s)
         reason = f"HTTP {r.status_code} from /health" if r.status_code >= 400 else None
     except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as e:
-        reason = _one_line(e).replace(uri, url_shown(uri)) or type(e).__name__
+        reason = text_shown(_one_line(e), uri) or type(e).__name__
     if reason is not None:
         raise KernelcampError(
             f"MLflow tracking server {url_shown(uri)} is unreachable ({reason}): start it, or unset "
@@ -200,7 +200,7 @@ def ensure_store(params: Mapping[str, Any] | None = None) -> tuple[str, str]:
     except KernelcampError:
         raise
     except Exception as e:
-        why = _one_line(e).replace(uri, url_shown(uri))
+        why = text_shown(_one_line(e), uri)
         raise KernelcampError(f"cannot open the MLflow store {url_shown(uri)}: {type(e).__name__}: {why}") from e
     return uri, exp_id
 

@@ -553,7 +553,8 @@ async def _stream_tokens(
     counts: bool = True,
 ) -> AsyncIterator[bytes]:
     """SSE body: one chunk per piece (text, tokens it holds), a finish chunk, optional usage, [DONE]. When
-    ``pieces`` raises :class:`EngineError` (the engine process died mid-stream), an error event
+    ``pieces`` raises :class:`EngineError` (the engine process died mid-stream, or a model step failed the request:
+    :func:`_completion_response` turns its other errors into one), an error event
     ``data: {"error": {...}}`` and [DONE] end it instead (vLLM's serving_completion.py does the same).
 
     ``counts``: put ``kernelcamp_tokens`` in every chunk (False imitates a foreign server). All chunks
