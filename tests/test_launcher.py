@@ -134,6 +134,20 @@ def mlflow_server(tmp_path: Path):
         log.close()
 
 
+def _gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` has exited (or is a zombie) within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def _sweep(repo: Path, uri: str, ctl: Path, out: Path) -> subprocess.Popen:
     # the jobs push DVC-cached outputs to .dvc/config's default remote (`store`): launcher.dvc_remote is null
     cmd = [
@@ -172,12 +186,15 @@ def test_local_launcher_jobs_land_on_the_remotes_and_a_killed_one_reruns(tmp_pat
             job = None
             while time.monotonic() < deadline and proc.poll() is None:
                 m = re.search(r"sweep: job (\d+): exp-4\n", first.read_text())
-                if m and (ctl / "started-4").exists():
+                if m and (ctl / "started-4").exists() and (ctl / "started-4").read_text():
                     job = int(m.group(1))
                     break
                 time.sleep(0.5)
             assert job is not None, first.read_text()
             os.kill(job, signal.SIGINT)  # what submitit's LocalJob.cancel() does to a local job
+            # the block stays until the kill has reached the stage: lifted at once, the stage could see it gone
+            # and end its run FINISHED before the signal arrived (a race this test lost once in CI)
+            assert _gone(int((ctl / "started-4").read_text()), timeout=60), "the killed job's stage still runs"
             (ctl / "block-4").unlink()
             assert proc.wait(timeout=240) == 1, first.read_text()
         finally:
