@@ -400,20 +400,31 @@ def tracked_run(
         run.end("FINISHED")
 
 
+def _params_or_empty(params_path: str | os.PathLike) -> dict[str, Any]:
+    """``params.yaml`` at ``params_path`` as a dict; ``{}`` where it is missing or unreadable."""
+    from kernelcamp.io import load_params
+
+    try:
+        return load_params(params_path)
+    except KernelcampError:
+        return {}
+
+
 def record_stage_failure(
-    stage: str, error: BaseException | str, params_path: str | os.PathLike = "params.yaml", status: str = "FAILED"
+    stage: str,
+    error: BaseException | str,
+    params_path: str | os.PathLike = "params.yaml",
+    status: str = "FAILED",
+    params: Mapping[str, Any] | None = None,
 ) -> str | None:
     """Record a run with ``status`` for a stage that failed before the report could log the pipeline
-    run: tags ``kernelcamp.stage`` and ``kernelcamp.error``, the params it ran with. Returns the run id;
+    run: tags ``kernelcamp.stage`` and ``kernelcamp.error``, the params it ran with. ``params``: those
+    params as the stage read them when it started (``tracked_stage`` passes them); None reads
+    ``params_path`` now, which another run or a compose may have rewritten since. Returns the run id;
     if the store itself cannot be reached, prints one warning line and returns None (the stage's own
     error stays the one that matters)."""
     try:
-        from kernelcamp.io import load_params
-
-        try:
-            params = load_params(params_path)
-        except KernelcampError:
-            params = {}
+        params = dict(params) if params is not None else _params_or_empty(params_path)
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         run = start_run(params, tags={TAG_PREFIX + "stage": stage, **run_tags(params)})
         with contextlib.suppress(Exception):
@@ -445,6 +456,10 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
     def __init__(self, name: str, params_path: str | os.PathLike = "params.yaml", check_store: bool = True):
         self.name, self.params_path, self.check_store = name, params_path, check_store
         self._sig: contextlib.ExitStack | None = None
+        self._params: dict[str, Any] | None = None  # params.yaml as it was on entry: what a failure records
+
+    def _record(self, error: BaseException | str, status: str = "FAILED") -> None:
+        record_stage_failure(self.name, error, self.params_path, status=status, params=self._params)
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -452,19 +467,15 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
             with self._recreate_cm():
                 rc = fn(*a, **kw)
                 if rc not in (0, None):
-                    record_stage_failure(self.name, f"exit status {rc}", self.params_path)
+                    self._record(f"exit status {rc}")
                 return rc
 
         return inner
 
     def __enter__(self):
+        # read once, on entry: a failure records these, not a params.yaml rewritten while the stage ran
+        self._params = params = _params_or_empty(self.params_path)
         if self.check_store:
-            from kernelcamp.io import load_params
-
-            try:
-                params = load_params(self.params_path)
-            except KernelcampError:
-                params = {}
             if self.name == self.OPENS_STORE:
                 ensure_store(params)
             else:
@@ -479,13 +490,13 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
         if exc is None or getattr(exc, "kernelcamp_recorded", False):
             return False  # succeeded, or a tracked_run inside already ended its run FAILED
         if isinstance(exc, Terminated):
-            record_stage_failure(self.name, f"killed by {exc}", self.params_path, status="KILLED")
+            self._record(f"killed by {exc}", status="KILLED")
             raise SystemExit(128 + exc.signum) from None
         if isinstance(exc, SystemExit):
             if exc.code not in (0, None):
-                record_stage_failure(self.name, f"exit status {exc.code}", self.params_path)
+                self._record(f"exit status {exc.code}")
             return False
-        record_stage_failure(self.name, exc, self.params_path)
+        self._record(exc)
         return False
 
 

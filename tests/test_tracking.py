@@ -282,6 +282,31 @@ def test_tracked_stage_records_failure_and_unreachable_is_one_line(store):
     assert len(lines) == 1 and "unreachable" in lines[0] and env_uri in lines[0], err
 
 
+def test_a_failed_stage_records_the_params_it_started_with(store):
+    """A stage's FAILED run carries the params the stage ran with: record_stage_failure re-read params.yaml when
+    the stage failed, so a params.yaml rewritten meanwhile (a compose, another queued run's checkout) put another
+    run's variant on this failure (helper audit, R1)."""
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    other = {**PARAMS, "variant": {**PARAMS["variant"], "name": "someone_else", "num_warps": 4}}
+    code = f"""
+        import json
+        from kernelcamp.errors import KernelcampError
+        from kernelcamp.io import stage_main
+        from kernelcamp.tracking import tracked_stage
+        def main():
+            open("params.yaml", "w").write(json.dumps({other!r}))
+            raise KernelcampError("the benchmark failed")
+        stage_main(tracked_stage("benchmark")(main))
+        """
+    p = _py(code, store)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err
+    (r,) = _runs(store)
+    assert r.info.status == "FAILED" and r.data.tags["kernelcamp.stage"] == "benchmark"
+    assert r.data.params["variant.name"] == "bt16_w8" and r.data.params["variant.num_warps"] == "8", r.data.params
+    assert r.info.run_name != "someone_else"
+
+
 def test_only_the_spec_stage_opens_the_store_on_entry(store):
     """Stages after spec neither import MLflow nor open the store when they succeed (2-6 s each before,
     issue 12's wall time); spec, the gate, creates it; a later stage's failure still records its run."""
