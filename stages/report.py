@@ -96,6 +96,11 @@ def main() -> int:
             **measured_tags(bench),
         },
     )
+    # git_commit/git_dirty: the tree that measured (benchmark.json's, what report.md shows), not the one the report
+    # runs in: a report-only rerun after a commit logged the new commit beside the old measurement (helper audit R2)
+    tags["report_git_commit"], tags["report_git_dirty"] = tags["git_commit"], tags["git_dirty"]
+    for k in ("git_commit", "git_dirty"):
+        tags[k] = "" if bench.get(k) is None else bench[k]
     with tempfile.TemporaryDirectory(prefix=".report.", dir=out.parent) as tmp:
         tmp = Path(tmp)
         plots = kr.make_plots(data, tmp / "plots", threshold)

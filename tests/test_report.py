@@ -284,6 +284,10 @@ def test_report_stage_writes_report_and_one_finished_run(tmp_path):
     (run,) = c.search_runs([c.get_experiment_by_name("kernelcamp").experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.tags["decision"] == "inconclusive" and run.data.tags["device"] == "cpu"
+    # the commit that measured (benchmark.json's), not the tree the report ran in (this checkout's): R2
+    fixture = json.loads((FIX / "benchmark.json").read_text())
+    assert run.data.tags["git_commit"] == fixture["git_commit"] and run.data.tags["git_dirty"] == "True"
+    assert run.data.tags["report_git_commit"] not in ("", fixture["git_commit"])
     assert run.data.params["variant.name"] == yaml.safe_load((ROOT / "params.yaml").read_text())["variant"]["name"]
     arts = {a.path for a in c.list_artifacts(run.info.run_id, "reports")}
     assert "reports/report.md" in arts and "reports/benchmark.json" in arts
