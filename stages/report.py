@@ -5,7 +5,8 @@
         --plots reports/plots --metrics reports/metrics.json
 
 Order, so that nothing is half-written and no run is FINISHED with half its figures: check every
-input -> check the tracking store (tracked_stage) -> render report and plots into a temporary folder
+input (a candidate whose verify.json does not say passed is refused: no decision for a wrong kernel)
+-> check the tracking store (tracked_stage) -> render report and plots into a temporary folder
 -> open the MLflow run, log params (flattened params.yaml), metrics, tags and artifacts (reports/
 plus the rendered files) -> move the report, plots and headline metrics into place -> end the run
 FINISHED. Any failure after the run opened ends it FAILED with the error; SIGTERM/SIGINT end it KILLED.
@@ -27,6 +28,7 @@ from pathlib import Path
 from kernelcamp import report as kr
 from kernelcamp import tracking
 from kernelcamp.bench.record import benchmark_metrics
+from kernelcamp.errors import KernelcampError
 from kernelcamp.io import stage_main, write_json_atomic
 from kernelcamp.metrics import flatten, nest
 from kernelcamp.runlock import release_run, run_started_ms
@@ -61,6 +63,14 @@ def main() -> int:
         spec.check_record(f"{name}.json", data[name], MEASURE_KEYS)
     for name in ("build", "deploy", "benchmark", "verify"):  # and every other param each stage read
         spec.check_stage_params(f"{name}.json", data[name], name)
+    # a wrong kernel's speed decides nothing: the verify stage failed on it (`dvc repro -s report` runs anyway)
+    if data["verify"].get("passed") is not True:
+        failed = [k for k in ("kernel", "capture", "serving") if data["verify"].get(f"{k}_passed") is False]
+        raise KernelcampError(
+            f"{Path(args.verify).name}: the candidate failed verify ({', '.join(failed) or 'passed is not true'}; "
+            f"the failing cases are in {Path(args.verify).with_name('verify_details.json')}): a kernel with wrong "
+            "output gets no decision; fix it and rerun the pipeline"
+        )
     out, plots_dst, metrics_dst = Path(args.out), Path(args.plots), Path(args.metrics)
     head = kr.headline(data, threshold)
     head_metrics = kr.headline_metrics(data, threshold)

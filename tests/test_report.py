@@ -342,6 +342,18 @@ def test_a_report_of_records_made_with_other_params_is_refused(tmp_path):
     assert all(x.info.status == "FAILED" for x in runs), [x.info.status for x in runs]  # a failure, no result
 
 
+def test_a_candidate_that_failed_verify_gets_no_decision(tmp_path):
+    """verify.json says the candidate's output was wrong (the verify stage failed, then `dvc repro -s report`):
+    the report rendered "faster" and logged a FINISHED run for a kernel that computes the wrong thing (helper audit
+    R5). It refuses, one line, and writes nothing."""
+    r = _stage(tmp_path, {}, override={"verify": {"passed": False, "kernel_passed": False, "kernel_cases_failed": 3}})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: verify.json: the candidate failed verify"), r.stderr
+    assert "kernel" in lines[0] and "verify_details.json" in lines[0]
+    assert not (tmp_path / "reports" / "report.md").exists() and not (tmp_path / "reports" / "metrics.json").exists()
+
+
 def test_report_stage_unreachable_server_leaves_nothing(tmp_path):
     r = _stage(tmp_path, {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
     assert r.returncode == 2
