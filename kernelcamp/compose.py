@@ -100,7 +100,13 @@ def main(args: argparse.Namespace) -> int:
         return 2
     path = Path(args.root) / args.out
     if args.check:
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
+        if not path.is_file():
+            print(
+                f"error: {path} does not exist: run `make params` (or `kernelcamp compose`) to write it",
+                file=sys.stderr,
+            )
+            return 1
+        if path.read_text(encoding="utf-8") != text:
             print(
                 f"error: {path} differs from the composition of conf/: run `make params` and commit it", file=sys.stderr
             )
@@ -108,6 +114,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"{path} matches conf/")
         return 0
     from kernelcamp.io import write_text_atomic
+    from kernelcamp.runlock import refuse_during_run
+
+    if path.resolve() == (Path(args.root) / "params.yaml").resolve():
+        try:  # the run's later stages would read these params and stop, or a failure record them
+            refuse_during_run(Path(args.root).resolve(), f"not writing {path}")
+        except KernelcampError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
 
     # the file is replaced by a rename: write_text_atomic refuses a folder, device, FIFO or socket; a symlink
     # given here would be replaced (not written through), and a missing folder would be created

@@ -163,8 +163,9 @@ def _claim(
             if cur.get("params_sha256") != params_sha256:
                 raise KernelcampError(
                     f"params.yaml changed during this run (sha256 {str(cur.get('params_sha256'))[:12]} at stage "
-                    f"{cur.get('stage')}, {params_sha256[:12]} now): another `dvc exp run` rewrote it; nothing of "
-                    "this stage was recorded, rerun the pipeline"
+                    f"{cur.get('stage')}, {params_sha256[:12]} now): something rewrote it while the run went on "
+                    "(another `dvc exp run`, a `make params` or an edit); nothing of this stage was recorded, rerun "
+                    "the pipeline"
                 )
             return cur
         claim = {
@@ -190,6 +191,29 @@ def release_run(root: Path, owner: int | None = None) -> None:
             cur = _read_claim(path)
             if cur is not None and cur.get("owner_pid") == owner:
                 path.unlink(missing_ok=True)
+
+
+def live_claim(path: Path) -> dict[str, Any] | None:
+    """The claim at ``path`` when its ``dvc`` owner is still running, else None (no claim, or a dead owner's)."""
+    cur = _read_claim(path)
+    return cur if cur is not None and _owner_alive(cur) else None
+
+
+def refuse_during_run(root: Path, action: str, server: bool = False, override: str = "") -> None:
+    """Raise ``KernelcampError`` when a live pipeline run holds the tree ``root`` (or, ``server=True``, the server
+    folder it deploys to): ``action`` would change what that run measures or records (rewrite its params.yaml,
+    stop its server). ``override``: the flag that does it anyway, named in the message. A stage of the run itself
+    (the same ``dvc`` owner) is not refused."""
+    paths = _claim_paths(root) if server else [claim_path(root)]
+    mine = run_owner()
+    for path in paths:
+        cur = live_claim(path)
+        if cur is not None and cur.get("owner_pid") != mine:
+            raise KernelcampError(
+                f"{action}: a pipeline run (dvc pid {cur['owner_pid']}, at stage {cur.get('stage')}, in "
+                f"{cur.get('tree')}) is using this workspace{' and its server' if server else ''}; wait for it to "
+                f"end{f', or pass {override} to do it anyway' if override else ''}"
+            )
 
 
 def run_started_ms(root: Path, owner: int | None = None) -> int | None:

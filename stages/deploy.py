@@ -27,6 +27,7 @@ import sys
 from kernelcamp.deploy import deploy, stop
 from kernelcamp.io import stage_main, write_json_atomic
 from kernelcamp.provenance import git_info
+from kernelcamp.runlock import refuse_during_run
 from kernelcamp.spec import DEPLOY_KEYS, project_root, stage_spec
 from kernelcamp.tracking import tracked_stage
 
@@ -46,9 +47,14 @@ def main() -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--out", default="reports/deploy.json")
     ap.add_argument("--stop", action="store_true", help="stop the server(s) this workspace started and exit")
+    ap.add_argument(
+        "--force", action="store_true", help="with --stop: stop it even while a pipeline run is measuring on it"
+    )
     args = ap.parse_args()
 
     if args.stop:
+        if not args.force:  # `make clean-server` under a live run stopped the server mid-benchmark
+            refuse_during_run(project_root(), "not stopping the server", server=True, override="--force")
         stopped = stop()
         print(
             "stopped the workspace's server" if stopped else "no server of this workspace was running", file=sys.stderr

@@ -703,3 +703,53 @@ def test_stage_params_are_dvc_yamls_keys_and_differences_name_the_deepest_key() 
     with pytest.raises(KernelcampError, match=r"x\.json does not record the params it ran with"):
         spec.check_stage_params("x.json", {}, "benchmark")
     spec.check_stage_params("x.json", {"stage_params": json.loads(json.dumps(b))}, "benchmark")
+
+
+def test_a_live_runs_server_and_params_are_left_alone(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`make clean-server` (stages.deploy --stop) during a pipeline run stopped the server mid-benchmark, and
+    `kernelcamp compose` (`make params`) rewrote the run's params.yaml, whose next stage then blamed "another
+    `dvc exp run`" (helper audit B-F1, B-F2). Both refuse in one line while a live run holds the workspace;
+    --stop --force stops it anyway."""
+    import stages.deploy as deploy_stage
+    from kernelcamp import cli
+
+    ws = tmp_path / "ws"
+    (ws / ".dvc").mkdir(parents=True)
+    (ws / ".dvc" / "config").write_text((ROOT / ".dvc" / "config").read_text())
+    (ws / "conf").symlink_to(ROOT / "conf")
+    (ws / "params.yaml").write_text("x: 1\n")
+    monkeypatch.setenv("DVC_ROOT", str(ws))
+    stopped: list = []
+    monkeypatch.setattr(deploy_stage, "stop", lambda: stopped.append(1) or True)
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_run(ws, "benchmark", "a" * 64, owner=owner.pid)
+        monkeypatch.setattr(sys, "argv", ["deploy", "--stop"])
+        with pytest.raises(KernelcampError, match=f"not stopping the server: a pipeline run \\(dvc pid {owner.pid}, at "
+                           "stage benchmark.*or pass --force"):  # fmt: skip
+            deploy_stage.main()
+        assert not stopped
+        assert cli.main(["compose", "--root", str(ws)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: not writing {ws}/params.yaml: a pipeline run"), err
+        assert (ws / "params.yaml").read_text() == "x: 1\n"
+        # another output file is no run's input; --force stops the server
+        assert cli.main(["compose", "--root", str(ws), "-o", "other.yaml"]) == 0
+        monkeypatch.setattr(sys, "argv", ["deploy", "--stop", "--force"])
+        assert deploy_stage.main() == 0 and stopped == [1]
+    finally:
+        owner.kill()
+        owner.wait()
+    # the run is over (its owner gone): both go ahead
+    stopped.clear()
+    monkeypatch.setattr(sys, "argv", ["deploy", "--stop"])
+    assert deploy_stage.main() == 0 and stopped == [1]
+    assert cli.main(["compose", "--root", str(ws)]) == 0 and (ws / "params.yaml").read_text() != "x: 1\n"
+
+
+def test_compose_check_names_a_missing_file(tmp_path: Path, capsys) -> None:
+    from kernelcamp import cli
+
+    assert cli.main(["compose", "--root", str(ROOT), "--check", "-o", str(tmp_path / "none.yaml")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist" in err[0] and "differs" not in err[0], err
