@@ -39,3 +39,28 @@ def text_shown(text: str, url: str) -> str:
     """``text`` (an error's message) with every copy of ``url`` in it as :func:`url_shown` shows it. Raises
     nothing."""
     return text.replace(url, url_shown(url))
+
+
+#: What torch's allocators say when an allocation fails: ``DefaultCPUAllocator: can't allocate memory`` (or ``not
+#: enough memory``) on a CPU, ``torch.OutOfMemoryError``'s ``CUDA out of memory`` on a GPU.
+_OOM_WORDS = ("can't allocate memory", "not enough memory", "out of memory")
+
+
+def out_of_memory(e: BaseException) -> KernelcampError | None:
+    """A one-line ``KernelcampError`` for an allocation that failed (``MemoryError``, ``torch.OutOfMemoryError``,
+    or a ``RuntimeError`` of torch's CPU allocator), naming the request's size and the params that set it; None for
+    any other exception (which keeps its traceback: a bug). A cache of ``num_cache_tokens`` rows is the largest
+    allocation of a run (656 bytes a token for DeepSeek-V3.2's fp8 layout). Raises nothing."""
+    import re
+
+    text = str(e)
+    if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or (
+        isinstance(e, RuntimeError) and any(w in text for w in _OOM_WORDS)
+    )):  # fmt: skip
+        return None
+    m = re.search(r"tried to allocate ([0-9.]+ ?[A-Za-z]*)", text)
+    what = f"tried to allocate {m.group(1)}" if m else type(e).__name__
+    return KernelcampError(
+        f"out of memory ({what}): the run's shapes do not fit this machine; lower workload.num_cache_tokens "
+        "(server.num_cache_tokens, or server.cpu_cache_tokens for a server on a CPU) or the batch sizes"
+    )

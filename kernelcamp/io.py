@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from kernelcamp.errors import KernelcampError
+from kernelcamp.errors import KernelcampError, out_of_memory
 
 
 def _umask() -> int:
@@ -197,7 +197,8 @@ def same_process(pid: int | None, start_time: int | None) -> bool:
 
 
 def stage_main(fn: Callable[[], int | None]) -> None:
-    """Run a stage's ``main``: a ``KernelcampError`` becomes one ``error:`` line and exit status 2.
+    """Run a stage's ``main``: a ``KernelcampError`` becomes one ``error:`` line and exit status 2, and so does an
+    allocation the machine could not make (:func:`kernelcamp.errors.out_of_memory`).
 
     The stage dies with its parent (:func:`kernelcamp.signals.die_with_parent`)."""
     from kernelcamp.signals import die_with_parent
@@ -207,6 +208,12 @@ def stage_main(fn: Callable[[], int | None]) -> None:
         rc = fn()
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (MemoryError, RuntimeError) as e:  # an allocation too large for the machine is bad input, not a bug
+        oom = out_of_memory(e)
+        if oom is None:
+            raise
+        print(f"error: {oom}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print(f"error: {INTERRUPTED.format(sig='SIGINT')}", file=sys.stderr)

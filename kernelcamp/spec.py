@@ -112,6 +112,11 @@ class KernelSpec:
     dot_dtype: str = _f("bf16", choices=("bf16", "fp16"))
 
 
+#: The most cache tokens a run may name: top-k indices are int32 (the kernel's ``indices`` argument, as DeepSeek's
+#: sparse attention passes them), so a cache row beyond 2**31 - 1 cannot be addressed.
+MAX_CACHE_TOKENS = 2**31 - 1
+
+
 @dataclass(kw_only=True)
 class CpuModelSpec:
     num_layers: int = _f(ge=1, le=64)
@@ -125,7 +130,7 @@ class CpuWorkloadSpec:
     num_heads: int = _f(ge=1)
     topk: int = _f(ge=1)
     page_size: int = _f(ge=1)
-    num_cache_tokens: int = _f(ge=1)
+    num_cache_tokens: int = _f(ge=1, le=MAX_CACHE_TOKENS)
     batch_sizes: list[int] = _f(ge=1, unique=True, nonempty=True)
     model: CpuModelSpec = _f()
 
@@ -147,7 +152,7 @@ class WorkloadSpec:
     num_heads: int = _f(ge=1)
     topk: int = _f(ge=1)
     page_size: int = _f(ge=1)
-    num_cache_tokens: int = _f(ge=1)
+    num_cache_tokens: int = _f(ge=1, le=MAX_CACHE_TOKENS)
     batch_sizes: list[int] = _f(ge=1, unique=True, nonempty=True)
     cpu: CpuWorkloadSpec = _f()
     model: ModelSpec = _f()
@@ -166,8 +171,8 @@ class ServerSpec:
     engine_process: bool = _f(True)
     gc_freeze: bool = _f(True)
     max_context_tokens: int = _f(2048, ge=2)
-    num_cache_tokens: int | None = _f(None, ge=1)
-    cpu_cache_tokens: int = _f(16384, ge=1)
+    num_cache_tokens: int | None = _f(None, ge=1, le=MAX_CACHE_TOKENS)
+    cpu_cache_tokens: int = _f(16384, ge=1, le=MAX_CACHE_TOKENS)
     device: str | None = _f(None)
     max_connections: int = _f(256, ge=1)  # kernelcamp.serve.openai.MAX_CONNECTIONS
     body_timeout_s: float = _f(30.0, gt=0, le=MAX_SECONDS)  # kernelcamp.serve.openai.BODY_TIMEOUT_S

@@ -544,7 +544,10 @@ def conf_file_value(section: str, name: str) -> dict[str, Any] | None:
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
         return None
     path = conf_dir() / section / f"{name}.yaml"
-    if not path.is_file():
+    try:
+        if not path.is_file():
+            return None
+    except OSError:  # a name too long for a file name (ENAMETOOLONG): no such file
         return None
     data = yaml.safe_load(path.read_text()) or {}
     out: dict[str, Any] = {}

@@ -60,12 +60,24 @@ from kernelcamp.errors import KernelcampError, as_written
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
+#: The longest name: it becomes a file name (``conf/<group>/<name>.yaml``, a campaign folder), which most file
+#: systems cap at 255 bytes, and an MLflow run name; a 300-character variant name passed the spec and then
+#: failed the report's file lookup (ENAMETOOLONG).
+NAME_MAX_CHARS = 100
+
+
 def check_name(where: str, name: str) -> None:
-    """Raise ``KernelcampError`` naming ``where`` when ``name`` is not a :data:`NAME_RE` name."""
+    """Raise ``KernelcampError`` naming ``where`` when ``name`` is not a :data:`NAME_RE` name of at most
+    :data:`NAME_MAX_CHARS` characters."""
     if not NAME_RE.fullmatch(name):
         raise KernelcampError(
             f"{where} = {name!r}: a name is letters, digits and _ . + - (it names files, report headings "
             "and MLflow params); rename it"
+        )
+    if len(name) > NAME_MAX_CHARS:
+        raise KernelcampError(
+            f"{where} = {name[:40]!r}... ({len(name)} characters): a name is at most {NAME_MAX_CHARS} characters "
+            "(it names files); shorten it"
         )
 
 

@@ -286,6 +286,11 @@ def _bad_params(tmp_path: Path, kind: str) -> str:
         key, value = ("overlap_scheduling", "false") if kind == "overlap_string" else ("max_running_requests", "abc")
         params["server"][key] = value
         p.write_text(json.dumps(params))
+    elif kind == "huge_cache":
+        # a page pool of 2**31 - 1 tokens (1.25 TB) on this CPU: torch's allocator's traceback (helper audit B-F4)
+        params = load_params(ROOT / "params.yaml")
+        params["server"].update(cpu_cache_tokens=2**31 - 1, engine_process=False)
+        p.write_text(json.dumps(params))
     return str(p)
 
 
@@ -313,6 +318,7 @@ CLI_ROWS = [
     ("params_port_word", ["--params", "@bad_port"], "server.port"),
     ("params_overlap_string", ["--params", "@overlap_string"], "server.overlap_scheduling"),
     ("params_running_word", ["--params", "@running_word"], "server.max_running_requests"),
+    ("params_huge_cache", ["--params", "@huge_cache", "--device", "cpu"], "out of memory (tried to allocate"),
     ("api_key_empty", ["--fake", "chunk=1", "--api-key", ""], "--api-key"),
     ("unknown_option", ["--fake", "chunk=1", "--bogus"], "--bogus"),
 ]

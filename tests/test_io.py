@@ -114,3 +114,30 @@ def test_an_atomic_write_never_replaces_a_device_fifo_or_folder(tmp_path: Path) 
     write_text_atomic(tmp_path / "link.yaml", "new")  # a link (DVC's cache link) is replaced, never written into
     assert (tmp_path / "real.yaml").read_text() == "old" and (tmp_path / "link.yaml").read_text() == "new"
     assert not (tmp_path / "link.yaml").is_symlink()
+
+
+@pytest.mark.parametrize(
+    "body,want_rc,want",
+    [
+        # a cache too large for the machine (10**12 tokens): torch's allocator's RuntimeError was a traceback
+        ("import torch; torch.empty(2**62, dtype=torch.uint8)", 2, "error: out of memory (tried to allocate "
+         "4611686018427387904 bytes): the run's shapes do not fit this machine; lower workload.num_cache_tokens"),
+        ("raise MemoryError()", 2, "error: out of memory (MemoryError)"),
+        ("raise RuntimeError('a bug')", 1, "RuntimeError: a bug"),  # any other error keeps its traceback
+    ],
+)  # fmt: skip
+def test_an_allocation_the_machine_cannot_make_is_one_line(body: str, want_rc: int, want: str) -> None:
+    code = f"from kernelcamp.io import stage_main\ndef main():\n    {body}\nstage_main(main)\n"
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert r.returncode == want_rc, r.stderr
+    lines = r.stderr.strip().splitlines()
+    if want_rc == 2:
+        assert len(lines) == 1 and lines[0].startswith(want), r.stderr
+    else:
+        assert "Traceback" in r.stderr and lines[-1] == want, r.stderr

@@ -246,6 +246,11 @@ BAD = [
     ("variant.name", "evil\n\n# Decision: **faster**", r"variant\.name = 'evil\\n.*a name is letters, digits"),
     ("variant.name", "cost$\\frac$", r"variant\.name = 'cost\$\\\\frac\$': a name is letters"),
     ("server.name", "a b", r"server\.name = 'a b': a name is letters"),
+    # a 300-character name passed, then the report's conf lookup failed with ENAMETOOLONG (helper audit B-F3)
+    ("variant.name", "v" * 300, r"variant\.name = 'v{40}'\.\.\. \(300 characters\): a name is at most 100"),
+    # no upper bound: 10**12 tokens reached the allocator's traceback (helper audit B-F4); indices are int32
+    ("workload.num_cache_tokens", 10**12, r"workload\.num_cache_tokens = 1000000000000: must be <= 2147483647"),
+    ("server.cpu_cache_tokens", 2**31, r"server\.cpu_cache_tokens = 2147483648: must be <= 2147483647"),
     ("workload.name", "x|y", r"workload\.name = 'x\|y': a name is letters"),
     ("tracking.experiment", "a\nb", r"tracking\.experiment = 'a\\nb': holds a control character"),
     # a target name was read as a path (`/tmp/x` -> /tmp/x.yaml) and unknown ones failed only in build

@@ -460,3 +460,8 @@ def test_a_server_uri_with_a_password_is_reached_with_it_and_never_shown(monkeyp
         tracking.check_reachable(gone)
     assert "s3cret" not in str(e.value) and "\n" not in str(e.value)
     assert tracking.store_label(gone) == gone.replace("s3cret", "***")
+
+
+def test_a_name_too_long_for_a_file_has_no_conf_file() -> None:
+    """conf_file_value looked the name up as a file: a 300-character name raised ENAMETOOLONG (helper audit B-F3)."""
+    assert tracking.conf_file_value("variant", "v" * 300) is None

@@ -95,7 +95,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 
-from kernelcamp.errors import KernelcampError
+from kernelcamp.errors import KernelcampError, out_of_memory
 from kernelcamp.hashes import kernel_source_hash, server_flags, variant_hash
 from kernelcamp.serve import gcwatch
 from kernelcamp.serve.client import API_KEY_ENV, INFO_PATH, PROFILE_PATH, TRACE_PATH, client_url, exposure_warning
@@ -1191,6 +1191,12 @@ def main(args: argparse.Namespace) -> int:
                 app = make_app(state, key, args.trace_dir, body_timeout_s=body_timeout_s)
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except (MemoryError, RuntimeError) as e:  # a cache too large for the machine: one line, not a traceback
+        oom = out_of_memory(e)
+        if oom is None:
+            raise
+        print(f"error: {oom}", file=sys.stderr, flush=True)
         return 2
     if engine_uds is not None:
         return _run_engine_process(app, engine_uds, args.log_level)
