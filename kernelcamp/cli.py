@@ -88,7 +88,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     args = build_parser(argv[0]).parse_args(argv)
-    return int(args.main(args) or 0)
+    try:
+        return int(args.main(args) or 0)
+    except OSError as e:  # a path given on the command line the system refused (too long, a file for a folder, ...)
+        if e.filename is None or isinstance(e, BrokenPipeError):
+            raise
+        print(f"error: {_path_shown(e.filename)}: {e.strerror or e}; check the paths given", file=sys.stderr)
+        return 2
+
+
+def _path_shown(path: object, limit: int = 120) -> str:
+    """``path`` for a one-line message: a path longer than ``limit`` characters keeps its start and end."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-(limit // 3) :]} ({len(text)} characters)"
 
 
 def run() -> None:
@@ -96,7 +108,8 @@ def run() -> None:
     ends the output quietly instead of with a ``BrokenPipeError`` traceback."""
     try:
         rc = main()
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None when started with stdout closed (`kernelcamp loadgen ... >&-`)
+            sys.stdout.flush()
     except BrokenPipeError:
         import os
 

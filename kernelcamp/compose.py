@@ -93,6 +93,11 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> int:
     """``kernelcamp compose``: see the module docstring."""
+    root = Path(args.root)
+    if not root.is_dir() or not (root / ".dvc").is_dir():
+        what = "is not a folder" if not root.is_dir() else "holds no .dvc/ (not a DVC repo)"
+        print(f"error: --root {args.root} {what}: give the repo root, which holds .dvc/config", file=sys.stderr)
+        return 2
     try:
         text = compose_text(args.root, args.overrides)
     except KernelcampError as e:

@@ -108,3 +108,48 @@ def test_compose_bad_input_is_one_line_and_writes_nothing(argv, needle, capsys, 
     assert not (tmp_path / "no").exists()
     assert (tmp_path / "fifo").is_fifo() and (tmp_path / "link").is_symlink()
     assert (tmp_path / "target.yaml").read_text() == "x: 1\n"
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["compose", "--root", "@file"], "--root @file is not a folder"),  # NotADirectoryError traceback
+        (["compose", "--root", "@missing"], "--root @missing is not a folder"),  # blamed .dvc/config's Hydra setting
+        (["compose", "--root", "@empty"], "holds no .dvc/"),
+        (["inspect", "--variant", "v" * 300], "File name too long"),  # OSError traceback (ENAMETOOLONG)
+        (["campaign", "collect", "--repo", "@file", "exp", "@empty/out"], "@file: Not a directory"),
+    ],
+)
+def test_paths_the_system_refuses_are_one_line(argv, needle, capsys, tmp_path):
+    """Paths given on the command line that the file system refuses (a file for a folder, a name over 255 bytes)
+    ended in tracebacks (helper audit): every command now says which path, in one line, exit 2."""
+    from kernelcamp import cli
+
+    (tmp_path / "file").write_text("x\n")
+    (tmp_path / "empty").mkdir()
+    sub = {"@file": tmp_path / "file", "@missing": tmp_path / "missing", "@empty": tmp_path / "empty"}
+
+    def fill(a: str) -> str:
+        for k, v in sub.items():
+            a = a.replace(k, str(v))
+        return a
+
+    assert cli.main([fill(a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and fill(needle) in err[0], err
+    assert len(err[0]) < 400, err  # a long path is shortened
+
+
+def test_a_command_started_with_stdout_closed_ends_without_a_traceback():
+    """`kernelcamp compose --check >&-`: Python's sys.stdout is None, and the console script's final flush raised
+    AttributeError (helper audit: loadgen with stdout closed)."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "kernelcamp.cli", "compose", "--root", str(ROOT), "--check"],
+        stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1),
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
