@@ -631,6 +631,17 @@ def _detail_note(bench: Mapping[str, Any]) -> str:
     )
 
 
+def reused_note(bench: Mapping[str, Any], earlier: list[str]) -> str:
+    """The report's line for a report-only rerun: ``bench`` (benchmark.json) was already logged by the MLflow runs
+    ``earlier`` (ids, newest first), so this run is not a new measurement."""
+    ids = ", ".join(f"`{r}`" for r in earlier[:5]) + (f" and {len(earlier) - 5} more" if len(earlier) > 5 else "")
+    return (
+        f"> **Measurement reused.** This measurement (benchmark.json of {bench.get('measured_at')}, deploy "
+        f"`{bench.get('deploy_id')}`) was logged before by MLflow run(s) {ids}: this report re-renders it, it is no "
+        "new measurement (MLflow tag `measurement_reused`)."
+    )
+
+
 def render_markdown(
     data: Mapping[str, Any], plots: Mapping[str, str], threshold: float, plots_rel: str = "plots"
 ) -> str:

@@ -111,11 +111,21 @@ def main() -> int:
     tags["report_git_commit"], tags["report_git_dirty"] = tags["git_commit"], tags["git_dirty"]
     for k in ("git_commit", "git_dirty"):
         tags[k] = "" if bench.get(k) is None else bench[k]
+    # a report-only rerun (`dvc repro -f -s report`, a changed report threshold) logs the same measurement again:
+    # the run says so, and names the runs that logged it first (helper audit R4)
+    same = {"measured_at": str(bench.get("measured_at") or ""), "deploy_id": str(bench.get("deploy_id") or "")}
+    earlier = tracking.finished_runs_with(params, same)
+    tags["measurement_reused"] = bool(earlier)
+    tags["measurement_logged_by"] = ",".join(earlier[:5])
     with tempfile.TemporaryDirectory(prefix=".report.", dir=out.parent) as tmp:
         tmp = Path(tmp)
         plots = kr.make_plots(data, tmp / "plots", threshold)
         rel = os.path.relpath(plots_dst, out.parent)
-        (tmp / out.name).write_text(kr.render_markdown(data, plots, threshold, rel), encoding="utf-8")
+        text = kr.render_markdown(data, plots, threshold, rel)
+        if earlier:
+            title, _, rest = text.partition("\n")
+            text = f"{title}\n\n{kr.reused_note(bench, earlier)}\n{rest}"
+        (tmp / out.name).write_text(text, encoding="utf-8")
         write_json_atomic(tmp / metrics_dst.name, nest(head_metrics))
         store = tracking.store_label(tracking.tracking_uri(params))
         print(f"[report] rendered {out.name} and {len(plots)} plot(s); logging to {store}", flush=True)

@@ -313,6 +313,11 @@ def test_report_stage_writes_report_and_one_finished_run(tmp_path):
     r2 = subprocess.run(r.args, cwd=tmp_path, env=_env(tmp_path, {}), capture_output=True, text=True, timeout=300)
     assert r2.returncode == 0, r2.stderr
     first, second = sorted(c.search_runs([run.info.experiment_id]), key=lambda x: x.info.start_time)
+    # the rerun logged the same measurement again: it says so (helper audit R4)
+    assert first.data.tags["measurement_reused"] == "False" and first.data.tags["measurement_logged_by"] == ""
+    assert second.data.tags["measurement_reused"] == "True"
+    assert second.data.tags["measurement_logged_by"] == first.info.run_id
+    assert "**Measurement reused.**" in (tmp_path / "reports" / "report.md").read_text()
     paths = [_artifact_paths(c, x.info.run_id) for x in (first, second)]
     plots = {f"reports/plots/{p.name}" for p in (tmp_path / "reports" / "plots").iterdir()}
     assert plots and {"reports/report.md", "reports/metrics.json"} | plots <= paths[0]
