@@ -613,6 +613,23 @@ def profile_markdown(prof: Mapping[str, Any], top: int = 12) -> list[str]:
     return out
 
 
+def measured_line(bench: Mapping[str, Any]) -> str:
+    """The sentence naming what the kernel A/B ran, read from ``bench`` (benchmark.json), not from params: its shape,
+    the dtype of the kernel's dots and its rounds. A CPU run's differ from the params' GPU settings (the interpreter
+    cannot do bf16 dots, and runs small shapes), and a report that never named the dtype hid that (helper audit R6)."""
+    k = bench["kernel"]
+    shape = k.get("shape") or {}
+    dims = ", ".join(f"{name} {shape[key]}" for key, name in (("num_heads", "H"), ("topk", "top-k"), (
+        "page_size", "page size"), ("num_cache_tokens", "cache tokens")) if key in shape)  # fmt: skip
+    rounds = (k.get("overall") or {}).get("n_rounds")
+    cpu = " (CPU: the interpreter runs fp16 dots at these small shapes, whatever kernel.dot_dtype says)"
+    return (
+        f"Measured: {shape.get('layout', 'shape')} ({dims or 'shape not recorded'}), the kernel's dots in "
+        f"{k.get('dot_dtype') or 'an unrecorded dtype'}, {rounds if rounds is not None else 'an unrecorded number of'} "
+        f"rounds{cpu if is_cpu(bench) else ''}."
+    )
+
+
 def _detail_note(bench: Mapping[str, Any]) -> str:
     """The sentence on the per-batch-size and per-level decisions, with this run's counts of them."""
     n_batch = len(bench.get("kernel", {}).get("batch") or {})
@@ -691,6 +708,7 @@ def render_markdown(
             f"{'n/a' if hw is None else f'+-{100 * hw:.1f}%'} | {_f(c.get('tflops'))} | "
             f"{_f(c.get('gbps'))} | {_f(c.get('roofline_pct'))} |"
         )
+    out += ["", measured_line(bench)]
     roof = bench["kernel"].get("roofline")
     if roof and roof.get("gpu"):
         out += ["", roofline_note(roof)]

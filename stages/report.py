@@ -170,18 +170,32 @@ SHAPE_TAG_KEYS = (
 def measured_tags(bench: dict) -> dict[str, str]:
     """The tags that name what ``bench`` (benchmark.json) measured, read from its records: ``measured_batch_sizes``
     (the kernel A/B's batch sizes, ascending, comma-separated), ``measured_kernel_shape`` (its shape,
-    ``deepseek_v32 H=16 topk=2048 page_size=64 num_cache_tokens=262144``) and ``measured_concurrency`` (the serving
-    A/B's concurrency levels; "" when it was skipped). (The serving shapes follow the server's device, which may
-    differ from the kernel benchmark's: no tag names a params section for both.)"""
+    ``deepseek_v32 H=16 topk=2048 page_size=64 num_cache_tokens=262144``), ``measured_concurrency`` (the serving
+    A/B's concurrency levels; "" when it was skipped), ``measured_dot_dtype`` and ``measured_rounds`` (the kernel
+    A/B's) and ``measured_serving_plan`` (``max_tokens=8 warmup_s=1.0 ...``; "" when skipped). (The serving shapes
+    follow the server's device, which may differ from the kernel benchmark's: no tag names a params section for
+    both.)"""
     levels = sorted({int(lv["concurrency"]) for lv in (bench.get("serving") or {}).get("levels") or []})
     shape = bench["kernel"].get("shape") or {}
+    plan = (bench.get("serving") or {}).get("plan") or {}
     return {
         "measured_batch_sizes": ",".join(str(b) for b in sorted(int(b) for b in bench["kernel"]["batch"])),
         "measured_kernel_shape": " ".join(
             [str(shape.get("layout", "?"))] + [f"{name}={shape[k]}" for k, name in SHAPE_TAG_KEYS if k in shape]
         ),
         "measured_concurrency": ",".join(str(c) for c in levels),
+        # the dots' dtype and the rounds that ran: a CPU run's are not kernel.dot_dtype's and benchmark.kernel.rounds'
+        "measured_dot_dtype": str(bench["kernel"].get("dot_dtype") or ""),
+        "measured_rounds": str((bench["kernel"].get("overall") or {}).get("n_rounds") or ""),
+        # the serving load that ran (the CPU-scaled plan on a CPU: benchmark.serving.cpu_*), "" when it was skipped
+        "measured_serving_plan": " ".join(f"{k}={plan[k]}" for k in SERVING_PLAN_TAG_KEYS if plan.get(k) is not None)
+        if levels
+        else "",
     }
+
+
+#: benchmark.json's serving plan keys in the ``measured_serving_plan`` tag.
+SERVING_PLAN_TAG_KEYS = ("max_tokens", "warmup_s", "window_s", "repeats", "timeout_s")
 
 
 def _only(folder: Path, *names: str) -> Path:

@@ -164,6 +164,13 @@ def test_cpu_report_is_labelled_and_complete(tmp_path):
     assert md.startswith("# kernelcamp report: bt16_w8 [T16_H16_w8_s2_kauto] vs story_autotune [3 configs]\n")
     for needle in ("deploy id (benchmark)", "measured_at", "kernel source hash", "step_ms = ", "Attention's measured"):
         assert needle in md, needle
+    # what ran, from the record: the interpreter's fp16 dots at a small shape, not the params' GPU settings (R6)
+    assert "Measured: deepseek_v4 (H 16, top-k 64, page size 64, cache tokens 512), the kernel's dots in fp16, " in md
+    from stages.report import measured_tags
+
+    tags = measured_tags(data["benchmark"])
+    assert tags["measured_dot_dtype"] == "fp16" and tags["measured_rounds"] == "6"
+    assert tags["measured_serving_plan"].startswith("max_tokens=8 "), tags
     keys = set(kr.headline_metrics(data, 0.02))
     assert "cpu.kernel.ratio" in keys and "cpu.serving.candidate.output_tok_s" in keys
     assert not any(k.startswith(("kernel.", "serving.", "step_model.")) for k in keys)  # CPU timings: cpu.*
