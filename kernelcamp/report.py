@@ -622,11 +622,18 @@ def measured_line(bench: Mapping[str, Any]) -> str:
     dims = ", ".join(f"{name} {shape[key]}" for key, name in (("num_heads", "H"), ("topk", "top-k"), (
         "page_size", "page size"), ("num_cache_tokens", "cache tokens")) if key in shape)  # fmt: skip
     rounds = (k.get("overall") or {}).get("n_rounds")
+    sms = {r[side].get("num_sms") for r in (k.get("batch") or {}).values() for side in ("baseline", "candidate")}
+    sms.discard(None)
+    splits = (
+        f' The splits column is split-K as launched ("auto" resolved for {", ".join(map(str, sorted(sms)))} SMs).'
+        if sms
+        else ""
+    )
     cpu = " (CPU: the interpreter runs fp16 dots at these small shapes, whatever kernel.dot_dtype says)"
     return (
         f"Measured: {shape.get('layout', 'shape')} ({dims or 'shape not recorded'}), the kernel's dots in "
         f"{k.get('dot_dtype') or 'an unrecorded dtype'}, {rounds if rounds is not None else 'an unrecorded number of'} "
-        f"rounds{cpu if is_cpu(bench) else ''}."
+        f"rounds{cpu if is_cpu(bench) else ''}.{splits}"
     )
 
 
@@ -692,8 +699,8 @@ def render_markdown(
         out += [f"![kernel latency]({plots_rel}/{plots['kernel_latency']})", ""]
     out += [
         "| batch | device | baseline p50 us | candidate p50 us | ratio | CI | decision | resolution | "
-        "cand. TFLOP/s | cand. GB/s | cand. roofline % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "cand. TFLOP/s | cand. GB/s | cand. roofline % | splits (base/cand.) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for b in sorted(bench["kernel"]["batch"], key=int):
         r = bench["kernel"]["batch"][b]
@@ -706,7 +713,8 @@ def render_markdown(
             f"{_f(c['latency_us_p50'])} | {_f(ab.get('ratio'), '.4f')} | "
             f"[{_f(ab.get('ci_lo'), '.4f')}, {_f(ab.get('ci_hi'), '.4f')}] | {dec} | "
             f"{'n/a' if hw is None else f'+-{100 * hw:.1f}%'} | {_f(c.get('tflops'))} | "
-            f"{_f(c.get('gbps'))} | {_f(c.get('roofline_pct'))} |"
+            f"{_f(c.get('gbps'))} | {_f(c.get('roofline_pct'))} | "
+            f"{_f(r['baseline'].get('num_splits_ran'), 'd')}/{_f(c.get('num_splits_ran'), 'd')} |"
         )
     out += ["", measured_line(bench)]
     roof = bench["kernel"].get("roofline")

@@ -288,6 +288,10 @@ def test_the_kernel_ab_runs_the_commits_kernel_against_the_working_trees(tmp_pat
         print(json.dumps({
             "kernels": kernel["kernels"], "notes": notes, "hashes": spec.hashes(),
             "source": {n: m.SOURCE for n, m in ran.items()}, "calls": {n: len(m.CALLS) for n, m in ran.items()},
+            "splits": {n: [kernel["batch"]["1"][n][k] for k in ("config_ran", "num_splits_ran", "num_sms")]
+                       for n in ("baseline", "candidate")},
+            "configs": {n: [c.num_splits for c in v.configs] for n, v in (("baseline", spec.baseline),
+                        ("candidate", spec.variant))},
         }))
         """
     )
@@ -307,6 +311,16 @@ def test_the_kernel_ab_runs_the_commits_kernel_against_the_working_trees(tmp_pat
     assert got["notes"]["baseline"]["kernel_rev"] == sha and got["notes"]["candidate"]["kernel_rev"] is None
     assert got["notes"]["baseline"]["kernel_source_hash"] == base["source_hash"]
     assert (ws / ".kernelcamp" / "kernel_revs" / f"{base['module']}.py").read_bytes() == committed
+    # split-K as launched ("auto" resolved with the launcher's SM count: the default 132 on a CPU), recorded per
+    # batch size beside the config's label, which says only "kauto" (helper audit R7)
+    from kernels.sparse_mla_decode import DEFAULT_NUM_SMS, resolve_num_splits
+
+    heads = yaml.safe_load((ROOT / "params.yaml").read_text())["workload"]["cpu"]["num_heads"]
+    for n, (label, splits, sms) in got["splits"].items():
+        assert label and sms == DEFAULT_NUM_SMS, got["splits"]
+        ns = got["configs"][n][0]
+        bt, bh = (int(x[1:]) for x in label.split("_")[:2])  # T<BLOCK_T>_H<BLOCK_H>_...
+        assert splits == resolve_num_splits(ns, 1, heads, 32, bh, bt), (n, label, splits)
 
 
 def test_a_kernel_that_ran_another_source_than_the_params_say_is_not_recorded() -> None:

@@ -133,6 +133,15 @@ def run_batch_sizes(params: dict, device: str) -> list[int]:
     )
 
 
+def _splits_ran(module: Any, cfg: Any, B: int, shape: dict, num_sms: int | None) -> int | None:
+    """The split-K factor ``module`` launched ``cfg`` with at batch ``B`` (its ``resolve_num_splits``, as its
+    launcher calls it), or None where the module has no such function, no config ran or the SM count is unknown."""
+    resolve = getattr(module, "resolve_num_splits", None)
+    if resolve is None or cfg is None or num_sms is None or not hasattr(cfg, "num_splits"):
+        return None
+    return int(resolve(cfg.num_splits, B, shape["num_heads"], shape["topk"], cfg.BLOCK_H, cfg.BLOCK_T, num_sms))
+
+
 def dot_dtype(params: dict, device: str) -> str:
     """kernel.dot_dtype on a GPU; fp16 in the interpreter (it cannot do bf16 dots: DESIGN.md)."""
     return params["kernel"].get("dot_dtype", "bf16") if device == "cuda" else "fp16"
@@ -213,6 +222,13 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
     modules = impl_kernels(params, variants)
     launchers = {name: modules[name].SparseMLADecode(v, dot_dtype=dot) for name, v in variants.items()}
     batch_sizes = run_batch_sizes(params, device)
+    # the SM count the launchers resolve "auto" splits with (the kernel module's _num_sms: the GPU's, or its
+    # default on a CPU)
+    num_sms = (
+        torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        if gpu
+        else getattr(k, "DEFAULT_NUM_SMS", None)
+    )
     log(
         f"batch sizes {batch_sizes}: H={shape['num_heads']} topk={shape['topk']} on {device}; rounds "
         f"{plan.min_rounds}..{plan.max_rounds}, looks at {plan.looks} (each at {plan.confidence_per_look:.2%}"
@@ -289,12 +305,17 @@ def kernel_level(params: dict, variants: dict, device: str, log=_log) -> tuple[l
             s = timing.summarize([g["latency_us"] for g in got if g["impl"] == name and g["batch"] == B])
             t = s["latency_us_p50"] * 1e-6
             cfg = configs.get((B, name))
+            splits = _splits_ran(modules[name], cfg, B, shape, num_sms)
             res[name] = {
                 **s,
                 "tflops": fl / t / 1e12,
                 "gbps": by / t / 1e9,
                 "roofline_pct": roofline_pct(by, fl, t, peaks) if peaks else None,
                 "config_ran": cfg.label() if cfg else None,
+                # split-K as launched: "auto" resolves from B and the SM count of the GPU that ran (or
+                # benchmark.run_as_target's), so the label alone did not say how many splits ran (helper audit R7)
+                "num_splits_ran": splits,
+                "num_sms": num_sms if splits is not None else None,
             }
         base = [g["latency_us"] for g in got if g["impl"] == "baseline" and g["batch"] == B]
         cand = [g["latency_us"] for g in got if g["impl"] == "candidate" and g["batch"] == B]
