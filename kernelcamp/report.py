@@ -778,6 +778,8 @@ def render_markdown(
         ("deploy id (benchmark)", bench.get("deploy_id")),
         ("deploy id (verify)", verify.get("deploy_id")),
         ("deploy url", deploy.get("url")),
+        # a deploy that found the same server running reused it: the server then started before this run (R8)
+        ("candidate server", _server_origin(deploy)),
         ("kernel source hash (candidate: the working tree's file)", bench.get("kernel_source_hash")),
         ("baseline kernel rev (null: the working tree's file)", bench.get("baseline_kernel_rev")),
         ("baseline kernel source hash", bench.get("baseline_kernel_source_hash")),
@@ -787,6 +789,22 @@ def render_markdown(
     if verify.get("deploy_id") != bench.get("deploy_id"):
         out += ["", "**Warning: benchmark and verify measured different deploys.**"]
     return "\n".join(out) + "\n"
+
+
+def _server_origin(deploy: Mapping[str, Any]) -> str:
+    """Whether the deploy started the candidate's server or reused one already running (deploy.json's ``reused``),
+    with the server's start time where its info gives one."""
+    started = (deploy.get("server_info") or {}).get("started_at")  # the server's time.time() at its start
+    if isinstance(started, (int, float)) and not isinstance(started, bool):
+        import datetime
+
+        started = datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    since = f", running since {started}" if started else ""
+    if deploy.get("reused") is True:
+        return f"reused: an earlier deploy's server with the same variant and flags{since}"
+    if deploy.get("reused") is False:
+        return f"started by this run's deploy{since}"
+    return "not recorded"
 
 
 def roofline_note(roof: dict) -> str:

@@ -164,6 +164,8 @@ def test_cpu_report_is_labelled_and_complete(tmp_path):
     assert md.startswith("# kernelcamp report: bt16_w8 [T16_H16_w8_s2_kauto] vs story_autotune [3 configs]\n")
     for needle in ("deploy id (benchmark)", "measured_at", "kernel source hash", "step_ms = ", "Attention's measured"):
         assert needle in md, needle
+    # whether the deploy started the candidate's server or reused a running one (helper audit R8)
+    assert "| candidate server | started by this run's deploy, running since 2026-11-29T" in md
     # what ran, from the record: the interpreter's fp16 dots at a small shape, not the params' GPU settings (R6)
     assert "Measured: deepseek_v4 (H 16, top-k 64, page size 64, cache tokens 512), the kernel's dots in fp16, " in md
     from stages.report import measured_tags
