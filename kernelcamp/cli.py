@@ -46,8 +46,12 @@ COMMANDS = {
 class UsageParser(argparse.ArgumentParser):
     """argparse whose usage errors are one ``error: ...`` line on stderr and exit status 2."""
 
+    #: The help to point to: the command's (``kernelcamp inspect --help``) where the top parser reports an error of
+    #: the command's arguments (an unknown option is reported by it); else this parser's own.
+    help_hint: str | None = None
+
     def error(self, message: str):  # noqa: D102 - argparse's hook
-        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr, flush=True)
+        print(f"error: {message} (see `{self.help_hint or self.prog + ' --help'}`)", file=sys.stderr, flush=True)
         raise SystemExit(2)
 
 
@@ -61,6 +65,7 @@ def _usage() -> str:
 def build_parser(command: str) -> argparse.ArgumentParser:
     """The ``kernelcamp`` parser with ``command``'s subparser (its module imported, no other)."""
     ap = UsageParser(prog="kernelcamp")
+    ap.help_hint = f"kernelcamp {command} --help"
     sub = ap.add_subparsers(dest="command", metavar="<command>", required=True)
     importlib.import_module(COMMANDS[command][0]).build_parser(sub)
     return ap

@@ -319,6 +319,9 @@ CLI_ROWS = [
     ("params_overlap_string", ["--params", "@overlap_string"], "server.overlap_scheduling"),
     ("params_running_word", ["--params", "@running_word"], "server.max_running_requests"),
     ("params_huge_cache", ["--params", "@huge_cache", "--device", "cpu"], "out of memory (tried to allocate"),
+    # a host that is no address of this machine: the message blamed the port ("pass --port")
+    ("host_unresolvable", ["--fake", "chunk=1", "--host", "no-such-host.invalid"], "pass --host"),
+    ("host_not_ours", ["--fake", "chunk=1", "--host", "192.0.2.1"], "pass --host"),
     ("api_key_empty", ["--fake", "chunk=1", "--api-key", ""], "--api-key"),
     ("unknown_option", ["--fake", "chunk=1", "--bogus"], "--bogus"),
 ]

@@ -153,3 +153,14 @@ def test_a_command_started_with_stdout_closed_ends_without_a_traceback():
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_an_unknown_option_points_to_the_commands_help(capsys):
+    """`kernelcamp inspect --bogus` pointed to `kernelcamp --help`, which does not list inspect's options."""
+    from kernelcamp import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["inspect", "--bogus"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: unrecognized arguments: --bogus (see `kernelcamp inspect --help`)"], err

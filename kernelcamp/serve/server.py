@@ -1154,10 +1154,7 @@ def main(args: argparse.Namespace) -> int:
         max_connections = int(server.get("max_connections", MAX_CONNECTIONS))
         busy = None if engine_uds else _bind_error(host, port)  # before the model is built and any URL printed
         if busy:
-            raise KernelcampError(
-                f"cannot listen on {host}:{port}: {busy}; pass --port, or stop the server holding it "
-                "(`python -m stages.deploy --stop` for this workspace's)"
-            )
+            raise KernelcampError(f"cannot listen on {host}:{port}: {busy[0]}; {busy[1]}")
         if spec is not None:
             if args.never_ready:
                 spec.never_ready = True
@@ -1261,21 +1258,29 @@ def _run_engine_process(app: FastAPI, uds: str, log_level: str) -> int:
     return 0 if srv.started else 1
 
 
-def _bind_error(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be listened on now (e.g. "[Errno 98] Address already in use"), or None."""
+def _bind_error(host: str, port: int) -> tuple[str, str] | None:
+    """Why ``host:port`` cannot be listened on now, or None: ``(reason, what to do)``. A host that does not resolve,
+    or is no address of this machine, is the host's fault (the message blamed the port: "pass --port"); a port in
+    use ("[Errno 98] Address already in use") or refused is the port's."""
+    import errno
     import socket
 
+    host_fix = f"pass --host with an address of this machine (127.0.0.1 for this machine only), not {host!r}"
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as e:
-        return str(e)
+        return str(e), host_fix
     family, kind, proto, _, addr = infos[0]
     with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no obstacle
         try:
             s.bind(addr)
         except OSError as e:
-            return str(e)
+            if e.errno == errno.EADDRNOTAVAIL:
+                return str(e), host_fix
+            return str(e), (
+                "pass --port, or stop the server holding it (`python -m stages.deploy --stop` for this workspace's)"
+            )
     return None
 
 
