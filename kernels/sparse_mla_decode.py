@@ -1122,7 +1122,13 @@ def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2):
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WS16_BLOCK_H, 16]
     )
     m_i = gl.full([WS16_BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
-    l_i = gl.zeros([WS16_BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
+    # step "lsum16": the softmax denominator is kept as this thread's own partial sums, l_acc [64 tokens, 16 heads] in
+    # the S^T layout (8 values a thread), and summed over the tokens once, after the loop. Tokens are on wgmma's M
+    # here, so a sum over them crosses lanes (3 shuffle rounds) and warps (shared memory and a barrier): the per-slot
+    # gl.sum(p, 0) it replaces was one of the loop's two such reductions (Nsight Compute at TP8 B=128, H100: about a
+    # quarter of the consumer's stall samples in their shuffle, add and max chains). The same sum: every thread scales
+    # its partial sums by the same alpha, the per-head factor of the (still reduced) running max
+    l_acc = gl.zeros([WS16_BLOCK_T, WS16_BLOCK_H], gl.float32, layout=acc_l)
     acc_lo = gl.zeros([256, WS16_BLOCK_H], gl.float32, layout=acc_l)
     acc_hi = gl.zeros([256, WS16_BLOCK_H], gl.float32, layout=acc_l)
     zero_s = gl.zeros([WS16_BLOCK_T, WS16_BLOCK_H], gl.float32, layout=acc_l)
@@ -1141,7 +1147,7 @@ def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2):
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep p = 0, no NaN
         alpha = gl.exp2(m_i - m_safe)
         p = gl.exp2(s - m_safe[None, :])
-        l_i = l_i * alpha + gl.sum(p, 0)
+        l_acc = l_acc * alpha[None, :] + p
         m_i = m_new
         acc_lo = acc_lo * alpha[None, :]
         acc_hi = acc_hi * alpha[None, :]
@@ -1154,6 +1160,7 @@ def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2):
         gl.thread_barrier()  # every warp's wgmma reads of the tile (and of P^T) are done before the one-thread arrive
         mbarrier.arrive(k_empty.index(slot), count=1)
 
+    l_i = gl.sum(l_acc, 0)
     has = l_i > 0.0
     inv_l = (1.0 / gl.where(has, l_i, 1.0))[None, :]
     # O^T [256 columns, 16 heads] a half, stored from the accumulator layout (a conversion to whole-column rows would
