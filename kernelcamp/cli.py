@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: command -> (module, one-line help). The order is the order of ``kernelcamp --help``.
@@ -98,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a path given on the command line the system refused (too long, a file for a folder, ...)
         if e.filename is None or isinstance(e, BrokenPipeError):
             raise
-        print(f"error: {_path_shown(e.filename)}: {e.strerror or e}; check the paths given", file=sys.stderr)
+        # a program the command runs (git, dvc) that is not installed fails the same way, named without a folder
+        hint = "check the paths given" if os.sep in str(e.filename) else "a path given, or a program not installed"
+        print(f"error: {_path_shown(e.filename)}: {e.strerror or e}; {hint}", file=sys.stderr)
         return 2
 
 

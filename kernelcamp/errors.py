@@ -58,7 +58,9 @@ def out_of_memory(e: BaseException) -> KernelcampError | None:
         isinstance(e, RuntimeError) and any(w in text for w in _OOM_WORDS)
     )):  # fmt: skip
         return None
-    m = re.search(r"tried to allocate ([0-9.]+ ?[A-Za-z]*)", text)
+    m = re.search(
+        r"tried to allocate ([0-9.]+ ?[A-Za-z]*)", text, re.IGNORECASE
+    )  # CUDA's: "Tried to allocate 2.00 GiB"
     what = f"tried to allocate {m.group(1)}" if m else type(e).__name__
     return KernelcampError(
         f"out of memory ({what}): the run's shapes do not fit this machine; lower workload.num_cache_tokens "

@@ -208,7 +208,9 @@ def refuse_during_run(root: Path, action: str, server: bool = False, override: s
     mine = run_owner()
     for path in paths:
         cur = live_claim(path)
-        if cur is not None and cur.get("owner_pid") != mine:
+        # the tree's claim file is also the workspace server folder's: a queued experiment (its own copy of the
+        # tree) holds it while it deploys there, but reads its own copy's params.yaml, not this tree's
+        if cur is not None and cur.get("owner_pid") != mine and (server or cur.get("tree") in (None, str(root))):
             raise KernelcampError(
                 f"{action}: a pipeline run (dvc pid {cur['owner_pid']}, at stage {cur.get('stage')}, in "
                 f"{cur.get('tree')}) is using this workspace{' and its server' if server else ''}; wait for it to "

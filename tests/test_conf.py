@@ -164,3 +164,17 @@ def test_an_unknown_option_points_to_the_commands_help(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: unrecognized arguments: --bogus (see `kernelcamp inspect --help`)"], err
+
+
+def test_a_program_not_installed_is_not_blamed_on_the_paths(capsys, monkeypatch):
+    """A command that runs git or dvc where it is not installed: FileNotFoundError names the program, and the line
+    said "check the paths given" (helper-52)."""
+    from kernelcamp import cli, compose
+
+    def no_git(args):
+        raise FileNotFoundError(2, "No such file or directory", "git")
+
+    monkeypatch.setattr(compose, "main", no_git)
+    assert cli.main(["compose"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: git: No such file or directory; a path given, or a program not installed"], err

@@ -141,8 +141,9 @@ def test_type_checking_imports_are_not_run_time_imports(tmp_path: Path) -> None:
 
 
 def stage_closure(stage_file: Path) -> set[str]:
-    """The ``kernelcamp`` modules a stage script runs: its imports, theirs (lazy ones too), and the packages above
-    each (their ``__init__`` runs first)."""
+    """The ``kernelcamp`` modules a stage script runs: its imports, theirs (lazy ones too), the modules they start
+    as processes (:func:`launched_modules`: the deploy's server), and the packages above each (their ``__init__``
+    runs first)."""
     graph = package_graph()
     seen: set[str] = set()
     todo = [m for imp in runtime_imports(stage_file) for m in _known(imp, graph)]
@@ -150,8 +151,34 @@ def stage_closure(stage_file: Path) -> set[str]:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
-            todo += graph[m]
+            todo += sorted(graph[m]) + sorted((launched_modules(ROOT / _module_file(m)) | _by_name(m)) & set(graph))
     return seen | {".".join(m.split(".")[:n]) for m in seen for n in range(1, m.count(".") + 1)}
+
+
+def _by_name(module: str) -> set[str]:
+    """The modules ``module`` imports by name at run time (``importlib.import_module``), unseen by an import walk:
+    the deploy kinds of ``kernelcamp.deploy.KINDS``."""
+    if module != "kernelcamp.deploy":
+        return set()
+    from kernelcamp.deploy import KINDS
+
+    return set(KINDS.values())
+
+
+def launched_modules(path: Path) -> set[str]:
+    """The ``kernelcamp`` modules ``path`` starts as a process, written ``"-m", "kernelcamp...."`` in an argument
+    list; for ``kernelcamp.cli`` also the module of the command that follows (``"serve"``: kernelcamp.serve.server,
+    which the CLI imports by name, unseen by an import walk)."""
+    import re
+
+    from kernelcamp.cli import COMMANDS
+
+    found = set()
+    for m in re.finditer(r'"-m",\s*"(kernelcamp(?:\.\w+)*)"(?:,\s*"(\w+)")?', path.read_text()):
+        found.add(m.group(1))
+        if m.group(1) == "kernelcamp.cli" and m.group(2) in COMMANDS:
+            found.add(COMMANDS[m.group(2)][0])
+    return found
 
 
 def _known(imp: str, graph: dict[str, set[str]]) -> list[str]:
@@ -183,3 +210,6 @@ def test_every_dvc_stage_depends_on_the_code_it_runs() -> None:
             missing[name] = lacking
     assert not missing, f"dvc.yaml: stages lack deps on modules they import: {missing}"
     assert "kernelcamp.metrics" in stage_closure(ROOT / "stages" / "report.py")  # the walk follows the imports
+    # and the processes they start: the deploy stage's server runs `python -m kernelcamp.cli serve`, whose cli.py was
+    # in no deps of deploy (nor in the server code hash built from them)
+    assert {"kernelcamp.cli", "kernelcamp.serve.server"} <= stage_closure(ROOT / "stages" / "deploy.py")

@@ -141,3 +141,11 @@ def test_an_allocation_the_machine_cannot_make_is_one_line(body: str, want_rc: i
         assert len(lines) == 1 and lines[0].startswith(want), r.stderr
     else:
         assert "Traceback" in r.stderr and lines[-1] == want, r.stderr
+
+
+def test_a_gpu_out_of_memory_names_the_request() -> None:
+    """CUDA's message says "Tried to allocate" (capital T): the size was left out (helper-52)."""
+    from kernelcamp.errors import out_of_memory
+
+    e = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB")
+    assert "(tried to allocate 2.00 GiB)" in str(out_of_memory(e))

@@ -745,6 +745,19 @@ def test_a_live_runs_server_and_params_are_left_alone(tmp_path: Path, monkeypatc
     finally:
         owner.kill()
         owner.wait()
+    # a queued experiment (its own copy of the tree) holds the workspace's server folder, whose claim file is the
+    # workspace's: the server is refused, but the workspace's params.yaml is not that run's (helper-52)
+    queued = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_run(tmp_path / "copy", "deploy", "b" * 64, owner=queued.pid)
+        monkeypatch.setattr(sys, "argv", ["deploy", "--stop"])
+        with pytest.raises(KernelcampError, match="not stopping the server"):
+            deploy_stage.main()
+        assert cli.main(["compose", "--root", str(ws)]) == 0
+    finally:
+        queued.kill()
+        queued.wait()
+    (ws / "params.yaml").write_text("x: 1\n")
     # the run is over (its owner gone): both go ahead
     stopped.clear()
     monkeypatch.setattr(sys, "argv", ["deploy", "--stop"])
@@ -758,3 +771,25 @@ def test_compose_check_names_a_missing_file(tmp_path: Path, capsys) -> None:
     assert cli.main(["compose", "--root", str(ROOT), "--check", "-o", str(tmp_path / "none.yaml")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0] and "differs" not in err[0], err
+
+
+def test_a_refused_stop_records_no_failed_deploy(tmp_path: Path, monkeypatch) -> None:
+    """`make clean-server` refused under a live run ran inside the deploy stage's failure recording: the store got a
+    FAILED "deploy" run with the live run's params, as if its deploy had failed while it benchmarked (helper-52)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    env = {**os.environ, "DVC_ROOT": str(ws), "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    monkeypatch.setenv("DVC_ROOT", str(ws))
+    try:
+        claim_run(ws, "benchmark", "a" * 64, owner=owner.pid)
+        r = subprocess.run(
+            [sys.executable, "-m", "stages.deploy", "--stop"], cwd=ROOT, env=env, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        owner.kill()
+        owner.wait()
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: not stopping the server"), r.stderr
+    assert not (ws / "mlflow.db").exists(), "the refusal opened the tracking store"
