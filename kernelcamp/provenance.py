@@ -49,6 +49,20 @@ def pipeline_outputs(root: str | os.PathLike = ".") -> set[str]:
     return out
 
 
+def pipeline_deps(root: str | os.PathLike = ".") -> set[str]:
+    """Paths (relative to ``root``) of every ``deps`` entry of ``root/dvc.yaml``'s stages: the code and data a run
+    reads. Empty when there is no readable dvc.yaml."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load((Path(root) / "dvc.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return set()
+    return {
+        d for stage in (doc.get("stages") or {}).values() for d in (stage or {}).get("deps") or [] if isinstance(d, str)
+    }
+
+
 def git_info(root: str | os.PathLike = ".") -> dict[str, Any]:
     """``{"git_commit": sha or None, "git_dirty": bool or None}`` for the DVC project at ``root`` (its dvc.yaml
     there; the git repo may be ``root`` or a folder above it).
@@ -56,8 +70,9 @@ def git_info(root: str | os.PathLike = ".") -> dict[str, Any]:
     Dirty: a file git tracks (at HEAD or in the index) differs from HEAD, in the index or the working
     tree, other than the run's own files (:data:`RUN_FILES`) and the pipeline's outputs
     (:func:`pipeline_outputs`). ``dvc exp run`` stages the outputs it writes (``git add``) while the
-    pipeline runs, so counting them made every run in a clean checkout read dirty. Untracked files do
-    not count. None for both when git cannot answer (no repo, no git)."""
+    pipeline runs, so counting them made every run in a clean checkout read dirty. An untracked file counts
+    only under a stage's ``deps`` (:func:`pipeline_deps`: a new kernel file in kernels/ ran, and is in no
+    commit), not elsewhere. None for both when git cannot answer (no repo, no git)."""
     try:
         r = subprocess.run(
             ["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
@@ -73,11 +88,29 @@ def git_info(root: str | os.PathLike = ".") -> dict[str, Any]:
         top = subprocess.run(
             ["git", "rev-parse", "--show-prefix"], cwd=root, capture_output=True, text=True, timeout=10
         ).stdout.strip()
+        deps = sorted(pipeline_deps(root))
+        untracked = (
+            subprocess.run(
+                ["git", "ls-files", "--others", "--exclude-standard", "-z", "--", *deps],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
+            if deps
+            else ""
+        )
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": None, "git_dirty": None}
     ignore = {top + p for p in (*RUN_FILES, *pipeline_outputs(root))}
+
+    def counts(p: str) -> bool:
+        return p not in ignore and not any(p.startswith(i.rstrip("/") + "/") for i in ignore)
+
     changed = [e[3:] for e in st.stdout.split("\0") if len(e) > 3]
-    dirty = any(p not in ignore and not any(p.startswith(i.rstrip("/") + "/") for i in ignore) for p in changed)
+    # ls-files names paths relative to root; the status, relative to the repo's top
+    new = [top + p for p in untracked.split("\0") if p]
+    dirty = any(counts(p) for p in changed) or any(counts(p) for p in new)
     return {"git_commit": sha, "git_dirty": dirty if sha else None}
 
 

@@ -64,3 +64,28 @@ def test_a_changed_or_staged_source_is_dirty(tmp_path: Path) -> None:
     assert git_info(repo)["git_dirty"] is False  # untracked: not part of any record
     _git(repo, "add", "src/new.py")
     assert git_info(repo)["git_dirty"] is True
+
+
+def test_an_untracked_file_a_stage_depends_on_is_dirty(tmp_path: Path) -> None:
+    """A new kernel file in kernels/ that a run imported but nobody committed: git_dirty said false, though the code
+    that ran is in no commit (helper audit R2). An untracked file under a stage's deps now counts; one elsewhere and
+    a stage's outputs do not."""
+    repo = _repo(tmp_path)
+    (repo / "dvc.yaml").write_text(
+        DVC_YAML.replace("    cmd: python bench.py\n", "    cmd: python bench.py\n    deps: [src]\n")
+    )
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "deps")
+    (repo / "notes.txt").write_text("not a dependency\n")
+    (repo / "reports").mkdir()
+    (repo / "reports" / "bench.json").write_text("{}\n")
+    assert git_info(repo)["git_dirty"] is False
+    (repo / "src" / "new_kernel.py").write_text("y = 1\n")
+    assert git_info(repo)["git_dirty"] is True
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "add", ".gitignore")
+    (repo / "src" / "new_kernel.py").unlink()
+    (repo / "src" / "__pycache__").mkdir()
+    (repo / "src" / "__pycache__" / "kernel.pyc").write_bytes(b"x")
+    assert git_info(repo)["git_dirty"] is True  # .gitignore is staged: a tracked change
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "ignore")
+    assert git_info(repo)["git_dirty"] is False  # ignored files never count
