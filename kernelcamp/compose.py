@@ -103,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    path = Path(args.root) / args.out
+    path = root / args.out
     if args.check:
         if not path.is_file():
             print(
@@ -121,9 +121,9 @@ def main(args: argparse.Namespace) -> int:
     from kernelcamp.io import write_text_atomic
     from kernelcamp.runlock import refuse_during_run
 
-    if path.resolve() == (Path(args.root) / "params.yaml").resolve():
+    if path.resolve() == (root / "params.yaml").resolve():
         try:  # the run's later stages would read these params and stop, or a failure record them
-            refuse_during_run(Path(args.root).resolve(), f"not writing {path}")
+            refuse_during_run(root.resolve(), f"not writing {path}")
         except KernelcampError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -32,9 +32,9 @@ def sha256_file(path: str | os.PathLike) -> str:
 RUN_FILES = ("dvc.lock", "params.yaml")
 
 
-def pipeline_outputs(root: str | os.PathLike = ".") -> set[str]:
-    """Paths (relative to ``root``) of every ``outs``, ``metrics`` and ``plots`` entry of ``root/dvc.yaml``'s
-    stages: what a run writes. Empty when there is no readable dvc.yaml."""
+def _stage_entries(root: str | os.PathLike, kinds: tuple[str, ...]) -> set[str]:
+    """Paths (relative to ``root``) of every entry of ``kinds`` (``outs``, ``deps``, ...) of ``root/dvc.yaml``'s
+    stages. Empty when there is no readable dvc.yaml."""
     import yaml
 
     try:
@@ -43,24 +43,22 @@ def pipeline_outputs(root: str | os.PathLike = ".") -> set[str]:
         return set()
     out: set[str] = set()
     for stage in (doc.get("stages") or {}).values():
-        for kind in ("outs", "metrics", "plots"):
+        for kind in kinds:
             for entry in (stage or {}).get(kind) or []:
                 out.update([entry] if isinstance(entry, str) else list(entry) if isinstance(entry, dict) else [])
     return out
 
 
+def pipeline_outputs(root: str | os.PathLike = ".") -> set[str]:
+    """Paths (relative to ``root``) of every ``outs``, ``metrics`` and ``plots`` entry of ``root/dvc.yaml``'s
+    stages: what a run writes. Empty when there is no readable dvc.yaml."""
+    return _stage_entries(root, ("outs", "metrics", "plots"))
+
+
 def pipeline_deps(root: str | os.PathLike = ".") -> set[str]:
     """Paths (relative to ``root``) of every ``deps`` entry of ``root/dvc.yaml``'s stages: the code and data a run
     reads. Empty when there is no readable dvc.yaml."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load((Path(root) / "dvc.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return set()
-    return {
-        d for stage in (doc.get("stages") or {}).values() for d in (stage or {}).get("deps") or [] if isinstance(d, str)
-    }
+    return _stage_entries(root, ("deps",))
 
 
 def git_info(root: str | os.PathLike = ".") -> dict[str, Any]:

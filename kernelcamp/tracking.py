@@ -377,10 +377,10 @@ def finished_runs_with(params: Mapping[str, Any], tags: Mapping[str, str], limit
     rerun. Raises ``KernelcampError`` when the store cannot be opened (:func:`ensure_store`)."""
     if not tags or not all(isinstance(v, str) and v for v in tags.values()):
         return []
-    uri, exp_id = ensure_store(params)
-    quoted = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items() if "'" not in v)
-    if len(quoted.split(" and ")) != len(tags):
+    if any("'" in v for v in tags.values()):
         return []  # a value holding a quote: MLflow's filter grammar cannot say it
+    quoted = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    uri, exp_id = ensure_store(params)
     runs = _client(uri).search_runs(
         [exp_id], filter_string=f"attributes.status = 'FINISHED' and {quoted}", max_results=limit,
         order_by=["attributes.start_time DESC"],

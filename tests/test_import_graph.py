@@ -9,6 +9,7 @@ out: they never run.
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,17 +64,8 @@ def package_graph() -> dict[str, set[str]]:
     files = {_module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
-        deps = set()
-        for imp in runtime_imports(path):
-            # the longest known module that names ``imp`` (``kernelcamp.deploy.ssh.SshRunner``: ``...ssh``)
-            parts = imp.split(".")
-            for n in range(len(parts), 0, -1):
-                cand = ".".join(parts[:n])
-                if cand in files:
-                    if cand != name:
-                        deps.add(cand)
-                    break
-        graph[name] = deps
+        # the longest known module that names each import (``kernelcamp.deploy.ssh.SshRunner``: ``...ssh``)
+        graph[name] = {m for imp in runtime_imports(path) for m in _known(imp, files) if m != name}
     return graph
 
 
@@ -140,11 +132,11 @@ def test_type_checking_imports_are_not_run_time_imports(tmp_path: Path) -> None:
     assert {i for i in runtime_imports(src) if i.startswith("kernelcamp")} == {"kernelcamp.io"}
 
 
-def stage_closure(stage_file: Path) -> set[str]:
+def stage_closure(stage_file: Path, graph: dict[str, set[str]] | None = None) -> set[str]:
     """The ``kernelcamp`` modules a stage script runs: its imports, theirs (lazy ones too), the modules they start
     as processes (:func:`launched_modules`: the deploy's server), and the packages above each (their ``__init__``
-    runs first)."""
-    graph = package_graph()
+    runs first). ``graph``: :func:`package_graph`, computed when not given."""
+    graph = package_graph() if graph is None else graph
     seen: set[str] = set()
     todo = [m for imp in runtime_imports(stage_file) for m in _known(imp, graph)]
     while todo:
@@ -181,10 +173,11 @@ def launched_modules(path: Path) -> set[str]:
     return found
 
 
-def _known(imp: str, graph: dict[str, set[str]]) -> list[str]:
+def _known(imp: str, modules: Mapping[str, object]) -> list[str]:
+    """The longest module of ``modules`` that names ``imp``, as a one-item list; ``[]`` for none."""
     parts = imp.split(".")
     for n in range(len(parts), 0, -1):
-        if ".".join(parts[:n]) in graph:
+        if ".".join(parts[:n]) in modules:
             return [".".join(parts[:n])]
     return []
 
@@ -201,15 +194,16 @@ def test_every_dvc_stage_depends_on_the_code_it_runs() -> None:
     import yaml
 
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    graph = package_graph()
     missing = {}
     for name, stage in stages.items():
         deps = [d.rstrip("/") for d in stage.get("deps") or []]
-        files = {_module_file(m) for m in stage_closure(ROOT / "stages" / f"{name}.py")}
+        files = {_module_file(m) for m in stage_closure(ROOT / "stages" / f"{name}.py", graph)}
         lacking = sorted(f for f in files if not any(f == d or f.startswith(d + "/") for d in deps))
         if lacking:
             missing[name] = lacking
     assert not missing, f"dvc.yaml: stages lack deps on modules they import: {missing}"
-    assert "kernelcamp.metrics" in stage_closure(ROOT / "stages" / "report.py")  # the walk follows the imports
+    assert "kernelcamp.metrics" in stage_closure(ROOT / "stages" / "report.py", graph)  # the walk follows imports
     # and the processes they start: the deploy stage's server runs `python -m kernelcamp.cli serve`, whose cli.py was
     # in no deps of deploy (nor in the server code hash built from them)
-    assert {"kernelcamp.cli", "kernelcamp.serve.server"} <= stage_closure(ROOT / "stages" / "deploy.py")
+    assert {"kernelcamp.cli", "kernelcamp.serve.server"} <= stage_closure(ROOT / "stages" / "deploy.py", graph)
