@@ -93,13 +93,13 @@ def main(argv: list[str]) -> int:
                 f"error: point {p!r}: {e} (expected FAMILY:CONFIG:B, e.g. v32:T64_H64_w8_s2_kauto:1)", file=sys.stderr
             )
             return 2
+    try:  # the module is checked before the GPU, so that a bad name is refused on any machine
+        mod = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - ImportError, or the module's own error at import (a SyntaxError, ...)
+        print(f"error: module {module!r}: cannot import it ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: kernel_breakdown.py needs a CUDA GPU (none visible)", file=sys.stderr)
-        return 2
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        print(f"error: module {module!r}: {e}", file=sys.stderr)
         return 2
     rows = []
     for fam, label, b in parsed:
