@@ -627,18 +627,25 @@ def stage_params(raw: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return out
 
 
-def differences(mine: Any, theirs: Any, where: str = "") -> list[tuple[str, Any, Any]]:
+def differences(mine: Any, theirs: Any, where: str = "", exact: bool = False) -> list[tuple[str, Any, Any]]:
     """Every dotted key (sorted; list items by index) where the JSON-like values ``mine`` and ``theirs``
     differ, with both values (``None`` for a key one side lacks). An int and the equal float are
-    equal, as in JSON; a bool is not an int."""
+    equal, as in JSON, unless ``exact`` (``4.0`` is then not ``4``: a conf's integer field refuses it); a bool
+    is not an int."""
     if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
         out = []
         for k in sorted(set(mine) | set(theirs), key=str):
-            out += differences(mine.get(k), theirs.get(k), f"{where}.{k}" if where else str(k))
+            out += differences(mine.get(k), theirs.get(k), f"{where}.{k}" if where else str(k), exact)
         return out
     if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
-        return [d for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) for d in differences(a, b, f"{where}.{i}")]
+        return [
+            d
+            for i, (a, b) in enumerate(zip(mine, theirs, strict=True))
+            for d in differences(a, b, f"{where}.{i}", exact)
+        ]
     same = mine == theirs and isinstance(mine, bool) == isinstance(theirs, bool)
+    if exact:
+        same = same and isinstance(mine, float) == isinstance(theirs, float)
     return [] if same else [(where, mine, theirs)]
 
 

@@ -582,7 +582,9 @@ def conf_overrides(params: Mapping[str, Any], section: str) -> str:
     its ``name`` names, as ``key=value`` items (``num_warps=8``, ``configs.0.BLOCK_T=32``; a key the
     file lacks shows as added, one it has and params lack as ``key=null``), ``""`` when it is that
     file as it stands, ``"(no conf/<section>/<name>.yaml)"`` when no file has that name. A run of
-    ``-S variant.num_warps=8`` was tagged ``variant=bt16_w4`` alone, the name of a file that did not run."""
+    ``-S variant.num_warps=8`` was tagged ``variant=bt16_w4`` alone, the name of a file that did not run. A value
+    is compared with its type: ``-S variant.num_warps=4.0`` (refused: not an integer) shows as ``num_warps=4.0``
+    beside a file's 4, where it showed as ``""``."""
     from kernelcamp.spec import differences
 
     raw = params.get(section)
@@ -592,7 +594,7 @@ def conf_overrides(params: Mapping[str, Any], section: str) -> str:
     file = conf_file_value(section, name)
     if file is None:
         return f"(no conf/{section}/{name}.yaml)"
-    items = [f"{k}={json.dumps(mine, default=str)}" for k, mine, _ in differences(dict(raw), file)]
+    items = [f"{k}={json.dumps(mine, default=str)}" for k, mine, _ in differences(dict(raw), file, exact=True)]
     text = ", ".join(items)
     return text if len(text) <= OVERRIDES_TAG_CHARS else text[: OVERRIDES_TAG_CHARS - 3] + "..."
 

@@ -422,6 +422,10 @@ def test_the_variant_tag_says_what_was_overridden() -> None:
     tags = run_tags(p)
     assert tags["variant"] == params["variant"]["name"] and tags["variant_overrides"] == "num_warps=8"
     assert tags["baseline_overrides"] == "extra_key=[1, 2]"
+    # a float for the file's integer (a run the spec stage refuses) is an override: it showed as "", the file as it
+    # stands (the int and the equal float compared equal)
+    p["variant"]["num_warps"] = float(params["variant"]["num_warps"])
+    assert run_tags(p)["variant_overrides"] == f"num_warps={float(params['variant']['num_warps'])}"
     p["variant"]["name"] = "mine"
     assert conf_overrides(p, "variant") == "(no conf/variant/mine.yaml)"
     # `-S workload.name=deepseek_v32` on the V4-Flash shape was tagged workload=deepseek_v32 alone
