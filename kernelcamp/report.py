@@ -10,8 +10,11 @@ run's headline metrics, the same keys.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-from collections.abc import Mapping
+import traceback
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +30,52 @@ REQUIRED = {
 }
 
 
-def load_inputs(paths: Mapping[str, str | os.PathLike]) -> dict[str, Any]:
-    """Read and check the stage records named in ``paths`` (keys of ``REQUIRED``).
+#: The containers the report walks in each stage record: dotted path -> JSON type. A path whose parent is absent is
+#: not checked (a skipped serving A/B has no ``ab``); a present one must have its type. A hand-edited benchmark.json
+#: with ``kernel: "x"`` gave a traceback, and one with ``serving.levels: null`` a report of no serving levels.
+SHAPES: dict[str, tuple[tuple[str, type], ...]] = {
+    "benchmark": (
+        ("kernel", dict),
+        ("kernel.batch", dict),
+        ("kernel.overall", dict),
+        ("variants", dict),
+        ("variants.candidate", dict),
+        ("variants.baseline", dict),
+        ("serving", dict),
+        ("serving.levels", list),
+        ("serving.ab", dict),
+        ("serving.ab.per_level", list),
+        ("serving.ab.overall", dict),
+        ("profile", dict),
+    ),
+    "build": (("roles", dict), ("rows", list)),
+}
 
-    Raises ``KernelcampError`` naming the first missing file or key.
+_JSON_TYPE = {dict: "an object", list: "an array"}
+
+
+def _check_shape(name: str, path: str | os.PathLike, rec: Mapping[str, Any]) -> None:
+    for dotted, want in SHAPES.get(name, ()):
+        node: Any = rec
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if not isinstance(node, Mapping) or last not in node:
+            continue
+        if not isinstance(node[last], want):
+            got = json.dumps(node[last])
+            got = got if len(got) <= 40 else got[:37] + "..."
+            raise KernelcampError(
+                f"{name} record at {path}: {dotted} is {got}, expected {_JSON_TYPE[want]} (not as the {name} stage "
+                f"writes it): rerun `dvc repro {name}` instead of editing it"
+            )
+
+
+def load_inputs(paths: Mapping[str, str | os.PathLike]) -> dict[str, Any]:
+    """Read and check the stage records named in ``paths`` (keys of ``REQUIRED``): each a JSON object with the keys
+    ``REQUIRED`` names and the containers ``SHAPES`` names of their types.
+
+    Raises ``KernelcampError`` naming the first missing file or key, or the first container of another type.
     """
     data = {}
     for name, keys in REQUIRED.items():
@@ -40,11 +85,36 @@ def load_inputs(paths: Mapping[str, str | os.PathLike]) -> dict[str, Any]:
         missing = [k for k in keys if k not in rec]
         if missing:
             raise KernelcampError(f"{name} record at {paths[name]} lacks {missing}: rerun `dvc repro {name}`")
+        _check_shape(name, paths[name], rec)
         data[name] = rec
     kb = data["benchmark"]["kernel"]
     if not kb.get("batch") or "overall" not in kb:
         raise KernelcampError(f"benchmark record at {paths['benchmark']} has no kernel results: rerun the benchmark")
     return data
+
+
+@contextlib.contextmanager
+def reading_records(paths: Mapping[str, str | os.PathLike]) -> Iterator[None]:
+    """Turn an error of a record's contents while the report is rendered from the records (a value of another
+    type or a missing key deeper than :func:`load_inputs` checks: ``kernel.overall.ratio = "fast"``) into one
+    ``KernelcampError`` naming the records, the error and where the report met it, instead of a traceback. The
+    rendering opens no MLflow run and writes only into a temporary folder, so nothing is left half-done.
+
+    Raises ``KernelcampError`` from ``KeyError``, ``TypeError``, ``AttributeError``, ``IndexError`` and ``ValueError``
+    (a ``KernelcampError`` passes unchanged)."""
+    try:
+        yield
+    except KernelcampError:
+        raise
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{Path(frame.filename).name}:{frame.lineno}"
+        names = ", ".join(str(p) for p in paths.values())
+        raise KernelcampError(
+            f"the stage records ({names}) are not as their stages write them: {type(e).__name__}: {e} (at {where}); "
+            "rerun the pipeline (dvc exp run) instead of editing them (if they are untouched, this is a kernelcamp "
+            "bug: report it with this line)"
+        ) from None
 
 
 def is_cpu(bench: Mapping[str, Any]) -> bool:

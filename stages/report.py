@@ -55,7 +55,8 @@ def main() -> int:
     spec = stage_spec("report", args.params)
     params = spec.raw
     threshold = spec.report.threshold
-    data = kr.load_inputs({k: getattr(args, k) for k in ("build", "deploy", "benchmark", "verify")})
+    paths = {k: getattr(args, k) for k in ("build", "deploy", "benchmark", "verify")}
+    data = kr.load_inputs(paths)
     # Log nothing that disagrees with the params logged beside it (one line naming both hashes).
     spec.check_record("build.json", data["build"], BUILD_KEYS)
     spec.check_record("deploy.json", data["deploy"], DEPLOY_KEYS)
@@ -72,9 +73,14 @@ def main() -> int:
             "output gets no decision; fix it and rerun the pipeline"
         )
     out, plots_dst, metrics_dst = Path(args.out), Path(args.plots), Path(args.metrics)
-    head = kr.headline(data, threshold)
-    head_metrics = kr.headline_metrics(data, threshold)
     bench = data["benchmark"]
+    with kr.reading_records(paths):  # a record edited by hand: one line, not a traceback (helper-53)
+        head = kr.headline(data, threshold)
+        head_metrics = kr.headline_metrics(data, threshold)
+        measured = measured_tags(bench)
+        roofline_target = (bench["kernel"].get("roofline") or {}).get("target")
+        # the benchmark's detail (benchmark_metrics.json's keys), recomputed from the checked record
+        detail = flatten(benchmark_metrics(bench["kernel"], bench["serving"], bench["device"]))
     tags = tracking.run_tags(
         params,
         {
@@ -82,7 +88,7 @@ def main() -> int:
             "device": bench.get("device"),
             "gpu": bench.get("gpu") or "none (cpu)",
             # the conf/target whose peaks the roofline_pct metrics are against: the GPU that ran (None: not computed)
-            "roofline_target": (bench["kernel"].get("roofline") or {}).get("target"),
+            "roofline_target": roofline_target,
             "driver": bench.get("driver"),
             "torch": bench.get("torch"),
             "triton": bench.get("triton"),
@@ -103,7 +109,7 @@ def main() -> int:
             "run_as_target": bench.get("run_as_target"),
             # what the benchmark measured: params hold both the GPU's and the CPU's lists (workload.batch_sizes,
             # workload.cpu.batch_sizes, benchmark.serving.concurrency / cpu_concurrency), and a CPU run ran the latter
-            **measured_tags(bench),
+            **measured,
         },
     )
     # git_commit/git_dirty: the tree that measured (benchmark.json's, what report.md shows), not the one the report
@@ -119,12 +125,13 @@ def main() -> int:
     tags["measurement_logged_by"] = ",".join(earlier[:5])
     with tempfile.TemporaryDirectory(prefix=".report.", dir=out.parent) as tmp:
         tmp = Path(tmp)
-        plots = kr.make_plots(data, tmp / "plots", threshold)
-        rel = os.path.relpath(plots_dst, out.parent)
-        text = kr.render_markdown(data, plots, threshold, rel)
-        if earlier:
-            title, _, rest = text.partition("\n")
-            text = f"{title}\n\n{kr.reused_note(bench, earlier)}\n{rest}"
+        with kr.reading_records(paths):
+            plots = kr.make_plots(data, tmp / "plots", threshold)
+            rel = os.path.relpath(plots_dst, out.parent)
+            text = kr.render_markdown(data, plots, threshold, rel)
+            if earlier:
+                title, _, rest = text.partition("\n")
+                text = f"{title}\n\n{kr.reused_note(bench, earlier)}\n{rest}"
         (tmp / out.name).write_text(text, encoding="utf-8")
         write_json_atomic(tmp / metrics_dst.name, nest(head_metrics))
         store = tracking.store_label(tracking.tracking_uri(params))
@@ -132,9 +139,8 @@ def main() -> int:
         # the MLflow run spans the pipeline run (from its first stage's claim), not only this stage
         with tracking.tracked_run(spec.raw, tags=tags, start_time_ms=run_started_ms(project_root())) as run:
             run.log_params(params)
-            # the headline (metrics.json's keys) and the benchmark's detail (benchmark_metrics.json's keys,
-            # recomputed from the checked record), one naming scheme: MLflow's compare view plots them
-            detail = flatten(benchmark_metrics(bench["kernel"], bench["serving"], bench["device"]))
+            # the headline (metrics.json's keys) and the benchmark's detail, one naming scheme: MLflow's compare view
+            # plots them
             run.log_metrics({**detail, **head_metrics})
             inputs = tmp / "inputs"
             inputs.mkdir()

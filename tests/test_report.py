@@ -237,6 +237,68 @@ def test_missing_or_broken_inputs_are_one_clear_error(tmp_path):
         kr.load_inputs(paths)
 
 
+@pytest.mark.parametrize(
+    "edit, want",
+    [
+        (lambda d: d.update(kernel="x"), 'kernel is "x", expected an object'),
+        (lambda d: d["kernel"].update(overall=None), "kernel.overall is null, expected an object"),
+        (lambda d: d["kernel"].update(batch=[1, 2]), "kernel.batch is [1, 2], expected an object"),
+        (lambda d: d.update(serving="x"), 'serving is "x", expected an object'),
+        (lambda d: d["variants"].update(candidate=None), "variants.candidate is null, expected an object"),
+        (lambda d: d["serving"].update(ab="x"), 'serving.ab is "x", expected an object'),
+        # accepted before: a report of no serving levels, and a FINISHED run
+        (lambda d: d["serving"].update(levels=None), "serving.levels is null, expected an array"),
+    ],
+)
+def test_a_benchmark_record_edited_by_hand_is_one_line(tmp_path, edit, want):
+    """A benchmark.json that is valid JSON with a container of another type: the report gave a traceback
+    (AttributeError, IndexError, TypeError) or, for serving.levels = null, a report of no serving levels (helper-53).
+    load_inputs names the path, the value and what the stage writes there."""
+    for n in ("build", "deploy", "benchmark", "verify"):
+        shutil.copy(FIX / f"{n}.json", tmp_path / f"{n}.json")
+    rec = json.loads((FIX / "benchmark.json").read_text())
+    edit(rec)
+    (tmp_path / "benchmark.json").write_text(json.dumps(rec))
+    paths = {n: tmp_path / f"{n}.json" for n in ("build", "deploy", "benchmark", "verify")}
+    with pytest.raises(KernelcampError) as e:
+        kr.load_inputs(paths)
+    msg = str(e.value)
+    assert want in msg and "\n" not in msg and msg.startswith(f"benchmark record at {paths['benchmark']}: "), msg
+    assert msg.endswith("rerun `dvc repro benchmark` instead of editing it")
+
+
+def test_an_error_deeper_in_the_records_is_one_line_naming_them():
+    """What load_inputs does not check (a value's type deeper down: kernel.overall.ratio = "fast" gave "ValueError:
+    Unknown format code 'f'") is one KernelcampError from the rendering, naming the records and where."""
+    data = _data()
+    data["benchmark"]["kernel"]["overall"]["ratio"] = "fast"
+    paths = {"benchmark": "reports/benchmark.json", "verify": "reports/verify.json"}
+    with pytest.raises(KernelcampError) as e, kr.reading_records(paths):
+        kr.render_markdown(data, {}, 0.02, "plots")
+    msg = str(e.value)
+    assert msg.startswith("the stage records (reports/benchmark.json, reports/verify.json) are not as their stages")
+    assert "ValueError: " in msg and "(at report.py:" in msg and "rerun the pipeline (dvc exp run)" in msg, msg
+    with pytest.raises(KernelcampError, match="^as it was$"), kr.reading_records(paths):  # passes unchanged
+        raise KernelcampError("as it was")
+    with pytest.raises(ZeroDivisionError), kr.reading_records(paths):  # not a record's contents: a bug, raised
+        _ = 1 / 0
+
+
+def test_report_stage_refuses_a_record_its_rendering_cannot_read(tmp_path):
+    """The stage: one line, exit 2, no report.md, no metrics.json, no FINISHED run."""
+    r = _stage(tmp_path, {}, edit=lambda d: d["kernel"]["overall"].update(ratio="fast"))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the stage records (reports/build.json"), r.stderr
+    assert not (tmp_path / "reports" / "report.md").exists() and not (tmp_path / "reports" / "metrics.json").exists()
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = c.get_experiment_by_name("kernelcamp")
+    runs = c.search_runs([exp.experiment_id]) if exp else []
+    assert all(x.info.status == "FAILED" for x in runs), [x.info.status for x in runs]
+
+
 def _stamp(path, params, keys, **override):
     """Give a fixture record the run spec's hashes of ``params`` and the params its stage (the file's
     name) read: what the report checks it against."""
@@ -263,7 +325,9 @@ def _artifact_paths(client, run_id, path="reports"):
     return out
 
 
-def _stage(tmp_path, env_extra, override=None):
+def _stage(tmp_path, env_extra, override=None, edit=None):
+    """Run the report stage on the fixture records, stamped for this params.yaml; ``override``: top-level values of a
+    record (by record name), ``edit``: a function that edits the stamped benchmark record in place."""
     from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, MEASURE_KEYS
 
     rep = tmp_path / "reports"
@@ -273,6 +337,10 @@ def _stage(tmp_path, env_extra, override=None):
     for n in ("build", "deploy", "benchmark", "verify"):
         shutil.copy(FIX / f"{n}.json", rep / f"{n}.json")
         _stamp(rep / f"{n}.json", params, keys[n], **(override or {}).get(n, {}))
+    if edit is not None:
+        rec = json.loads((rep / "benchmark.json").read_text())
+        edit(rec)
+        (rep / "benchmark.json").write_text(json.dumps(rec))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = _env(tmp_path, env_extra)
     cmd = [sys.executable, "-m", "stages.report", "--params", "params.yaml"]
