@@ -7,9 +7,10 @@ record another. Each stage therefore claims the run before any side effect:
 * The owner of a run is the ``dvc`` process the stage descends from (:func:`run_owner`); a stage run
   by hand (no ``dvc`` ancestor) owns nothing and only gets the hash checks of
   :meth:`kernelcamp.spec.RunSpec.check_record`.
-* The claim (``<tree>/.kernelcamp/run.json``, under an ``fcntl`` lock) records the owner's pid and
-  the sha256 of params.yaml. A stage of the same owner finds the same sha256 or stops, naming both;
-  a stage of another live owner stops before any side effect; a dead owner's claim is taken over.
+* The claim (``<tree>/.kernelcamp/run.json``, under an ``fcntl`` lock) records the owner's pid, the
+  sha256 of params.yaml and the params themselves (what a failed stage records: :func:`run_params`), the
+  first stage and the stage now running. A stage of the same owner finds the same sha256 or stops, naming
+  both; a stage of another live owner stops before any side effect; a dead owner's claim is taken over.
 * The claim lives in the stage's own tree, and a second claim in the folder of the server the run
   deploys (``kernelcamp.deploy.common.state_dir``: ``$DVC_ROOT/.kernelcamp``, or a sweep worker's
   ``slotN``). A queued experiment (its own temporary copy) started while a workspace run goes on shares
@@ -112,10 +113,16 @@ def _claim_paths(root: Path) -> list[Path]:
 
 
 def claim_run(
-    root: Path, stage: str, params_sha256: str, owner: int | None = None, poll_s: float = 2.0
+    root: Path,
+    stage: str,
+    params_sha256: str,
+    owner: int | None = None,
+    poll_s: float = 2.0,
+    params: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Claim (or re-check) the run of the tree ``root`` for stage ``stage``, and the server folder it
-    deploys to; see the module docstring.
+    deploys to; see the module docstring. ``params``: the params.yaml mapping whose sha256 is
+    ``params_sha256``, kept in a new claim (:func:`run_params`).
 
     Returns the tree's claim, or None when there is no ``dvc`` owner. Raises ``KernelcampError`` when
     another live ``dvc`` run holds the tree, or when params.yaml changed since an earlier stage of
@@ -128,7 +135,7 @@ def claim_run(
     got = None
     for i, path in enumerate(_claim_paths(root)):
         said = False
-        while (claim := _claim(path, root, stage, params_sha256, owner, shared=i > 0)) is None:
+        while (claim := _claim(path, root, stage, params_sha256, owner, shared=i > 0, params=params)) is None:
             if not said:
                 print(
                     f"[{stage}] waiting: another pipeline run uses this workspace's server ({path.parent}); this "
@@ -143,7 +150,13 @@ def claim_run(
 
 
 def _claim(
-    path: Path, root: Path, stage: str, params_sha256: str, owner: int, shared: bool = False
+    path: Path,
+    root: Path,
+    stage: str,
+    params_sha256: str,
+    owner: int,
+    shared: bool = False,
+    params: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Claim ``path`` for ``owner``. Another live owner's claim raises ``KernelcampError`` when it is a run
     of the same tree; a run of another tree (a queued experiment's copy) holding this server folder, also
@@ -155,9 +168,12 @@ def _claim(
                 if shared or cur.get("tree") not in (None, str(root)):
                     return None  # the caller waits
                 raise KernelcampError(
-                    f"another pipeline run (dvc pid {cur['owner_pid']}, since stage {cur.get('stage')}) is running in "
-                    f"{root}: wait for it, or queue this one with `dvc exp run --queue`"
+                    f"another pipeline run (dvc pid {cur['owner_pid']}, {_stages(cur)}) is running in {root}: wait "
+                    "for it, or queue this one with `dvc exp run --queue`"
                 )
+            if cur.get("at_stage") != stage:  # the stage now running, for the messages of other commands
+                cur["at_stage"] = stage
+                write_json_atomic(path, cur)
             if shared:
                 return cur  # this run's own: the tree's claim checks its params
             if cur.get("params_sha256") != params_sha256:
@@ -173,11 +189,33 @@ def _claim(
             "owner_start": pid_start_time(owner),
             "params_sha256": params_sha256,
             "stage": stage,
+            "at_stage": stage,
             "tree": str(root),
+            # what a failed stage of this run records (run_params): the params it ran with, not a params.yaml that
+            # another `dvc exp run` rewrote under it
+            "params": params,
             "claimed_at_ms": int(time.time() * 1000),  # the run's start, for the MLflow run's duration
         }
         write_json_atomic(path, claim)
         return claim
+
+
+def _stages(claim: dict[str, Any]) -> str:
+    """``since stage spec, now at verify`` (``at stage spec`` while it is the first)."""
+    first, now = claim.get("stage"), claim.get("at_stage") or claim.get("stage")
+    return f"at stage {first}" if now == first else f"since stage {first}, now at {now}"
+
+
+def run_params(root: Path, owner: int | None = None) -> dict[str, Any] | None:
+    """The params this owner's run of the tree ``root`` claimed it with (its first stage's params.yaml), or None
+    (no live claim of this owner, e.g. a stage run by hand, or a claim without them)."""
+    owner = run_owner() if owner is None else owner
+    if owner is None:
+        return None
+    cur = live_claim(claim_path(root))
+    if cur is None or cur.get("owner_pid") != owner or not isinstance(cur.get("params"), dict):
+        return None
+    return cur["params"]
 
 
 def release_run(root: Path, owner: int | None = None) -> None:
@@ -212,7 +250,7 @@ def refuse_during_run(root: Path, action: str, server: bool = False, override: s
         # tree) holds it while it deploys there, but reads its own copy's params.yaml, not this tree's
         if cur is not None and cur.get("owner_pid") != mine and (server or cur.get("tree") in (None, str(root))):
             raise KernelcampError(
-                f"{action}: a pipeline run (dvc pid {cur['owner_pid']}, at stage {cur.get('stage')}, in "
+                f"{action}: a pipeline run (dvc pid {cur['owner_pid']}, {_stages(cur)}, in "
                 f"{cur.get('tree')}) is using this workspace{' and its server' if server else ''}; wait for it to "
                 f"end{f', or pass {override} to do it anyway' if override else ''}"
             )

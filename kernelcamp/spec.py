@@ -952,5 +952,5 @@ def stage_spec(stage: str, params_path: str | Path = "params.yaml") -> RunSpec:
     from kernelcamp.runlock import claim_run
 
     spec = load_spec(params_path)
-    claim_run(project_root(), stage, spec.params_sha256)
+    claim_run(project_root(), stage, spec.params_sha256, params=dict(spec.raw))
     return spec

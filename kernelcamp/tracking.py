@@ -493,6 +493,14 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
     def __enter__(self):
         # read once, on entry: a failure records these, not a params.yaml rewritten while the stage ran
         self._params = params = _params_or_empty(self.params_path)
+        # and a later stage of a pipeline run records the params the run claimed at its first stage: a refused
+        # second `dvc exp run` rewrites params.yaml first, and the FAILED run of the first one (stopped by the
+        # change) named the second one's params (helper-53)
+        from kernelcamp.runlock import run_params
+        from kernelcamp.spec import project_root
+
+        with contextlib.suppress(KernelcampError, OSError):
+            self._params = run_params(project_root()) or params
         if self.check_store:
             if self.name == self.OPENS_STORE:
                 ensure_store(params)

@@ -166,6 +166,33 @@ def test_a_second_run_in_the_workspace_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("workspace_run")
+def test_messages_name_the_stage_a_run_is_at(tmp_path: Path) -> None:
+    """`make params` and `stages.deploy --stop` refused a run "at stage spec" while it was in verify: the claim
+    recorded its first stage only (helper-53). It keeps the first stage and the one now running, and the run's
+    params (kernelcamp.runlock.run_params)."""
+    from kernelcamp.runlock import refuse_during_run, run_params
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_run(tmp_path, "spec", "a" * 64, owner=other.pid, params={"variant": {"num_warps": 16}})
+        with pytest.raises(KernelcampError, match=r"\(dvc pid \d+, at stage spec, in "):
+            refuse_during_run(tmp_path, "make params")
+        assert claim_run(tmp_path, "verify", "a" * 64, owner=other.pid)["stage"] == "spec"
+        with pytest.raises(KernelcampError, match=r"\(dvc pid \d+, since stage spec, now at verify, in "):
+            refuse_during_run(tmp_path, "make params")
+        with pytest.raises(
+            KernelcampError, match=r"another pipeline run \(dvc pid \d+, since stage spec, now at verify\)"
+        ):
+            claim_run(tmp_path, "spec", "b" * 64, owner=os.getpid())
+        assert run_params(tmp_path, owner=other.pid) == {"variant": {"num_warps": 16}}
+        assert run_params(tmp_path, owner=os.getpid()) is None  # not this owner's run
+    finally:
+        other.kill()
+        other.wait()
+    assert run_params(tmp_path, owner=other.pid) is None  # its owner is gone
+
+
+@pytest.mark.usefixtures("workspace_run")
 def test_params_rewritten_during_a_run_stop_the_next_stage(tmp_path: Path) -> None:
     claim_run(tmp_path, "deploy", "a" * 64, owner=os.getpid())
     assert claim_run(tmp_path, "benchmark", "a" * 64, owner=os.getpid())["stage"] == "deploy"

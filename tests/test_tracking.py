@@ -307,6 +307,36 @@ def test_a_failed_stage_records_the_params_it_started_with(store):
     assert r.info.run_name != "someone_else"
 
 
+def test_a_later_stage_records_the_params_its_run_claimed(store):
+    """A refused second `dvc exp run` rewrites params.yaml before its first stage refuses it, and the running
+    pipeline's next stage then stops (params.yaml changed during this run): its FAILED run carried the second
+    run's variant (num_warps=1 beside a run that measured num_warps=16; helper-53). A stage of a pipeline run
+    records the params the run claimed at its first stage (kernelcamp.runlock.run_params)."""
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    other = {**PARAMS, "variant": {**PARAMS["variant"], "name": "someone_else", "num_warps": 4}}
+    code = f"""
+        import json, os
+        import kernelcamp.runlock as rl
+        from kernelcamp.errors import KernelcampError
+        from kernelcamp.io import stage_main
+        from kernelcamp.spec import project_root
+        from kernelcamp.tracking import tracked_stage
+        rl.run_owner = lambda pid=None: os.getpid()  # this process stands for the run's dvc process
+        rl.claim_run(project_root(), "spec", "a" * 64, params={PARAMS!r})  # the run's first stage
+        open("params.yaml", "w").write(json.dumps({other!r}))  # the second `dvc exp run` rewrote it
+        def main():
+            rl.claim_run(project_root(), "verify", "b" * 64)  # what stage_spec does: refused, params changed
+        stage_main(tracked_stage("verify")(main))
+        """
+    p = _py(code, store)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2 and "params.yaml changed during this run" in err, err
+    (r,) = _runs(store)
+    assert r.info.status == "FAILED" and r.data.tags["kernelcamp.stage"] == "verify"
+    assert r.data.params["variant.name"] == "bt16_w8" and r.data.params["variant.num_warps"] == "8", r.data.params
+    assert r.data.tags["variant"] == "bt16_w8"  # the tags are the run's too
+
+
 def test_only_the_spec_stage_opens_the_store_on_entry(store):
     """Stages after spec neither import MLflow nor open the store when they succeed (2-6 s each before,
     issue 12's wall time); spec, the gate, creates it; a later stage's failure still records its run."""
