@@ -200,9 +200,38 @@ def ensure_store(params: Mapping[str, Any] | None = None) -> tuple[str, str]:
     except KernelcampError:
         raise
     except Exception as e:
-        why = text_shown(_one_line(e), uri)
-        raise KernelcampError(f"cannot open the MLflow store {url_shown(uri)}: {type(e).__name__}: {why}") from e
+        err = KernelcampError(_store_error(uri, e))
+        err.store_failed = True  # type: ignore[attr-defined] # tracked_stage records nothing in a store that failed
+        raise err from e
     return uri, exp_id
+
+
+def _store_error(uri: str, e: BaseException) -> str:
+    """The one line for a store that would not open: a SQLite file that is no database (a truncated copy, a disk
+    that filled up) says what to do with it; any other error is named without SQLAlchemy's SQL text and links."""
+    db = _sqlite_path(uri)
+    chain, cur = [], e
+    while cur is not None and len(chain) < 10:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    broken = next(
+        (
+            str(c)
+            for c in chain
+            if type(c).__name__ == "DatabaseError" and ("malformed" in str(c) or "not a database" in str(c))
+        ),
+        None,
+    )
+    if db is not None and broken is not None:
+        reason = broken.split("\n")[0].split("[SQL:")[0].strip().removeprefix("(sqlite3.DatabaseError) ")
+        name = repo_relative(db, dvc_root())  # as store_label names it: no path of this machine in a log
+        return (
+            f"the MLflow store {name} is not a readable SQLite database ({reason}): move it aside (mv {name} "
+            f"{name}.broken; the next run starts a new store) or restore it from a backup, or set tracking.uri to "
+            "another store"
+        )
+    why = str(e).split("[SQL:")[0].split("(Background on this error")[0]
+    return f"cannot open the MLflow store {url_shown(uri)}: {type(e).__name__}: {text_shown(_one_line(why), uri)}"
 
 
 def close_stale_runs(client, experiment_id: str) -> list[str]:
@@ -513,8 +542,8 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
     def __exit__(self, exc_type, exc, tb):
         assert self._sig is not None
         self._sig.close()
-        if exc is None or getattr(exc, "kernelcamp_recorded", False):
-            return False  # succeeded, or a tracked_run inside already ended its run FAILED
+        if exc is None or getattr(exc, "kernelcamp_recorded", False) or getattr(exc, "store_failed", False):
+            return False  # succeeded, a tracked_run inside already ended its run FAILED, or the store itself failed
         if isinstance(exc, Terminated):
             self._record(f"killed by {exc}", status="KILLED")
             raise SystemExit(128 + exc.signum) from None

@@ -337,6 +337,31 @@ def test_a_later_stage_records_the_params_its_run_claimed(store):
     assert r.data.tags["variant"] == "bt16_w8"  # the tags are the run's too
 
 
+def test_a_broken_sqlite_store_is_one_line_that_says_what_to_do(store):
+    """A truncated mlflow.db (a copy cut short, a full disk): the report stage printed a warning that it could not
+    record its failure, then an error with SQLAlchemy's SQL text and link, and no advice (helper-53). One line now,
+    naming the file and what to do with it."""
+    tracking.ensure_store(PARAMS)
+    db = store / "mlflow.db"
+    db.write_bytes(db.read_bytes()[:8192])
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    code = f"""
+        from kernelcamp import tracking
+        from kernelcamp.io import stage_main
+        from kernelcamp.tracking import tracked_stage
+        def main():
+            tracking.ensure_store({PARAMS!r})  # what the report stage's tracked_run does first
+        stage_main(tracked_stage("report", check_store=False)(main))
+        """
+    p = _py(code, store)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: the MLflow store mlflow.db is not a readable SQLite database ("), err
+    assert "mv mlflow.db mlflow.db.broken" in lines[0] and "[SQL:" not in lines[0] and "sqlalche.me" not in lines[0]
+
+
 def test_only_the_spec_stage_opens_the_store_on_entry(store):
     """Stages after spec neither import MLflow nor open the store when they succeed (2-6 s each before,
     issue 12's wall time); spec, the gate, creates it; a later stage's failure still records its run."""
