@@ -104,16 +104,22 @@ def store_label(uri: str) -> str:
 
 @contextlib.contextmanager
 def store_lock(uri: str) -> Iterator[None]:
-    """Exclusive ``fcntl`` lock beside a SQLite store (``<db>-lock``); a no-op for servers."""
+    """Exclusive ``fcntl`` lock beside a SQLite store (``<db>-lock``); a no-op for servers. While it is held,
+    SIGTERM/SIGINT wait for the block to end (:func:`kernelcamp.signals.signals_deferred`): a Ctrl-C inside a write
+    left SQLite's transaction open in this process, so the KILLED end of the run and the failure record that
+    followed met "database is locked" (tracebacks, and a run left RUNNING; helper-53)."""
+    from kernelcamp.signals import signals_deferred
+
     db = _sqlite_path(uri)
     if db is None:
         yield
         return
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(str(db) + "-lock", "a+") as f:  # matches .gitignore's /mlflow.db-*
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # waiting for another process's write: a signal stops the wait
         try:
-            yield
+            with signals_deferred():
+                yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 

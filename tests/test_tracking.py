@@ -362,6 +362,22 @@ def test_a_broken_sqlite_store_is_one_line_that_says_what_to_do(store):
     assert "mv mlflow.db mlflow.db.broken" in lines[0] and "[SQL:" not in lines[0] and "sqlalche.me" not in lines[0]
 
 
+def test_a_signal_during_a_store_write_arrives_after_it(store):
+    """Ctrl-C during the report's MLflow logging raised inside an SQLite write: the open transaction then locked
+    the run's KILLED end and the failure record ("database is locked" tracebacks, a run left RUNNING; helper-53).
+    A signal during a write under the store lock is delivered when the write is done."""
+    from kernelcamp.signals import Terminated, signals_raise
+
+    uri = tracking.tracking_uri(PARAMS)
+    done = []
+    with pytest.raises(Terminated), signals_raise():
+        with tracking.store_lock(uri):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # Python runs a handler at the next bytecode: it would have raised here
+            done.append("write finished")
+    assert done == ["write finished"]
+
+
 def test_only_the_spec_stage_opens_the_store_on_entry(store):
     """Stages after spec neither import MLflow nor open the store when they succeed (2-6 s each before,
     issue 12's wall time); spec, the gate, creates it; a later stage's failure still records its run."""
