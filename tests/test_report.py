@@ -267,6 +267,18 @@ def test_a_benchmark_record_edited_by_hand_is_one_line(tmp_path, edit, want):
     assert msg.endswith("rerun `dvc repro benchmark` instead of editing it")
 
 
+def test_every_committed_record_has_the_shapes_the_report_checks():
+    """The shape check refuses no record a stage wrote: the campaigns' committed GPU and CPU records all pass it."""
+    checked = 0
+    for d in sorted((ROOT / "reports" / "campaigns").glob("*/*/")):
+        for name in ("benchmark", "build"):
+            p = d / f"{name}.json"
+            if p.exists():
+                kr._check_shape(name, p, json.loads(p.read_text()))
+                checked += 1
+    assert checked >= 100  # 112 when written (the campaigns' records of issues 5-14)
+
+
 def test_an_error_deeper_in_the_records_is_one_line_naming_them():
     """What load_inputs does not check (a value's type deeper down: kernel.overall.ratio = "fast" gave "ValueError:
     Unknown format code 'f'") is one KernelcampError from the rendering, naming the records and where."""
