@@ -18,8 +18,7 @@ import argparse
 import sys
 
 from kernelcamp.io import stage_main, write_json_atomic
-from kernelcamp.runlock import claim_run
-from kernelcamp.spec import load_spec, project_root, spec_summary
+from kernelcamp.spec import spec_summary, stage_spec
 from kernelcamp.tracking import tracked_stage
 
 
@@ -28,8 +27,7 @@ def main() -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--out", default="reports/spec.json")
     args = ap.parse_args()
-    spec = load_spec(args.params)
-    claim_run(project_root(), "spec", spec.params_sha256)
+    spec = stage_spec("spec", args.params)  # the run's claim, with the params a failed later stage records
     write_json_atomic(args.out, spec_summary(spec))
     rev = spec.hashes()["baseline_kernel_rev"]
     print(

@@ -90,6 +90,26 @@ def test_the_spec_stage_hashes_its_own_trees_kernel(tmp_path: Path) -> None:
     assert rec["kernel_source_hash"] != parse_spec(PARAMS).kernel_source_hash
 
 
+def test_the_spec_stage_claims_the_run_with_its_params(tmp_path: Path) -> None:
+    """The spec stage, first of every pipeline run, claimed the run without its params (it called claim_run itself):
+    a later stage stopped by a rewritten params.yaml still recorded the rewritten params (helper-54, after the fix
+    of helper-53's fault tested only through claim_run). Run under a process named dvc, as DVC runs it."""
+    import yaml
+
+    copy_root = _copy_tree(tmp_path / "exp-copy")
+    fake = tmp_path / "bin" / "dvc"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/bash\n{sys.executable} -m stages.spec --out reports/spec.json\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "DVC_ROOT": str(copy_root)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    r = subprocess.run([str(fake)], cwd=copy_root, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    claim = json.loads((copy_root / ".kernelcamp" / "run.json").read_text())
+    assert claim["stage"] == claim["at_stage"] == "spec"
+    assert claim["params"] == yaml.safe_load((copy_root / "params.yaml").read_text())
+
+
 @pytest.mark.parametrize("module", ["os", "kernelcamp.variant", "kernels", "kernels.no_such_kernel", "kernels.a.b"])
 def test_a_kernel_module_outside_kernels_is_refused(module: str) -> None:
     # kernels/ is every stage's DVC dependency; a module elsewhere could change with `dvc status` clean
