@@ -218,6 +218,31 @@ def run_params(root: Path, owner: int | None = None) -> dict[str, Any] | None:
     return cur["params"]
 
 
+def check_params_unchanged(root: Path, stage: str, params_path: str | os.PathLike, owner: int | None = None) -> None:
+    """At the end of stage ``stage``: raise ``KernelcampError`` when ``params_path`` (params.yaml) no longer has the
+    sha256 this owner's run of the tree ``root`` claimed it with. DVC locks a stage's outputs with the params it
+    reads after the stage ends: a benchmark that finished after a refused second `dvc exp run` had rewritten
+    params.yaml was locked with that run's num_warps beside a benchmark.json of its own (helper-54). A stage
+    run by hand (no owner), or no live claim of this owner (the report stage released it), checks nothing."""
+    from kernelcamp.io import read_params
+    from kernelcamp.spec import sha256_text
+
+    owner = run_owner() if owner is None else owner
+    if owner is None:
+        return
+    cur = live_claim(claim_path(root))
+    if cur is None or cur.get("owner_pid") != owner:
+        return
+    now = sha256_text(read_params(params_path)[0])
+    if now != cur.get("params_sha256"):
+        raise KernelcampError(
+            f"params.yaml changed while the {stage} stage ran (sha256 {str(cur.get('params_sha256'))[:12]} when this "
+            f"run started, {now[:12]} now): something rewrote it (another `dvc exp run`, a `make params` or an edit), "
+            "and DVC would lock this stage's outputs with params they were not made with; the stage fails instead, "
+            "rerun the pipeline"
+        )
+
+
 def release_run(root: Path, owner: int | None = None) -> None:
     """Remove this owner's claims, the tree's and the server folder's (the last stage calls it); another
     owner's claim is left alone."""

@@ -521,6 +521,11 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
                 rc = fn(*a, **kw)
                 if rc not in (0, None):
                     self._record(f"exit status {rc}")
+                else:  # outputs of the params the run started with, or no success for DVC to lock
+                    from kernelcamp.runlock import check_params_unchanged
+                    from kernelcamp.spec import project_root
+
+                    check_params_unchanged(project_root(), self.name, self.params_path)
                 return rc
 
         return inner

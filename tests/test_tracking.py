@@ -337,6 +337,41 @@ def test_a_later_stage_records_the_params_its_run_claimed(store):
     assert r.data.tags["variant"] == "bt16_w8"  # the tags are the run's too
 
 
+def test_a_stage_that_ends_after_params_changed_fails(store):
+    """A benchmark stage that finished after a refused second `dvc exp run` had rewritten params.yaml exited 0, and
+    DVC locked its benchmark.json (num_warps 16) with the new params (num_warps 1): `dvc status` then called it up
+    to date (helper-54). The stage checks params.yaml at its end and fails, recording the run's params."""
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    other = {**PARAMS, "variant": {**PARAMS["variant"], "num_warps": 4}}
+    code = f"""
+        import json, os
+        import kernelcamp.runlock as rl
+        from kernelcamp.io import read_params, stage_main
+        from kernelcamp.spec import project_root, sha256_text
+        from kernelcamp.tracking import tracked_stage
+        rl.run_owner = lambda pid=None: os.getpid()  # this process stands for the run's dvc process
+        rl.claim_run(project_root(), "spec", sha256_text(read_params("params.yaml")[0]), params={PARAMS!r})
+        def main():
+            open("params.yaml", "w").write(json.dumps({other!r}))  # rewritten while the stage ran
+            return 0
+        stage_main(tracked_stage("benchmark")(main))
+        """
+    p = _py(code, store)
+    out, err = p.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: params.yaml changed while the benchmark stage ran (sha256 "), err
+    (r,) = _runs(store)
+    assert r.info.status == "FAILED" and r.data.tags["kernelcamp.stage"] == "benchmark"
+    assert r.data.params["variant.num_warps"] == "8", r.data.params
+    # unchanged: the stage succeeds (the claim's owner is this process; a stage run by hand checks nothing)
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    code = code.replace("open(", "0 and open(")
+    p = _py(code, store)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+
+
 def test_a_broken_sqlite_store_is_one_line_that_says_what_to_do(store):
     """A truncated mlflow.db (a copy cut short, a full disk): the report stage printed a warning that it could not
     record its failure, then an error with SQLAlchemy's SQL text and link, and no advice (helper-53). One line now,
