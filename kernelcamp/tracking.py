@@ -438,7 +438,10 @@ def tracked_run(
             yield run
         except Terminated as k:
             run.end("KILLED", f"killed by {k}")
-            raise SystemExit(128 + k.signum) from None
+            done = SystemExit(128 + k.signum)
+            # recorded: a tracked_stage around it recorded a second, FAILED run "exit status 130" (helper-54)
+            done.kernelcamp_recorded = True  # type: ignore[attr-defined]
+            raise done from None
         except SystemExit as e:
             if e.code in (0, None):
                 run.end("FINISHED")

@@ -115,6 +115,33 @@ def test_killed_on_sigterm_in_subprocess(store):
     assert "SIGTERM" in r.data.tags["kernelcamp.error"]
 
 
+def test_a_stage_killed_inside_its_tracked_run_leaves_one_killed_run(store):
+    """Ctrl-C while the report stage's run was open: the run ended KILLED, and tracked_stage around it recorded a
+    second run, FAILED "exit status 130" (helper-54). One run, KILLED, and the stage's one interrupted line."""
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    p = _py(
+        f"""
+        import time
+        from kernelcamp import tracking
+        from kernelcamp.io import stage_main
+        def main():
+            with tracking.tracked_run({PARAMS!r}) as run:
+                print(run.run_id, flush=True)
+                time.sleep(60)
+        stage_main(tracking.tracked_stage("report", check_store=False)(main))
+        """,
+        store,
+    )
+    run_id = p.stdout.readline().strip()
+    assert run_id, p.stderr.read()
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=60) == 128 + signal.SIGINT
+    err = p.stderr.read().strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: interrupted by SIGINT"), err
+    (r,) = _runs(store)
+    assert r.info.run_id == run_id and r.info.status == "KILLED" and "SIGINT" in r.data.tags["kernelcamp.error"]
+
+
 def test_stale_running_run_is_closed(store):
     p = _py(
         f"""
