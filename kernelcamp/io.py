@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import io
 import json
 import os
@@ -116,6 +117,11 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise KernelcampError(f"{what} at {path} is not valid JSON ({e}): rerun the stage that writes it") from e
+
+
+def sha256_text(text: str) -> str:
+    """Hex sha256 of ``text``'s UTF-8 bytes: params.yaml's hash, the run spec's and the run claim's."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def read_params(path: str | os.PathLike = "params.yaml") -> tuple[str, Any]:

@@ -224,8 +224,7 @@ def check_params_unchanged(root: Path, stage: str, params_path: str | os.PathLik
     reads after the stage ends: a benchmark that finished after a refused second `dvc exp run` had rewritten
     params.yaml was locked with that run's num_warps beside a benchmark.json of its own (helper-54). A stage
     run by hand (no owner), or no live claim of this owner (the report stage released it), checks nothing."""
-    from kernelcamp.io import read_params
-    from kernelcamp.spec import sha256_text
+    from kernelcamp.io import read_params, sha256_text
 
     owner = run_owner() if owner is None else owner
     if owner is None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import importlib
 import json
 import re
@@ -46,6 +45,7 @@ import yaml
 
 from kernelcamp.errors import KernelcampError, as_written, url_shown
 from kernelcamp.hashes import dvc_stage, kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
+from kernelcamp.io import sha256_text
 from kernelcamp.kernel_rev import KernelRev, import_kernel_rev, resolve_kernel_rev
 from kernelcamp.ports import PORT_STRIDE, worker_port
 from kernelcamp.variant import Variant, check_name, parse_variant
@@ -502,10 +502,6 @@ def kernel_for(params: Mapping[str, Any], impl: str) -> types.ModuleType:
 
 
 # ---------------------------------------------------------------------------------------- run spec
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(kw_only=True)

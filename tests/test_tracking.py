@@ -373,8 +373,8 @@ def test_a_stage_that_ends_after_params_changed_fails(store):
     code = f"""
         import json, os
         import kernelcamp.runlock as rl
-        from kernelcamp.io import read_params, stage_main
-        from kernelcamp.spec import project_root, sha256_text
+        from kernelcamp.io import read_params, sha256_text, stage_main
+        from kernelcamp.spec import project_root
         from kernelcamp.tracking import tracked_stage
         rl.run_owner = lambda pid=None: os.getpid()  # this process stands for the run's dvc process
         rl.claim_run(project_root(), "spec", sha256_text(read_params("params.yaml")[0]), params={PARAMS!r})
