@@ -206,16 +206,21 @@ def _stages(claim: dict[str, Any]) -> str:
     return f"at stage {first}" if now == first else f"since stage {first}, now at {now}"
 
 
-def run_params(root: Path, owner: int | None = None) -> dict[str, Any] | None:
-    """The params this owner's run of the tree ``root`` claimed it with (its first stage's params.yaml), or None
-    (no live claim of this owner, e.g. a stage run by hand, or a claim without them)."""
+def _own_claim(root: Path, owner: int | None) -> dict[str, Any] | None:
+    """The tree ``root``'s live claim when ``owner`` (default: this process's ``dvc`` owner) holds it, else None
+    (no owner: a stage run by hand; no live claim; another owner's)."""
     owner = run_owner() if owner is None else owner
     if owner is None:
         return None
     cur = live_claim(claim_path(root))
-    if cur is None or cur.get("owner_pid") != owner or not isinstance(cur.get("params"), dict):
-        return None
-    return cur["params"]
+    return cur if cur is not None and cur.get("owner_pid") == owner else None
+
+
+def run_params(root: Path, owner: int | None = None) -> dict[str, Any] | None:
+    """The params this owner's run of the tree ``root`` claimed it with (its first stage's params.yaml), or None
+    (no live claim of this owner, e.g. a stage run by hand, or a claim without them)."""
+    cur = _own_claim(root, owner)
+    return cur["params"] if cur is not None and isinstance(cur.get("params"), dict) else None
 
 
 def check_params_unchanged(root: Path, stage: str, params_path: str | os.PathLike, owner: int | None = None) -> None:
@@ -226,11 +231,8 @@ def check_params_unchanged(root: Path, stage: str, params_path: str | os.PathLik
     run by hand (no owner), or no live claim of this owner (the report stage released it), checks nothing."""
     from kernelcamp.io import read_params, sha256_text
 
-    owner = run_owner() if owner is None else owner
-    if owner is None:
-        return
-    cur = live_claim(claim_path(root))
-    if cur is None or cur.get("owner_pid") != owner:
+    cur = _own_claim(root, owner)
+    if cur is None:
         return
     now = sha256_text(read_params(params_path)[0])
     if now != cur.get("params_sha256"):
