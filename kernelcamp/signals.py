@@ -2,9 +2,11 @@
 
 - :func:`signals_raise`: for a block, SIGTERM (and SIGINT, where asked) raise :class:`Terminated`, a
   ``BaseException`` like ``KeyboardInterrupt``, so no ``except Exception`` on the way swallows it and
-  every ``finally`` (servers stopped, child process groups killed, the MLflow run closed) runs. Main
-  thread only (Python runs handlers there); elsewhere a no-op. ``only_if_default``: leave a signal
-  alone when someone already handles it (the stage's tracked run, which records KILLED).
+  every ``finally`` (servers stopped, child process groups killed, the MLflow run closed) runs. A
+  signal whose exception Python dropped (it landed in a ``__del__`` or GC callback) is delivered
+  again (:class:`SignalGuard`). Main thread only (Python runs handlers there); elsewhere a no-op.
+  ``only_if_default``: leave a signal alone when someone already handles it (the stage's tracked
+  run, which records KILLED).
 - :func:`signals_deferred`: hold SIGTERM/SIGINT for a cleanup (or import) that must not be cut
   short; they are delivered when the block ends.
 - :func:`die_with_parent` (in the process itself) and :func:`pdeathsig_preexec` (for a child we
@@ -35,31 +37,99 @@ class Terminated(BaseException):
         self.signum = signum
 
 
+class SignalGuard:
+    """What :func:`signals_raise` yields: :meth:`check` raises a signal whose exception Python dropped.
+
+    A handler runs at whatever bytecode the main thread is at, also inside a finalizer (``__del__``, a
+    weakref or garbage-collector callback). An exception raised there is not propagated: Python prints
+    "Exception ignored in ..." (``sys.unraisablehook``) and goes on, so a Ctrl-C that landed there was
+    lost and the stage finished normally (helper-55, 1 interrupt in 20). The guard notes such a signal
+    as pending and has it delivered again from a timer thread (``_thread.interrupt_main``) once the
+    finalizer is over; :meth:`check`, and the block's normal end, raise one still pending."""
+
+    #: seconds before a dropped signal is delivered again (the finalizer it landed in has returned by then)
+    REDELIVER_S = 0.02
+
+    def __init__(self, exc: Callable[[int], BaseException]):
+        self._exc = exc
+        self._raised: list[BaseException] = []  # the handler's exceptions, matched by identity in the hook
+        self._timer: threading.Timer | None = None
+        self.pending: int | None = None  # a signal whose exception was dropped and not yet raised again
+
+    def handler(self, signum: int, _frame: Any) -> None:
+        self.pending = None  # delivered (again)
+        err = self._exc(signum)
+        self._raised[:] = [*self._raised[-7:], err]
+        raise err
+
+    def unraisable(self, info: Any, previous: Callable[[Any], Any]) -> None:
+        """``sys.unraisablehook`` for the block: one line for a dropped exception of :meth:`handler`, which
+        is then delivered again; anything else goes to ``previous``."""
+        err = info.exc_value
+        if not any(err is r for r in self._raised):
+            previous(info)
+            return
+        signum = getattr(err, "signum", None)
+        if not isinstance(signum, int):
+            previous(info)
+            return
+        self.pending = signum
+        name = signal.Signals(signum).name
+        print(f"kernelcamp: {name} arrived inside a finalizer; delivering it again", file=sys.stderr)
+        import _thread
+
+        self._timer = threading.Timer(self.REDELIVER_S, _thread.interrupt_main, (signum,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def check(self) -> None:
+        """Raise the exception of a signal that is still pending (see the class); else nothing."""
+        if self.pending is not None:
+            signum, self.pending = self.pending, None
+            if self._timer is not None:
+                self._timer.cancel()
+            raise self._exc(signum)
+
+    def stop(self) -> None:
+        """Cancel a delivery not yet made (the block ends); :meth:`check` still raises the signal."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+
 @contextlib.contextmanager
 def signals_raise(
     signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
     only_if_default: bool = False,
     exc: Callable[[int], BaseException] = Terminated,
-) -> Iterator[None]:
+) -> Iterator[SignalGuard]:
     """For the block, each of ``signals`` raises ``exc(signum)`` (default :class:`Terminated`).
 
-    Main thread only; elsewhere a no-op. ``only_if_default``: a signal whose handler is not the
+    Yields a :class:`SignalGuard`: a signal whose exception Python dropped (it landed in a finalizer) is
+    delivered again, and raised at the latest when the block ends normally; :meth:`SignalGuard.check`
+    raises it earlier, where a caller must know before it records success. Main thread only; elsewhere a
+    no-op (the guard then never holds a signal). ``only_if_default``: a signal whose handler is not the
     default action is left as it is. The previous handlers are restored when the block ends."""
+    guard = SignalGuard(exc)
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield guard
         return
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise exc(signum)
 
     old = {}
     for s in signals:
         if only_if_default and signal.getsignal(s) not in (signal.SIG_DFL, None):
             continue
-        old[s] = signal.signal(s, handler)
+        old[s] = signal.signal(s, guard.handler)
+    previous_hook = sys.unraisablehook
+    if old:
+        sys.unraisablehook = lambda info: guard.unraisable(info, previous_hook)
     try:
-        yield
+        yield guard
+        guard.stop()
+        guard.check()
     finally:
+        guard.stop()
+        if old:
+            sys.unraisablehook = previous_hook
         for s, h in old.items():
             signal.signal(s, h)
 

@@ -433,9 +433,10 @@ def tracked_run(
     """A run that ends FINISHED only if the block completes; FAILED (with the error) on an exception
     or a non-zero ``SystemExit``; KILLED on SIGTERM/SIGINT, after which the process exits 128+signal."""
     run = start_run(params, run_name, tags, start_time_ms)
-    with signals_raise():
+    with signals_raise() as guard:
         try:
             yield run
+            guard.check()  # a signal Python dropped in a finalizer: KILLED, not FINISHED (helper-55)
         except Terminated as k:
             run.end("KILLED", f"killed by {k}")
             done = SystemExit(128 + k.signum)
@@ -555,7 +556,10 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
 
     def __exit__(self, exc_type, exc, tb):
         assert self._sig is not None
-        self._sig.close()
+        try:
+            self._sig.close()
+        except Terminated as k:  # a signal Python dropped in a finalizer, raised as the block ends (helper-55)
+            exc = exc if exc is not None else k
         if exc is None or getattr(exc, "kernelcamp_recorded", False) or getattr(exc, "store_failed", False):
             return False  # succeeded, a tracked_run inside already ended its run FAILED, or the store itself failed
         if isinstance(exc, Terminated):

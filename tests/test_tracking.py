@@ -142,6 +142,77 @@ def test_a_stage_killed_inside_its_tracked_run_leaves_one_killed_run(store):
     assert r.info.run_id == run_id and r.info.status == "KILLED" and "SIGINT" in r.data.tags["kernelcamp.error"]
 
 
+class _SignalsInFinalizer:
+    """An object whose ``__del__`` sends this process ``signum`` and runs on: the handler raises inside the
+    finalizer, where Python prints "Exception ignored in ..." and drops the exception."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def __del__(self):
+        os.kill(os.getpid(), self.signum)
+        total = 0
+        for i in range(3):  # bytecode after the kill: the handler runs here
+            total += i
+
+
+def test_a_signal_dropped_in_a_finalizer_is_delivered_again(capfd):
+    """A Ctrl-C that landed while Python ran a finalizer was printed as "Exception ignored ... Terminated" and
+    lost: the stage finished normally (helper-55, 1 in 20). It is delivered again, at once, with one line."""
+    from kernelcamp.signals import Terminated, signals_raise
+
+    done = []
+    with pytest.raises(Terminated) as e, signals_raise():
+        _SignalsInFinalizer(signal.SIGINT)  # dropped at once: its __del__ runs here
+        for _ in range(2000):  # 2 s of the stage's work
+            time.sleep(0.001)
+        done.append("the work went on to its end")
+    assert e.value.signum == signal.SIGINT and done == []
+    err = capfd.readouterr().err
+    assert "Exception ignored" not in err and "SIGINT arrived inside a finalizer; delivering it again" in err
+
+
+def test_a_signal_dropped_just_before_the_block_ends_is_raised_at_its_end(monkeypatch):
+    """The redelivery may come after the block's last statement: the block's end raises the signal then."""
+    from kernelcamp.signals import SignalGuard, Terminated, signals_raise
+
+    monkeypatch.setattr(SignalGuard, "REDELIVER_S", 30.0)
+    with pytest.raises(Terminated) as e, signals_raise():
+        _SignalsInFinalizer(signal.SIGTERM)
+    assert e.value.signum == signal.SIGTERM
+
+
+def test_a_run_whose_signal_was_dropped_in_a_finalizer_ends_killed(store, monkeypatch):
+    """tracked_run checks for such a signal before it ends the run FINISHED."""
+    from kernelcamp.signals import SignalGuard
+
+    monkeypatch.setattr(SignalGuard, "REDELIVER_S", 30.0)
+    with pytest.raises(SystemExit) as e, tracking.tracked_run(PARAMS):
+        _SignalsInFinalizer(signal.SIGINT)
+    assert e.value.code == 128 + signal.SIGINT
+    (r,) = _runs(store)
+    assert r.info.status == "KILLED" and "SIGINT" in r.data.tags["kernelcamp.error"]
+
+
+def test_a_stage_whose_signal_was_dropped_in_a_finalizer_ends_killed(store, monkeypatch):
+    """tracked_stage records such a signal, raised as its block ends, as a KILLED run and exits 128+signal."""
+    from kernelcamp.signals import SignalGuard
+
+    monkeypatch.setattr(SignalGuard, "REDELIVER_S", 30.0)
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    monkeypatch.chdir(store)
+
+    @tracking.tracked_stage("report", check_store=False)
+    def stage():
+        _SignalsInFinalizer(signal.SIGTERM)
+
+    with pytest.raises(SystemExit) as e:
+        stage()
+    assert e.value.code == 128 + signal.SIGTERM
+    (r,) = _runs(store)
+    assert r.info.status == "KILLED" and "SIGTERM" in r.data.tags["kernelcamp.error"]
+
+
 def test_stale_running_run_is_closed(store):
     p = _py(
         f"""
