@@ -44,8 +44,8 @@ class SignalGuard:
     weakref or garbage-collector callback). An exception raised there is not propagated: Python prints
     "Exception ignored in ..." (``sys.unraisablehook``) and goes on, so a Ctrl-C that landed there was
     lost and the stage finished normally (helper-55, 1 interrupt in 20). The guard notes such a signal
-    as pending and has it delivered again from a timer thread (``_thread.interrupt_main``) once the
-    finalizer is over; :meth:`check`, and the block's normal end, raise one still pending."""
+    as pending and has it sent again to the main thread from a timer thread (``signal.pthread_kill``)
+    once the finalizer is over; :meth:`check`, and the block's normal end, raise one still pending."""
 
     #: seconds before a dropped signal is delivered again (the finalizer it landed in has returned by then)
     REDELIVER_S = 0.02
@@ -76,9 +76,10 @@ class SignalGuard:
         self.pending = signum
         name = signal.Signals(signum).name
         print(f"kernelcamp: {name} arrived inside a finalizer; delivering it again", file=sys.stderr)
-        import _thread
-
-        self._timer = threading.Timer(self.REDELIVER_S, _thread.interrupt_main, (signum,))
+        # to the main thread itself: a system call it waits in (a sleep, a child's wait) ends with EINTR and the
+        # handler runs; _thread.interrupt_main only sets the handler's flag, seen when that call returns
+        main = threading.main_thread().ident
+        self._timer = threading.Timer(self.REDELIVER_S, signal.pthread_kill, (main, signum))
         self._timer.daemon = True
         self._timer.start()
 
