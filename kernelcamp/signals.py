@@ -52,25 +52,21 @@ class SignalGuard:
 
     def __init__(self, exc: Callable[[int], BaseException]):
         self._exc = exc
-        self._raised: list[BaseException] = []  # the handler's exceptions, matched by identity in the hook
+        self._raised: list[tuple[BaseException, int]] = []  # the handler's exceptions and their signals
         self._timer: threading.Timer | None = None
         self.pending: int | None = None  # a signal whose exception was dropped and not yet raised again
 
     def handler(self, signum: int, _frame: Any) -> None:
         self.pending = None  # delivered (again)
         err = self._exc(signum)
-        self._raised[:] = [*self._raised[-7:], err]
+        self._raised[:] = [*self._raised[-7:], (err, signum)]
         raise err
 
     def unraisable(self, info: Any, previous: Callable[[Any], Any]) -> None:
         """``sys.unraisablehook`` for the block: one line for a dropped exception of :meth:`handler`, which
         is then delivered again; anything else goes to ``previous``."""
-        err = info.exc_value
-        if not any(err is r for r in self._raised):
-            previous(info)
-            return
-        signum = getattr(err, "signum", None)
-        if not isinstance(signum, int):
+        signum = next((s for err, s in self._raised if err is info.exc_value), None)  # matched by identity
+        if signum is None:
             previous(info)
             return
         self.pending = signum

@@ -182,6 +182,15 @@ def test_a_signal_dropped_just_before_the_block_ends_is_raised_at_its_end(monkey
     assert e.value.signum == signal.SIGTERM
 
 
+def test_a_dropped_signal_of_another_exception_type_is_delivered_again(monkeypatch):
+    """signals_raise's ``exc`` may make an exception with no ``signum`` (KeyboardInterrupt): it is matched too."""
+    from kernelcamp.signals import SignalGuard, signals_raise
+
+    monkeypatch.setattr(SignalGuard, "REDELIVER_S", 30.0)
+    with pytest.raises(KeyboardInterrupt), signals_raise((signal.SIGINT,), exc=lambda s: KeyboardInterrupt()):
+        _SignalsInFinalizer(signal.SIGINT)
+
+
 def test_a_run_whose_signal_was_dropped_in_a_finalizer_ends_killed(store, monkeypatch):
     """tracked_run checks for such a signal before it ends the run FINISHED."""
     from kernelcamp.signals import SignalGuard
