@@ -227,10 +227,16 @@ def stage_main(fn: Callable[[], int | None]) -> None:
     except SystemExit as e:  # kernelcamp.tracking.tracked_stage ends a signalled stage with 128 + signal
         names = {128 + signal.SIGINT: "SIGINT", 128 + signal.SIGTERM: "SIGTERM"}
         if e.code in names:
-            print(f"error: {INTERRUPTED.format(sig=names[e.code])}", file=sys.stderr)
+            line = INTERRUPTED_AFTER_RUN if getattr(e, "kernelcamp_run_finished", False) else INTERRUPTED
+            print(f"error: {line.format(sig=names[e.code])}", file=sys.stderr)
         raise
     sys.exit(rc or 0)
 
 
 #: The one line a stage stopped by a signal prints (every output is written only when its stage succeeds).
 INTERRUPTED = "interrupted by {sig}: this stage's outputs are as they were before it ran; run the pipeline again"
+#: The line for a signal that came as the stage's MLflow run ended FINISHED (the report's outputs are then in place).
+INTERRUPTED_AFTER_RUN = (
+    "interrupted by {sig} as this stage's MLflow run ended FINISHED: its outputs are written, but DVC does not "
+    "record the stage as done; run the pipeline again"
+)

@@ -316,6 +316,14 @@ def split_long_params(flat: Mapping[str, str], max_len: int = MAX_PARAM_LEN) -> 
 # ---------------------------------------------------------------------------------------------- runs
 
 
+#: The runs this process created and has not ended, by id (:func:`start_run` adds one inside the store lock, before
+#: a signal held by the write is delivered; :meth:`Run.end` removes it): a signal that came as the run was created
+#: left it RUNNING beside tracked_stage's own KILLED record (helper-56).
+OPEN_RUNS: dict[str, Run] = {}
+#: The runs this process ended, by id, and how (``FINISHED``, ``KILLED``, ``FAILED``).
+ENDED_RUNS: dict[str, str] = {}
+
+
 class Run:
     """An open MLflow run; every write takes the store lock (SQLite) and goes through ``log_batch``."""
 
@@ -375,6 +383,8 @@ class Run:
             if error:
                 self._client.set_tag(self.run_id, TAG_PREFIX + "error", _one_line(error))
             self._client.set_terminated(self.run_id, status=status)
+            OPEN_RUNS.pop(self.run_id, None)  # before a signal held by the write is delivered
+            ENDED_RUNS[self.run_id] = status
 
 
 def start_run(
@@ -399,7 +409,7 @@ def start_run(
     with store_lock(uri):
         client = _client(uri)
         run = client.create_run(exp_id, start_time=start_time_ms, run_name=name, tags={**base, MLFLOW_RUN_NAME: name})
-    r = Run(uri, run.info.run_id)
+        r = OPEN_RUNS[run.info.run_id] = Run(uri, run.info.run_id)
     if tags:
         r.set_tags(tags)
     return r
@@ -514,9 +524,27 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
         self.name, self.params_path, self.check_store = name, params_path, check_store
         self._sig: contextlib.ExitStack | None = None
         self._params: dict[str, Any] | None = None  # params.yaml as it was on entry: what a failure records
+        self._known: set[str] = set()  # the runs this process had opened or ended before the stage's block
 
     def _record(self, error: BaseException | str, status: str = "FAILED") -> None:
-        record_stage_failure(self.name, error, self.params_path, status=status, params=self._params)
+        """Record the failure: on the run this stage opened and never ended (a signal as it was created), else as a
+        run of its own (:func:`record_stage_failure`)."""
+        mine = [r for i, r in list(OPEN_RUNS.items()) if i not in self._known]
+        if not mine:
+            record_stage_failure(self.name, error, self.params_path, status=status, params=self._params)
+            return
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        for run in mine:
+            try:
+                with contextlib.suppress(Exception):  # logged already, or with other values: the run keeps those
+                    run.log_params(self._params or {})
+                run.end(status, f"stage {self.name}: {text}")
+            except Exception as e:  # noqa: BLE001 - never mask the stage's error with a tracking one
+                print(f"warning: could not record the {self.name} failure in MLflow: {_one_line(e)}", file=sys.stderr)
+
+    def _ended_here(self) -> dict[str, str]:
+        """The runs the stage's block opened and ended, by id, with their status."""
+        return {i: status for i, status in list(ENDED_RUNS.items()) if i not in self._known}
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -550,6 +578,7 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
                 ensure_store(params)
             else:
                 check_reachable(tracking_uri(params))
+        self._known = set(OPEN_RUNS) | set(ENDED_RUNS)
         self._sig = contextlib.ExitStack()
         self._sig.enter_context(signals_raise())
         return self
@@ -563,8 +592,13 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
         if exc is None or getattr(exc, "kernelcamp_recorded", False) or getattr(exc, "store_failed", False):
             return False  # succeeded, a tracked_run inside already ended its run FAILED, or the store itself failed
         if isinstance(exc, Terminated):
-            self._record(f"killed by {exc}", status="KILLED")
-            raise SystemExit(128 + exc.signum) from None
+            ended = self._ended_here()
+            done = SystemExit(128 + exc.signum)
+            if ended:  # the signal came as the stage's run ended (held by the write): that end is its record
+                done.kernelcamp_run_finished = "FINISHED" in ended.values()  # type: ignore[attr-defined]
+            else:
+                self._record(f"killed by {exc}", status="KILLED")
+            raise done from None
         if isinstance(exc, SystemExit):
             if exc.code not in (0, None):
                 self._record(f"exit status {exc.code}")

@@ -222,6 +222,83 @@ def test_a_stage_whose_signal_was_dropped_in_a_finalizer_ends_killed(store, monk
     assert r.info.status == "KILLED" and "SIGTERM" in r.data.tags["kernelcamp.error"]
 
 
+def _signal_after(monkeypatch, method, signum, when=lambda *a, **kw: True):
+    """Have the first call of ``MlflowClient.<method>`` for which ``when`` holds send this process ``signum`` after
+    it wrote (inside the store lock, so the signal is held until the write is done and delivered as the lock is
+    released)."""
+    from mlflow.tracking import MlflowClient
+
+    original = getattr(MlflowClient, method)
+    sent = []
+
+    def wrapped(self, *a, **kw):
+        out = original(self, *a, **kw)
+        if not sent and when(*a, **kw):
+            sent.append(signum)
+            os.kill(os.getpid(), signum)
+        return out
+
+    monkeypatch.setattr(MlflowClient, method, wrapped)
+
+
+def _report_stage(store, monkeypatch):
+    """A report-like stage in this process: its tracked run logs params and ends FINISHED."""
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    monkeypatch.chdir(store)
+
+    @tracking.tracked_stage("report", check_store=False)
+    def stage():
+        with tracking.tracked_run(PARAMS) as run:
+            run.log_params(PARAMS)
+
+    return stage
+
+
+def test_a_signal_as_the_run_is_created_leaves_one_killed_run(store, monkeypatch):
+    """A Ctrl-C while the report created its MLflow run was delivered as start_run's write ended, before tracked_run
+    held the run: the run stayed RUNNING, and tracked_stage recorded a second one, KILLED (helper-56, 5 of 14)."""
+    stage = _report_stage(store, monkeypatch)
+    _signal_after(monkeypatch, "create_run", signal.SIGINT)
+    with pytest.raises(SystemExit) as e:
+        stage()
+    assert e.value.code == 128 + signal.SIGINT and not getattr(e.value, "kernelcamp_run_finished", False)
+    (r,) = _runs(store)
+    assert r.info.status == "KILLED" and "SIGINT" in r.data.tags["kernelcamp.error"]
+    assert r.data.params.get("variant.name") == PARAMS["variant"]["name"]  # the run carries the stage's params
+
+
+def test_a_signal_as_the_run_ends_finished_adds_no_second_run(store, monkeypatch, capsys):
+    """A Ctrl-C as the run ended FINISHED was delivered after that write: a second run, KILLED, and a line saying
+    the outputs were as before, though the report had replaced them (helper-56). One FINISHED run, and a line that
+    says the outputs are written."""
+    from kernelcamp.io import stage_main
+
+    stage = _report_stage(store, monkeypatch)
+    _signal_after(monkeypatch, "set_terminated", signal.SIGTERM, lambda *a, **kw: kw.get("status") == "FINISHED")
+    with pytest.raises(SystemExit) as e:
+        stage_main(stage)
+    assert e.value.code == 128 + signal.SIGTERM
+    (r,) = _runs(store)
+    assert r.info.status == "FINISHED"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: interrupted by SIGTERM as this stage's MLflow run ended FINISHED: its outputs are written, but DVC "
+        "does not record the stage as done; run the pipeline again"
+    ]
+
+
+def test_a_signal_as_the_run_ends_killed_adds_no_second_run(store, monkeypatch):
+    """A second signal while the first one's KILLED end was written: still one run, KILLED."""
+    stage = _report_stage(store, monkeypatch)
+    _signal_after(monkeypatch, "log_batch", signal.SIGINT)
+    _signal_after(monkeypatch, "set_terminated", signal.SIGINT, lambda *a, **kw: kw.get("status") == "KILLED")
+    with pytest.raises(SystemExit) as e:
+        stage()
+    assert e.value.code == 128 + signal.SIGINT and not getattr(e.value, "kernelcamp_run_finished", False)
+    (r,) = _runs(store)
+    assert r.info.status == "KILLED"
+
+
 def test_stale_running_run_is_closed(store):
     p = _py(
         f"""
