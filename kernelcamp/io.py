@@ -209,6 +209,10 @@ def stage_main(fn: Callable[[], int | None]) -> None:
     The stage dies with its parent (:func:`kernelcamp.signals.die_with_parent`)."""
     from kernelcamp.signals import die_with_parent
 
+    # Python's own handlers again, in place of the one that ended a stage interrupted while it imported (stages/)
+    for s, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if getattr(signal.getsignal(s), "kernelcamp_stage_start", False):
+            signal.signal(s, default)
     die_with_parent()
     try:
         rc = fn()
