@@ -49,7 +49,7 @@ from typing import Any
 from kernelcamp.errors import KernelcampError, text_shown, url_shown
 from kernelcamp.io import pid_start_time, repo_relative, same_process
 from kernelcamp.provenance import dvc_root
-from kernelcamp.signals import Terminated, signals_raise
+from kernelcamp.signals import Terminated, signals_deferred, signals_raise
 
 MAX_PARAM_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3.17)
 MAX_TAG_LEN = 8000  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH
@@ -331,6 +331,15 @@ class Run:
         self.uri, self.run_id = uri, run_id
         self._client = _client(uri)
         self._artifact_dir: Path | None = None
+        #: what :func:`tracked_run` does just before the FINISHED end, with it, signals held (:meth:`on_finish`)
+        self.finish_steps: list[Callable[[], Any]] = []
+
+    def on_finish(self, step: Callable[[], Any]) -> None:
+        """Have :func:`tracked_run` run ``step`` (putting the stage's outputs in place) together with the run's
+        FINISHED end, SIGTERM/SIGINT held until both are done: a signal between the report's replaced outputs and
+        that end left a KILLED run and a line saying the outputs were as before (helper-57). An error in ``step``
+        ends the run FAILED."""
+        self.finish_steps.append(step)
 
     def _batch(self, metrics=(), params=(), tags=()) -> None:
         with store_lock(self.uri):
@@ -464,6 +473,15 @@ def tracked_run(
             run.end("FAILED", f"{type(e).__name__}: {e}")
             e.kernelcamp_recorded = True  # type: ignore[attr-defined]
             raise
+    # the outputs and the FINISHED end together: a signal comes before both (KILLED above) or after both
+    with signals_deferred():
+        try:
+            for step in run.finish_steps:
+                step()
+        except BaseException as e:
+            run.end("FAILED", f"{type(e).__name__}: {e}")
+            e.kernelcamp_recorded = True  # type: ignore[attr-defined]
+            raise
         run.end("FINISHED")
 
 
@@ -537,7 +555,9 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
         for run in mine:
             try:
                 with contextlib.suppress(Exception):  # logged already, or with other values: the run keeps those
-                    run.log_params(self._params or {})
+                    params = self._params or {}
+                    run.set_tags({TAG_PREFIX + "stage": self.name, **run_tags(params)})  # as record_stage_failure's
+                    run.log_params(params)
                 run.end(status, f"stage {self.name}: {text}")
             except Exception as e:  # noqa: BLE001 - never mask the stage's error with a tracking one
                 print(f"warning: could not record the {self.name} failure in MLflow: {_one_line(e)}", file=sys.stderr)

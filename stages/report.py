@@ -151,9 +151,13 @@ def main() -> int:
             run.log_artifacts(inputs, "reports")
             run.log_artifacts(tmp / "plots", "reports/plots")
             run.log_artifacts(_only(tmp, *mine), "reports")
-            _replace_dir(tmp / "plots", plots_dst)
-            os.replace(tmp / metrics_dst.name, metrics_dst)
-            os.replace(tmp / out.name, out)
+
+            def put_in_place() -> None:  # with the run's FINISHED end, signals held (Run.on_finish)
+                _replace_dir(tmp / "plots", plots_dst)
+                os.replace(tmp / metrics_dst.name, metrics_dst)
+                os.replace(tmp / out.name, out)
+
+            run.on_finish(put_in_place)
             run_id = run.run_id
     release_run(project_root())
     print(

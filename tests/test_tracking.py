@@ -265,6 +265,48 @@ def test_a_signal_as_the_run_is_created_leaves_one_killed_run(store, monkeypatch
     (r,) = _runs(store)
     assert r.info.status == "KILLED" and "SIGINT" in r.data.tags["kernelcamp.error"]
     assert r.data.params.get("variant.name") == PARAMS["variant"]["name"]  # the run carries the stage's params
+    # and the tags a search by stage or variant finds it with, as a run of record_stage_failure (helper-57)
+    assert r.data.tags.get("kernelcamp.stage") == "report" and r.data.tags.get("variant") == "bt16_w8"
+
+
+def test_the_outputs_and_the_finished_end_come_together(store, monkeypatch, capsys):
+    """A signal between the report's replaced outputs and its run's FINISHED end left a KILLED run and the line
+    "this stage's outputs are as they were before it ran" beside the new report.md (helper-57). The outputs are
+    put in place with the end (Run.on_finish), signals held: one FINISHED run, and the line says they are written."""
+    from kernelcamp.io import stage_main
+
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    monkeypatch.chdir(store)
+    done = []
+
+    def put_in_place():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # Python would run the handler here
+        done.append("report.md replaced")
+
+    @tracking.tracked_stage("report", check_store=False)
+    def stage():
+        with tracking.tracked_run(PARAMS) as run:
+            run.on_finish(put_in_place)
+
+    with pytest.raises(SystemExit) as e:
+        stage_main(stage)
+    assert e.value.code == 128 + signal.SIGINT and done == ["report.md replaced"]
+    (r,) = _runs(store)
+    assert r.info.status == "FINISHED"
+    assert "its outputs are written" in capsys.readouterr().err
+
+
+def test_a_failed_output_step_ends_the_run_failed(store):
+    """An error while the outputs are put in place ends the run FAILED with it (no FINISHED run without outputs)."""
+
+    def put_in_place():
+        raise OSError("disk full")
+
+    with pytest.raises(OSError), tracking.tracked_run(PARAMS) as run:
+        run.on_finish(put_in_place)
+    (r,) = _runs(store)
+    assert r.info.status == "FAILED" and "disk full" in r.data.tags["kernelcamp.error"]
 
 
 def test_a_signal_as_the_run_ends_finished_adds_no_second_run(store, monkeypatch, capsys):
