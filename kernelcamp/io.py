@@ -207,15 +207,22 @@ def stage_main(fn: Callable[[], int | None]) -> None:
     allocation the machine could not make (:func:`kernelcamp.errors.out_of_memory`).
 
     The stage dies with its parent (:func:`kernelcamp.signals.die_with_parent`)."""
-    from kernelcamp.signals import die_with_parent
+    from kernelcamp.signals import Terminated, die_with_parent, signals_raise
 
-    # Python's own handlers again, in place of the one that ended a stage interrupted while it imported (stages/)
+    # Python's own handlers again after the block, in place of the one that ended a stage interrupted while it
+    # imported (stages/), and for the block SIGTERM/SIGINT raise Terminated: with Python's defaults until the stage's
+    # tracked_stage took over (about 10 ms), a SIGTERM ended the stage with no line and a SIGINT that landed in a
+    # finalizer was dropped, and the stage exited 0 (helper-57)
     for s, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
         if getattr(signal.getsignal(s), "kernelcamp_stage_start", False):
             signal.signal(s, default)
     die_with_parent()
     try:
-        rc = fn()
+        with signals_raise():
+            rc = fn()
+    except Terminated as e:  # outside the stage's tracked_stage (which ends such a stage with SystemExit below)
+        print(f"error: {INTERRUPTED.format(sig=signal.Signals(e.signum).name)}", file=sys.stderr)
+        sys.exit(128 + e.signum)
     except KernelcampError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -71,9 +72,10 @@ def test_a_signal_in_a_finalizer_while_a_stage_imports_is_not_dropped(tmp_path):
     assert "Exception ignored" not in err and "while the stage started" in err
 
 
-def test_stage_main_gives_the_stage_pythons_own_handlers_back(monkeypatch):
+def test_stage_main_replaces_the_start_handler(monkeypatch):
     """The start's handler ends the process at once: once the stage's work begins, the stage's own handling (a
-    KILLED run, its outputs' cleanup) must see the signal, so stage_main puts Python's handlers back."""
+    KILLED run, its outputs' cleanup) must see the signal, so stage_main raises it as Terminated for the work and
+    puts Python's handlers back after it."""
     from kernelcamp.io import stage_main
 
     def start_handler(signum, frame):
@@ -91,11 +93,42 @@ def test_stage_main_gives_the_stage_pythons_own_handlers_back(monkeypatch):
     try:
         with pytest.raises(SystemExit) as e:
             stage_main(work)
+        after = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     finally:
         for s, h in old.items():
             signal.signal(s, h)
     assert e.value.code == 0
-    assert seen == {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    assert all(getattr(h, "__qualname__", "") == "SignalGuard.handler" for h in seen.values()), seen
+    assert after == {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_before_the_stage_tracks_it_is_one_line(monkeypatch, capsys, signum):
+    """Between stage_main and the stage's tracked_stage (about 10 ms: params read, the store checked), Python's
+    default handlers were in force: SIGTERM ended the stage with no line, a SIGINT in a finalizer was dropped and
+    the stage exited 0 (helper-57). Now one line and 128 + signal."""
+    from kernelcamp.io import stage_main
+
+    monkeypatch.setattr("kernelcamp.signals.die_with_parent", lambda *a, **kw: None)
+
+    class Finalizer:
+        def __del__(self):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.01)
+
+    def work():
+        Finalizer()  # the signal lands in its __del__, where Python drops an exception
+        time.sleep(5)
+        return 0
+
+    with pytest.raises(SystemExit) as e:
+        stage_main(work)
+    assert e.value.code == 128 + signum
+    name = signal.Signals(signum).name
+    assert capsys.readouterr().err.splitlines() == [
+        f"kernelcamp: {name} arrived inside a finalizer; delivering it again",
+        f"error: interrupted by {name}: this stage's outputs are as they were before it ran; run the pipeline again",
+    ]
 
 
 def test_importing_a_stage_module_elsewhere_keeps_the_handlers():
