@@ -449,8 +449,9 @@ def tracked_run(
     tags: Mapping[str, Any] | None = None,
     start_time_ms: int | None = None,
 ) -> Iterator[Run]:
-    """A run that ends FINISHED only if the block completes; FAILED (with the error) on an exception
-    or a non-zero ``SystemExit``; KILLED on SIGTERM/SIGINT, after which the process exits 128+signal."""
+    """A run that ends FINISHED only if the block completes (then its :meth:`Run.on_finish` steps run with that end,
+    SIGTERM/SIGINT held until both are done); FAILED (with the error) on an exception or a non-zero ``SystemExit``;
+    KILLED on SIGTERM/SIGINT, after which the process exits 128+signal."""
     run = start_run(params, run_name, tags, start_time_ms)
     with signals_raise() as guard:
         try:
