@@ -212,13 +212,16 @@ def stage_main(fn: Callable[[], int | None]) -> None:
     # Python's own handlers again after the block, in place of the one that ended a stage interrupted while it
     # imported (stages/), and for the block SIGTERM/SIGINT raise Terminated: with Python's defaults until the stage's
     # tracked_stage took over (about 10 ms), a SIGTERM ended the stage with no line and a SIGINT that landed in a
-    # finalizer was dropped, and the stage exited 0 (helper-57)
-    for s, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
-        if getattr(signal.getsignal(s), "kernelcamp_stage_start", False):
-            signal.signal(s, default)
-    die_with_parent()
+    # finalizer was dropped, and the stage exited 0 (helper-57). Both held until signals_raise is in force: in the
+    # microseconds between the two, a signal met Python's defaults again (helper-58)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
+        for s, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+            if getattr(signal.getsignal(s), "kernelcamp_stage_start", False):
+                signal.signal(s, default)
+        die_with_parent()
         with signals_raise():
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a signal held above is raised here
             rc = fn()
     except Terminated as e:  # outside the stage's tracked_stage (which ends such a stage with SystemExit below)
         print(f"error: {INTERRUPTED.format(sig=signal.Signals(e.signum).name)}", file=sys.stderr)
@@ -241,6 +244,8 @@ def stage_main(fn: Callable[[], int | None]) -> None:
             line = INTERRUPTED_AFTER_RUN if getattr(e, "kernelcamp_run_finished", False) else INTERRUPTED
             print(f"error: {line.format(sig=names[e.code])}", file=sys.stderr)
         raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # not left held where the block failed before it
     sys.exit(rc or 0)
 
 

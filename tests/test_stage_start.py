@@ -139,3 +139,20 @@ def test_importing_a_stage_module_elsewhere_keeps_the_handlers():
         text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
+
+
+def test_a_signal_as_stage_main_swaps_the_handlers_is_held_for_the_stage(monkeypatch, capsys):
+    """Between putting Python's handlers back and entering signals_raise (microseconds: die_with_parent), a SIGINT
+    met Python's default handler, a KeyboardInterrupt traceback, and a SIGTERM ended the stage with no line
+    (helper-58). Both are held there and raised once the stage's handler is in force."""
+    from kernelcamp.io import stage_main
+
+    monkeypatch.setattr("kernelcamp.signals.die_with_parent", lambda *a, **kw: os.kill(os.getpid(), signal.SIGINT))
+    ran = []
+    with pytest.raises(SystemExit) as e:
+        stage_main(lambda: ran.append("work") or 0)
+    assert e.value.code == 128 + signal.SIGINT and ran == []
+    assert capsys.readouterr().err.splitlines() == [
+        "error: interrupted by SIGINT: this stage's outputs are as they were before it ran; run the pipeline again"
+    ]
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, set()) & {signal.SIGINT, signal.SIGTERM}  # not left held
