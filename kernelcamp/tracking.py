@@ -502,17 +502,24 @@ def record_stage_failure(
     params_path: str | os.PathLike = "params.yaml",
     status: str = "FAILED",
     params: Mapping[str, Any] | None = None,
+    run: Run | None = None,
 ) -> str | None:
     """Record a run with ``status`` for a stage that failed before the report could log the pipeline
     run: tags ``kernelcamp.stage`` and ``kernelcamp.error``, the params it ran with. ``params``: those
     params as the stage read them when it started (``tracked_stage`` passes them); None reads
-    ``params_path`` now, which another run or a compose may have rewritten since. Returns the run id;
-    if the store itself cannot be reached, prints one warning line and returns None (the stage's own
-    error stays the one that matters)."""
+    ``params_path`` now, which another run or a compose may have rewritten since. ``run``: end this open
+    run of the stage with them instead of starting one (``tracked_stage``: a run a signal left open as it
+    was created). Returns the run id; if the store itself cannot be reached, prints one warning line and
+    returns None (the stage's own error stays the one that matters)."""
     try:
         params = dict(params) if params is not None else _params_or_empty(params_path)
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        run = start_run(params, tags={TAG_PREFIX + "stage": stage, **run_tags(params)})
+        tags = {TAG_PREFIX + "stage": stage, **run_tags(params)}
+        if run is None:
+            run = start_run(params, tags=tags)
+        else:
+            with contextlib.suppress(Exception):  # set already, or with other values: the run keeps those
+                run.set_tags(tags)
         with contextlib.suppress(Exception):
             run.log_params(params)
         run.end(status, f"stage {stage}: {text}")
@@ -549,19 +556,8 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
         """Record the failure: on the run this stage opened and never ended (a signal as it was created), else as a
         run of its own (:func:`record_stage_failure`)."""
         mine = [r for i, r in list(OPEN_RUNS.items()) if i not in self._known]
-        if not mine:
-            record_stage_failure(self.name, error, self.params_path, status=status, params=self._params)
-            return
-        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        for run in mine:
-            try:
-                with contextlib.suppress(Exception):  # logged already, or with other values: the run keeps those
-                    params = self._params or {}
-                    run.set_tags({TAG_PREFIX + "stage": self.name, **run_tags(params)})  # as record_stage_failure's
-                    run.log_params(params)
-                run.end(status, f"stage {self.name}: {text}")
-            except Exception as e:  # noqa: BLE001 - never mask the stage's error with a tracking one
-                print(f"warning: could not record the {self.name} failure in MLflow: {_one_line(e)}", file=sys.stderr)
+        for run in mine or [None]:
+            record_stage_failure(self.name, error, self.params_path, status=status, params=self._params, run=run)
 
     def _ended_here(self) -> dict[str, str]:
         """The runs the stage's block opened and ended, by id, with their status."""
