@@ -121,7 +121,6 @@ def signals_raise(
         sys.unraisablehook = lambda info: guard.unraisable(info, previous_hook)
     try:
         yield guard
-        guard.stop()
         guard.check()
     finally:
         guard.stop()

@@ -453,6 +453,11 @@ def tracked_run(
     SIGTERM/SIGINT held until both are done); FAILED (with the error) on an exception or a non-zero ``SystemExit``;
     KILLED on SIGTERM/SIGINT, after which the process exits 128+signal."""
     run = start_run(params, run_name, tags, start_time_ms)
+
+    def failed(e: BaseException) -> None:  # the run ends FAILED with the error, which a tracked_stage then records
+        run.end("FAILED", f"{type(e).__name__}: {e}")
+        e.kernelcamp_recorded = True  # type: ignore[attr-defined]
+
     with signals_raise() as guard:
         try:
             yield run
@@ -471,8 +476,7 @@ def tracked_run(
                 e.kernelcamp_recorded = True  # type: ignore[attr-defined]
             raise
         except BaseException as e:
-            run.end("FAILED", f"{type(e).__name__}: {e}")
-            e.kernelcamp_recorded = True  # type: ignore[attr-defined]
+            failed(e)
             raise
     # the outputs and the FINISHED end together: a signal comes before both (KILLED above) or after both
     with signals_deferred():
@@ -480,8 +484,7 @@ def tracked_run(
             for step in run.finish_steps:
                 step()
         except BaseException as e:
-            run.end("FAILED", f"{type(e).__name__}: {e}")
-            e.kernelcamp_recorded = True  # type: ignore[attr-defined]
+            failed(e)
             raise
         run.end("FINISHED")
 

@@ -4,8 +4,9 @@ While a stage started that way imports its modules (torch, matplotlib, MLflow: a
 SIGTERM end it at once, with one line and exit status 128 + signal: it has written nothing yet. Before, a Ctrl-C
 there gave a ``KeyboardInterrupt`` traceback (inside ``import matplotlib`` an ``ImportError``, recorded as a FAILED
 run), a SIGTERM ended it with no line, and a signal that landed in a garbage-collector callback was dropped, so the
-stage went on and exited 0 (helper-56). ``kernelcamp.io.stage_main`` puts Python's own handlers back when the
-stage's work begins. A signal the stage was started ignoring (a shell's ``&``) stays ignored.
+stage went on and exited 0 (helper-56). When the stage's work begins, ``kernelcamp.io.stage_main`` raises the two
+signals as ``Terminated`` for it and puts Python's own handlers back after it. A signal the stage was started
+ignoring (a shell's ``&``) stays ignored.
 """
 
 import os
