@@ -922,12 +922,12 @@ def _ws16_producer(ptrs, smem, bars, ints, sm_scale_log2, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _ws16_producer_0(ptrs, smem, bars, ints, sm_scale_log2):
+def _ws16_producer_0(ptrs, smem, bars, ints, sm_scale_log2, qargs):
     _ws16_producer(ptrs, smem, bars, ints, sm_scale_log2, 0)
 
 
 @gluon.jit
-def _ws16_producer_1(ptrs, smem, bars, ints, sm_scale_log2):
+def _ws16_producer_1(ptrs, smem, bars, ints, sm_scale_log2, qargs):
     _ws16_producer(ptrs, smem, bars, ints, sm_scale_log2, 1)
 
 
@@ -1061,9 +1061,22 @@ def _ws_consumer_hi_v4(ptrs, smem, bars, ints, sm_scale_log2, qargs):
 
 
 @gluon.jit
+def _ws_q_v32_store(q_ptr, pid_b, pid_h, stride_qb, stride_qh, q_lo, q_hi, q_rope, BLOCK_H: gl.constexpr):
+    # V3.2's q tile [BLOCK_H, 576] bf16 (heads pid_h * BLOCK_H ...) stored into the shared-memory buffers q_lo, q_hi
+    # (dims 0-255, 256-511) and q_rope (the 64 rope dims) by one warpgroup (the H=16 kernel's consumer)
+    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, WS_ROWS16))
+    qrow = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_h[:, None] * stride_qh
+    offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
+    offs_e = gl.arange(0, 64, layout=gl.SliceLayout(0, WS_ROWS16))
+    q_lo.store(gl.load(qrow + offs_c[None, :]))
+    q_hi.store(gl.load(qrow + 256 + offs_c[None, :]))
+    q_rope.store(gl.load(qrow + 512 + offs_e[None, :]))
+
+
+@gluon.jit
 def _ws_q_v32(q_ptr, pid_b, pid_h, stride_qb, stride_qh, BLOCK_H: gl.constexpr):
     # V3.2's q tile [BLOCK_H, 576] bf16 (heads pid_h * BLOCK_H ...) into shared memory, as wgmma operands: dims 0-255,
-    # 256-511 and the 64 rope dims (the H=64 kernel's and the H=16 kernel's)
+    # 256-511 and the 64 rope dims (the H=64 kernel's, loaded by the whole CTA before its partitions start)
     offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, WS_ROWS16))
     qrow = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_h[:, None] * stride_qh
     offs_c = gl.arange(0, 256, layout=gl.SliceLayout(0, WS_ROWS16))
@@ -1108,16 +1121,22 @@ def _ws_rings(BLOCK_T: gl.constexpr, NSTAGE: gl.constexpr, LAYOUT: gl.constexpr)
 
 
 @gluon.jit
-def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2):
+def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs):
     # the H=16 kernel's consumer warpgroup (the default partition), per ring slot of WS16_BLOCK_T tokens: S^T = K q^T
     # ([64 tokens, 16 heads], all 576 dims), the online softmax over tokens (axis 0), P^T through shared memory
     # (wgmma's B operand), then O^T += V^T P^T for all 512 of V's columns as two [256, 16] fp32 accumulators (V^T: the
     # K tile's two column halves read transposed); it stores the output and the LSE. Step "p2": one consumer, as the
-    # H=16 QK is a quarter of the H=64 kernel's; its two producers fill the ring
+    # H=16 QK is a quarter of the H=64 kernel's; its two producers fill the ring. Step "qload16" (as "qload" for V4's
+    # consumers): it loads the q tile into shared memory itself (qargs = q_ptr, stride_qb, stride_qh) while the
+    # producers already gather their first tiles, instead of the whole CTA loading q before the partitions start
     kv_u8_ptr, kv_bf16_ptr, kv_f32_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr = ptrs
     q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x = smem
     k_ready, k_empty, s_bar = bars
     pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles = ints
+    q_ptr, stride_qb, stride_qh = qargs
+    _ws_q_v32_store(q_ptr, pid_b, pid_h, stride_qb, stride_qh, q_lo, q_hi, q_rope, WS16_BLOCK_H)
+    fence_async_shared()  # the generic-proxy stores before this warpgroup's wgmma (async proxy) reads
+    gl.thread_barrier()  # every warp's share of q stored before any warp's first wgmma
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WS16_BLOCK_H, 16]
     )
@@ -1215,7 +1234,10 @@ def _sparse_mla_ws16_split_kernel(
     pid_s = gl.program_id(2)
     n_splits = gl.num_programs(2)
 
-    q_lo, q_hi, q_rope = _ws_q_v32(q_ptr, pid_b, pid_h, stride_qb, stride_qh, WS16_BLOCK_H)
+    # the q tile's shared memory, filled by the consumer (step "qload16")
+    q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16)
+    q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 64], WS_SMEM16)
     # a K-ring slot holds WS16_BLOCK_T tokens, two producer tiles; a staging slot one tile (a slot a producer)
     k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc = _ws_rings(WS16_BLOCK_T, NSTAGE, 0)
     # P^T [64 tokens, 16 heads] bf16, the consumer's (wgmma's B operand: [K, N], N contiguous)
@@ -1233,7 +1255,7 @@ def _sparse_mla_ws16_split_kernel(
     smem = (q_lo, q_hi, q_rope, k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc, s_x)
     bars = (k_ready, k_empty, k_ready)  # no score exchange: s_bar is never used
     ints = (pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles)
-    args = (ptrs, smem, bars, ints, sm_scale_log2)
+    args = (ptrs, smem, bars, ints, sm_scale_log2, (q_ptr, stride_qb, stride_qh))
     gl.warp_specialize(
         [(_ws16_consumer, args), (_ws16_producer_0, args), (_ws16_producer_1, args)],
         [4, 4],

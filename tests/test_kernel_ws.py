@@ -221,6 +221,9 @@ print(json.dumps({
     "copy_bytes": sorted({int(n, 16) for _, n in copies}), "copies": len(copies),
     "st_global_16B": len(re.findall(r"st\.global\.v4\.b32", ptx)),
     "bar_sync": len(re.findall(r"\bbar\.sync\b|barrier\.sync", ptx)),
+    # the first 16-byte global load (a q row's) after the first named barrier, the partitions' start: q is loaded by
+    # a partition, not by the whole CTA before the partitions start (steps "qload", V4, and "qload16")
+    "q_in_partition": ptx.find("barrier.sync") < ptx.find("ld.global.v4.b32"),
 }))
 """
 
@@ -248,6 +251,7 @@ def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
     # step "sload": the producer reads each tile's scales back in its fp8 rows' threads, with no exchange through
     # shared memory (35 barriers before, when each half's group scales went through shared memory to those threads)
     assert f["bar_sync"] == 28
+    assert not f["q_in_partition"]  # the H=64 V3.2 kernel's default partition loads q before the partitions start
 
 
 def test_v4_cross_compiles_for_sm90_with_16_byte_gathers():
@@ -263,6 +267,7 @@ def test_v4_cross_compiles_for_sm90_with_16_byte_gathers():
     # each consumer (none before: 4-byte stores straight from the wgmma accumulator layout)
     assert f["st_global_16B"] == 32
     assert f["bar_sync"] == 31  # step "sload": 34 before (one exchange of scale words a half tile)
+    assert f["q_in_partition"]  # step "qload": each consumer loads its own q half
     assert ["dec", "120"] in f["setmaxnreg"] and ["dec", "192"] in f["setmaxnreg"]
     # 4 + 4 fp8 and 2 rope 16-byte copies a thread, and the 8-byte scale row, in the prologue and the loop;
     # the V3.2 kernel's rope QK dot is gone (36 wgmma against 40)
@@ -293,6 +298,9 @@ def test_h16_kernel_cross_compiles_for_sm90_one_program_per_sm_without_spills():
     # of 16) and 32 P.V (two halves of 4 M tiles of 64 columns x 4 K steps of 16 tokens)
     assert f["copy_bytes"] == [16] and f["copies"] == 44
     assert f["wgmma"] == 36 + 32
+    # step "qload16": the consumer loads q while the producers gather their first tiles (the whole CTA loaded it before
+    # the partitions started), its stores then a barrier of its own: 27 barriers against 26
+    assert f["q_in_partition"] and f["bar_sync"] == 27
 
 
 def test_the_inspector_compiles_it_in_its_child_with_its_options(tmp_path):
