@@ -682,8 +682,10 @@ def parse_spec(
     baseline = parse_variant(raw["baseline"], "baseline") if raw.get("baseline") else None
     target = check_target_section(raw["target"])
     _check_against_target(variant, "variant", target)
+    _check_against_workload(variant, "variant", sections["workload"])
     if baseline is not None:
         _check_against_target(baseline, "baseline", target)
+        _check_against_workload(baseline, "baseline", sections["workload"])
     kspec: KernelSpec = sections["kernel"]
     kfile = check_kernel_module(kspec.module, root)
     ksha = kernel_source_hash({"module": kspec.module}, root)  # as deploy and the server hash it
@@ -910,6 +912,27 @@ def _check_against_target(v: Variant, section: str, target: Any) -> None:
         if c.num_stages > 64:
             s = f"{section}.num_stages" if not v.is_list else f"{section}.configs.{i}.num_stages"
             raise KernelcampError(f"{s} = {c.num_stages}: must be <= 64 (software pipelining depth)")
+
+
+def _check_against_workload(v: Variant, section: str, wl: WorkloadSpec) -> None:
+    """Each config's tiles within the shapes it runs (the GPU's ``workload`` and the CPU's
+    ``workload.cpu``, the larger of each): ``BLOCK_H`` at most the power of two that holds the heads, ``BLOCK_T`` at
+    most the one that holds the top-k tokens (a larger tile only computes masked rows, and its compile in the build
+    stage ran for many minutes without an end: BLOCK_T = 4096 at top-k 512 had not finished after 14 minutes,
+    helper-59). ``KernelcampError`` naming the key, the bound and where it comes from."""
+    heads, topk = max(wl.num_heads, wl.cpu.num_heads), max(wl.topk, wl.cpu.topk)
+    for i, c in enumerate(v.configs):
+        at = section if not v.is_list else f"{section}.configs.{i}"
+        for name, value, size, what, keys in (
+            ("BLOCK_H", c.BLOCK_H, heads, "heads", "workload.num_heads, workload.cpu.num_heads"),
+            ("BLOCK_T", c.BLOCK_T, topk, "top-k tokens", "workload.topk, workload.cpu.topk"),
+        ):
+            most = max(16, 1 << (size - 1).bit_length())  # the power of two that holds `size`; tiles start at 16
+            if value > most:
+                raise KernelcampError(
+                    f"{at}.{name} = {value}: larger than the workload's {size} {what} ({keys}) need: a tile "
+                    f"beyond {most} only computes masked rows and can take many minutes to compile; use at most {most}"
+                )
 
 
 def load_spec(path: str | Path = "params.yaml") -> RunSpec:

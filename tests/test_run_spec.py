@@ -257,6 +257,10 @@ BAD = [
     ("variant.num_warps", 4.0, r"variant\.num_warps = 4\.0: expected an integer"),
     ("variant.num_warps", 64, r"variant\.num_warps = 64: 2048 threads per block is beyond sm90's 1024"),
     ("variant.num_stages", 100000, r"variant\.num_stages = 100000: must be <= 64"),
+    # tiles beyond the workload's shape: the build's compile of BLOCK_T 4096 ran 14 minutes without an end (helper-59)
+    ("variant.BLOCK_T", 4096, r"variant\.BLOCK_T = 4096: larger than the workload's 512 top-k tokens .*at most 512"),
+    ("variant.BLOCK_H", 4096, r"variant\.BLOCK_H = 4096: larger than the workload's 64 heads .*at most 64"),
+    ("variant.BLOCK_H", 128, r"variant\.BLOCK_H = 128: .*use at most 64"),
     ("server.cuda_graphs", "yes", r"server\.cuda_graphs = 'yes': expected true or false"),
     ("benchmark.kernel.rounds", 1, r"benchmark\.kernel\.rounds = 1: must be >= 2"),
     ("benchmark.kernel.batch_sizes", [], r"benchmark\.kernel\.batch_sizes is empty"),
@@ -374,6 +378,8 @@ GOOD = [
     ("tracking.uri", "http://mlflow.example:5000"),
     ("tracking.uri", "http://me@mlflow.example:5000"),  # a user name alone is no secret
     ("variant.name", "bt16_w4.v2+try-1"),
+    ("variant.BLOCK_T", 512),  # the GPU workload's top-k (the CPU's is 64: the larger shape bounds the tile)
+    ("variant.BLOCK_H", 64),
     ("deploy", {"kind": "command", "url": "u", "kernel_dest": "/k", "launch": "cd /x &&\n  ./serve\t--a"}),
     ("target", "sm120"),  # a name: the file is read
     ("target", yaml.safe_load((ROOT / "conf" / "target" / "sm90_h100.yaml").read_text())),
@@ -840,3 +846,16 @@ def test_a_refused_stop_records_no_failed_deploy(tmp_path: Path, monkeypatch) ->
         owner.wait()
     assert r.returncode == 2 and r.stderr.strip().startswith("error: not stopping the server"), r.stderr
     assert not (ws / "mlflow.db").exists(), "the refusal opened the tracking store"
+
+
+def test_a_tile_bound_names_a_batch_table_row_and_starts_at_16() -> None:
+    """The bound names the row of a list or table (baseline.configs.N), and is never below the smallest tile (16),
+    whatever the heads: a workload of 8 heads still takes BLOCK_H 16, not 32."""
+    p = copy.deepcopy(PARAMS)
+    p["baseline"]["configs"][1]["BLOCK_T"] = 1024
+    with pytest.raises(KernelcampError, match=r"^baseline\.configs\.1\.BLOCK_T = 1024: .*use at most 512$"):
+        parse_spec(p)
+    p = _with(_with(PARAMS, "workload.num_heads", 8), "workload.cpu.num_heads", 8)
+    parse_spec(_with(p, "variant.BLOCK_H", 16))
+    with pytest.raises(KernelcampError, match=r"variant\.BLOCK_H = 32: larger than the workload's 8 heads"):
+        parse_spec(_with(p, "variant.BLOCK_H", 32))
