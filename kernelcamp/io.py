@@ -119,6 +119,44 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
         raise KernelcampError(f"{what} at {path} is not valid JSON ({e}): rerun the stage that writes it") from e
 
 
+def check_records_as_written(paths: Iterable[str | os.PathLike], lock: str | os.PathLike = "dvc.lock") -> None:
+    """Under DVC, each of ``paths`` that ``lock`` lists as an output of a stage must hold the bytes that stage wrote
+    (the lock's md5, which DVC records as each stage ends): a record edited after its stage ran, then read by
+    ``dvc repro -s <later stage>``, had its numbers published as measured (helper-59 set benchmark.json's ratio to
+    0.5; the report, metrics.json and a FINISHED MLflow run said 0.5). A full ``dvc repro`` runs a stage whose
+    outputs changed again, so only a single-stage run met such a file.
+
+    DVC runs a stage's command in the stage's folder with ``DVC_STAGE`` set (``dvc.env``); ``lock`` is read there
+    (a queued experiment's own copy: its ``DVC_ROOT`` names the workspace). Outside DVC (a stage run by hand), with
+    no lock, and for a path the lock does not list (or lists as a folder) nothing is checked.
+
+    Raises ``KernelcampError`` naming the file, the stage that wrote it and the command that writes it again."""
+    if not os.environ.get("DVC_STAGE") or not Path(lock).is_file():
+        return
+    try:
+        stages = (yaml.safe_load(Path(lock).read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError):
+        return  # DVC itself refuses a broken lock before it runs a stage
+    written = {
+        os.path.normpath(o["path"]): (name, o.get("md5"))
+        for name, entry in stages.items()
+        if isinstance(entry, dict)
+        for o in entry.get("outs") or ()
+        if isinstance(o, dict) and "path" in o
+    }
+    for p in paths:
+        rel = os.path.normpath(os.path.relpath(p))
+        stage, md5 = written.get(rel, (None, None))
+        if not md5 or md5.endswith(".dir") or not Path(p).is_file():
+            continue
+        now = hashlib.md5(Path(p).read_bytes()).hexdigest()
+        if now != md5:
+            raise KernelcampError(
+                f"{rel} is not what the {stage} stage wrote (md5 {now[:12]}, dvc.lock's {md5[:12]}): a record changed "
+                f"after its stage ran is not used; run `dvc repro -f -s {stage}` to write it again, then this stage"
+            )
+
+
 def sha256_text(text: str) -> str:
     """Hex sha256 of ``text``'s UTF-8 bytes: params.yaml's hash, the run spec's and the run claim's."""
     return hashlib.sha256(text.encode()).hexdigest()

@@ -26,7 +26,7 @@ from kernelcamp.bench.kernel import check_kernel_params
 from kernelcamp.bench.profile import baseline_trace_path
 from kernelcamp.bench.record import log, measure_and_write, variants_to_run
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import read_json, stage_main
+from kernelcamp.io import check_records_as_written, read_json, stage_main
 from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, stage_spec
 from kernelcamp.tracking import tracked_stage
 
@@ -56,6 +56,7 @@ def main() -> int:
     if spec.baseline is None:
         raise KernelcampError("params.yaml has no `baseline` section: every benchmark measures one beside the variant")
     params = spec.raw
+    check_records_as_written([args.build, args.deploy])
     build = read_json(args.build, "build record")
     deploy = read_json(args.deploy, "deploy record")
     # measure only what these params describe (a stale or foreign record stops here, naming both hashes)

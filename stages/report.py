@@ -29,7 +29,7 @@ from kernelcamp import report as kr
 from kernelcamp import tracking
 from kernelcamp.bench.record import benchmark_metrics
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import stage_main, write_json_atomic
+from kernelcamp.io import check_records_as_written, stage_main, write_json_atomic
 from kernelcamp.metrics import flatten, nest
 from kernelcamp.runlock import release_run, run_started_ms
 from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, MEASURE_KEYS, project_root, stage_spec
@@ -56,6 +56,7 @@ def main() -> int:
     params = spec.raw
     threshold = spec.report.threshold
     paths = {k: getattr(args, k) for k in ("build", "deploy", "benchmark", "verify")}
+    check_records_as_written(paths.values())
     data = kr.load_inputs(paths)
     # Log nothing that disagrees with the params logged beside it (one line naming both hashes).
     spec.check_record("build.json", data["build"], BUILD_KEYS)

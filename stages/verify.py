@@ -16,7 +16,7 @@ import argparse
 import os
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import read_json, stage_main, write_json_atomic
+from kernelcamp.io import check_records_as_written, read_json, stage_main, write_json_atomic
 from kernelcamp.spec import DEPLOY_KEYS, stage_spec
 from kernelcamp.tracking import tracked_stage
 from kernelcamp.verify.kernel import check_capture, check_kernel, log
@@ -32,6 +32,7 @@ def main() -> int:
     if spec.baseline is None:
         raise KernelcampError("params.yaml has no `baseline` section: verify checks both sides")
     params = spec.raw
+    check_records_as_written([args.deploy])
     deploy = read_json(args.deploy, "deploy record")
     spec.check_record("deploy.json", deploy, DEPLOY_KEYS)  # verify only what these params describe
     if params["verify"]["serving"].get("enabled"):

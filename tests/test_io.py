@@ -149,3 +149,39 @@ def test_a_gpu_out_of_memory_names_the_request() -> None:
 
     e = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB")
     assert "(tried to allocate 2.00 GiB)" in str(out_of_memory(e))
+
+
+def test_records_are_checked_against_dvc_lock_only_under_dvc(tmp_path, monkeypatch):
+    """check_records_as_written: under DVC (DVC_STAGE set) a record that dvc.lock lists must hold its stage's bytes;
+    a stage run by hand, a file the lock does not list and a folder output are not checked (helper-59)."""
+    import hashlib
+
+    import yaml
+
+    from kernelcamp.errors import KernelcampError
+    from kernelcamp.io import check_records_as_written
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports").mkdir()
+    rec = tmp_path / "reports" / "benchmark.json"
+    rec.write_text('{"ratio": 1.031}')
+    other = tmp_path / "reports" / "other.json"
+    other.write_text("{}")
+    outs = [
+        {"path": "reports/benchmark.json", "hash": "md5", "md5": hashlib.md5(rec.read_bytes()).hexdigest()},
+        {"path": "reports/plots", "hash": "md5", "md5": "0c0fd0568796a9adbea19743dbfe3c24.dir"},
+    ]
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {"benchmark": {"outs": outs}}}))
+    monkeypatch.setenv("DVC_STAGE", "report")
+    check_records_as_written(["reports/benchmark.json", "reports/other.json", "reports/plots"])  # as written
+    rec.write_text('{"ratio": 0.5}')
+    with pytest.raises(KernelcampError) as e:
+        check_records_as_written([str(rec)])  # an absolute path names the same lock entry
+    msg = str(e.value)
+    assert msg.startswith("reports/benchmark.json is not what the benchmark stage wrote (md5 ") and "\n" not in msg
+    assert "run `dvc repro -f -s benchmark`" in msg
+    monkeypatch.delenv("DVC_STAGE")
+    check_records_as_written(["reports/benchmark.json"])  # run by hand: DVC's lock says nothing about this run
+    monkeypatch.setenv("DVC_STAGE", "report")
+    (tmp_path / "dvc.lock").unlink()
+    check_records_as_written(["reports/benchmark.json"])  # no lock yet

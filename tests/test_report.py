@@ -2,6 +2,7 @@
 CPU labelling, invalid serving levels, and the report stage's all-or-nothing behaviour."""
 
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -311,6 +312,30 @@ def test_report_stage_refuses_a_record_its_rendering_cannot_read(tmp_path):
     assert all(x.info.status == "FAILED" for x in runs), [x.info.status for x in runs]
 
 
+def test_report_stage_refuses_a_record_edited_after_its_stage(tmp_path):
+    """helper-59 set benchmark.json's overall ratio and interval to 0.5 [0.49, 0.51] and ran `dvc repro -s report`:
+    the report, metrics.json and a FINISHED MLflow run said 0.5, where the rounds in the same file gave 1.031. Under
+    DVC the record's bytes must be those its stage wrote (dvc.lock): one line naming the file, the stage and the
+    command, exit 2, nothing written, no FINISHED run."""
+
+    def edit(d):
+        d["kernel"]["overall"].update(ratio=0.5, ci_lo=0.49, ci_hi=0.51)
+
+    r = _stage(tmp_path, {"DVC_STAGE": "report"}, edit=edit, lock=True)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: reports/benchmark.json is not what the benchmark stage wrote"), lines[0]
+    assert "dvc repro -f -s benchmark" in lines[0]
+    assert not (tmp_path / "reports" / "report.md").exists() and not (tmp_path / "reports" / "metrics.json").exists()
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = c.get_experiment_by_name("kernelcamp")
+    runs = c.search_runs([exp.experiment_id]) if exp else []
+    assert all(x.info.status == "FAILED" for x in runs), [x.info.status for x in runs]
+
+
 def _stamp(path, params, keys, **override):
     """Give a fixture record the run spec's hashes of ``params`` and the params its stage (the file's
     name) read: what the report checks it against."""
@@ -337,9 +362,10 @@ def _artifact_paths(client, run_id, path="reports"):
     return out
 
 
-def _stage(tmp_path, env_extra, override=None, edit=None):
+def _stage(tmp_path, env_extra, override=None, edit=None, lock=False):
     """Run the report stage on the fixture records, stamped for this params.yaml; ``override``: top-level values of a
-    record (by record name), ``edit``: a function that edits the stamped benchmark record in place."""
+    record (by record name), ``edit``: a function that edits the stamped benchmark record in place; ``lock``: a
+    dvc.lock naming each record as its stage wrote it (before ``edit``), as DVC leaves it."""
     from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, MEASURE_KEYS
 
     rep = tmp_path / "reports"
@@ -349,6 +375,10 @@ def _stage(tmp_path, env_extra, override=None, edit=None):
     for n in ("build", "deploy", "benchmark", "verify"):
         shutil.copy(FIX / f"{n}.json", rep / f"{n}.json")
         _stamp(rep / f"{n}.json", params, keys[n], **(override or {}).get(n, {}))
+    if lock:
+        md5 = {n: hashlib.md5((rep / f"{n}.json").read_bytes()).hexdigest() for n in keys}
+        stages = {n: {"cmd": "x", "outs": [{"path": f"reports/{n}.json", "hash": "md5", "md5": md5[n]}]} for n in keys}
+        (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": stages}))
     if edit is not None:
         rec = json.loads((rep / "benchmark.json").read_text())
         edit(rec)
