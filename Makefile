@@ -41,7 +41,7 @@ sweep:  ## run queued experiments with one worker pinned to each GPU
 
 # Columns `dvc exp show` names by a path are dependency hashes (stages/*.py, kernelcamp/..., reports/*.json that
 # later stages read) or the kernels folder; metrics and params are dotted names without a slash.
-EXPS_DROP ?= .*/|kernels$$
+EXPS_DROP ?= .*/|kernels$$|kernelcamp$$
 exps:  ## compare experiments: the params and headline metrics that differ, without dependency-hash columns
 	dvc exp show --only-changed --drop '$(EXPS_DROP)' $(EXPS_ARGS)
 

@@ -66,3 +66,19 @@ def test_stages_that_read_conf_target_files_by_name_depend_on_them():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for stage in ("build", "benchmark"):  # also_targets / run_as_target; peaks_for_gpu
         assert "conf/target" in stages[stage]["deps"], stage
+
+
+def test_make_exps_drops_every_folder_dependency_column_and_no_param_or_metric():
+    # `make exps` promised to drop exactly the dependency hashes, but its pattern missed the report stage's
+    # `kernelcamp` folder column (helper-59). DVC names a dependency column by its path and drops the columns whose
+    # name the pattern matches from the start (re.match, dvc.commands.experiments.show)
+    import re
+
+    make = (ROOT / "Makefile").read_text()
+    pattern = re.search(r"^EXPS_DROP \?= (.*)$", make, re.M).group(1).replace("$$", "$")
+    deps = {d for s in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values() for d in s.get("deps", [])}
+    assert {"kernels", "kernelcamp"} <= deps
+    for d in deps:
+        assert re.match(pattern, d), f"make exps keeps the dependency column {d!r}"
+    for col in ("Experiment", "Created", "cpu.kernel.ratio", "variant.num_warps", "kernel_latency_us"):
+        assert not re.match(pattern, col), f"make exps drops {col!r}"

@@ -274,3 +274,17 @@ def test_a_server_left_slower_by_a_cuda_profile_is_not_timed(params, env):
             require_deployed_server(rec, timed=True)
         require_deployed_server(rec)
     assert not (env / ".kernelcamp" / "baseline-server.json").exists()
+
+
+def test_a_server_of_another_variant_is_refused_naming_a_replacing_deploy(monkeypatch):
+    # after `dvc queue start`, the queued experiment's deploy had replaced the workspace's server on its port; the
+    # workspace's next run was told only that DVC "cannot see that a server stopped", though none had (helper-59)
+    from kernelcamp.errors import KernelcampError
+
+    monkeypatch.setattr(bench, "redeploy_advice", lambda: bench.REDEPLOY)
+    rec = {"kind": "embedded", "url": "http://127.0.0.1:18631", "variant_hash": "d201d0a9896a24db", "pid": 1}
+    with pytest.raises(KernelcampError) as e:
+        bench.check_server(rec, {"variant_hash": "cd8416da963446dc", "pid": 1})
+    msg = str(e.value)
+    assert "runs variant hash cd8416da963446dc, but the deploy record says d201d0a9896a24db" in msg
+    assert "another deploy, such as a queued experiment's, replaced it" in msg and "dvc repro -f -s deploy" in msg

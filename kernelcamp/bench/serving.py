@@ -80,8 +80,12 @@ CPU_DEFAULT = {"concurrency": [4, 1], "max_tokens": 16, "warmup_s": 0.25, "windo
 
 
 #: How to recover in the workspace when the deployed server is gone or replaced: DVC cannot see a server
-#: that stopped, so it considers the deploy stage up to date; force it (:func:`redeploy_advice`).
-REDEPLOY = "redeploy with `dvc repro -f -s deploy` (DVC cannot see that a server stopped), then run again"
+#: that stopped, or one that another deploy put on its port (a queued experiment's, run by `dvc queue start`, takes
+#: the workspace's port: helper-59), so it considers the deploy stage up to date; force it (:func:`redeploy_advice`).
+REDEPLOY = (
+    "redeploy with `dvc repro -f -s deploy` (DVC cannot see that the server stopped, or that another deploy, such as "
+    "a queued experiment's, replaced it), then run again"
+)
 #: The same inside a queued experiment's copy, where forcing a stage of the workspace would not reach this run:
 #: its deploy record is not kept (``cache: false``), so the experiment queued again deploys again.
 REDEPLOY_QUEUED = (
