@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import pid_start_time, same_process, write_json_atomic
+from kernelcamp.io import pid_start_time, same_process, sha256_text, write_json_atomic, write_text_atomic
 
 
 def _ppid_and_cmd(pid: int) -> tuple[int | None, list[str]]:
@@ -119,10 +119,12 @@ def claim_run(
     owner: int | None = None,
     poll_s: float = 2.0,
     params: dict[str, Any] | None = None,
+    params_text: str | None = None,
 ) -> dict[str, Any] | None:
     """Claim (or re-check) the run of the tree ``root`` for stage ``stage``, and the server folder it
     deploys to; see the module docstring. ``params``: the params.yaml mapping whose sha256 is
-    ``params_sha256``, kept in a new claim (:func:`run_params`).
+    ``params_sha256``, kept in a new claim (:func:`run_params`); ``params_text``: that file's text, kept too (what
+    :func:`refuse_if_another_run` puts back).
 
     Returns the tree's claim, or None when there is no ``dvc`` owner. Raises ``KernelcampError`` when
     another live ``dvc`` run holds the tree, or when params.yaml changed since an earlier stage of
@@ -135,7 +137,7 @@ def claim_run(
     got = None
     for i, path in enumerate(_claim_paths(root)):
         said = False
-        while (claim := _claim(path, root, stage, params_sha256, owner, shared=i > 0, params=params)) is None:
+        while (claim := _claim(path, root, stage, params_sha256, owner, i > 0, params, params_text)) is None:
             if not said:
                 print(
                     f"[{stage}] waiting: another pipeline run uses this workspace's server ({path.parent}); this "
@@ -157,6 +159,7 @@ def _claim(
     owner: int,
     shared: bool = False,
     params: dict[str, Any] | None = None,
+    params_text: str | None = None,
 ) -> dict[str, Any] | None:
     """Claim ``path`` for ``owner``. Another live owner's claim raises ``KernelcampError`` when it is a run
     of the same tree; a run of another tree (a queued experiment's copy) holding this server folder, also
@@ -167,10 +170,7 @@ def _claim(
             if cur["owner_pid"] != owner:
                 if shared or cur.get("tree") not in (None, str(root)):
                     return None  # the caller waits
-                raise KernelcampError(
-                    f"another pipeline run (dvc pid {cur['owner_pid']}, {_stages(cur)}) is running in {root}: wait "
-                    "for it, or queue this one with `dvc exp run --queue`"
-                )
+                raise KernelcampError(_held(cur, root))
             if cur.get("at_stage") != stage:  # the stage now running, for the messages of other commands
                 cur["at_stage"] = stage
                 write_json_atomic(path, cur)
@@ -194,10 +194,56 @@ def _claim(
             # what a failed stage of this run records (run_params): the params it ran with, not a params.yaml that
             # another `dvc exp run` rewrote under it
             "params": params,
+            "params_text": params_text,
             "claimed_at_ms": int(time.time() * 1000),  # the run's start, for the MLflow run's duration
         }
         write_json_atomic(path, claim)
         return claim
+
+
+def _held(cur: dict[str, Any], root: Path, put_back: bool = False) -> str:
+    """The refusal of a second run of the tree ``root`` while the run of the claim ``cur`` goes on."""
+    line = (
+        f"another pipeline run (dvc pid {cur['owner_pid']}, {_stages(cur)}) is running in {root}: wait for it, or "
+        "queue this one with `dvc exp run --queue`"
+    )
+    if put_back:
+        line += (
+            "; params.yaml, which this command rewrote before it was refused, is put back as that run's, so it goes on"
+        )
+    return line
+
+
+def refuse_if_another_run(root: Path, params_path: str | os.PathLike, owner: int | None = None) -> None:
+    """Before a stage reads params.yaml: raise ``KernelcampError`` when another live ``dvc`` run holds the tree
+    ``root``, and first put back ``params_path`` as that run composed it (the claim's ``params_text``) where it
+    differs. A second ``dvc exp run`` rewrites params.yaml before its first stage can refuse it; the first run's
+    next stage then stopped on the changed file, so both runs were lost and params.yaml was left the refused one's
+    (helper-59). A stage run by hand (no owner), no live claim, this owner's own claim, another tree's claim (the
+    caller waits for it in :func:`claim_run`) and a claim without the text (an older run) leave the file as it is."""
+    owner = run_owner() if owner is None else owner
+    if owner is None:
+        return
+    path = claim_path(root)
+    with _locked(path):
+        cur = _read_claim(path)
+        if (
+            cur is None
+            or not _owner_alive(cur)
+            or cur["owner_pid"] == owner
+            or cur.get("tree") not in (None, str(root))
+        ):
+            return
+        text, put_back = cur.get("params_text"), False
+        if isinstance(text, str) and sha256_text(text) == cur.get("params_sha256"):
+            try:
+                now = Path(params_path).read_text()
+            except OSError:
+                now = None
+            if now != text:
+                write_text_atomic(params_path, text)
+                put_back = True
+        raise KernelcampError(_held(cur, root, put_back))
 
 
 def _stages(claim: dict[str, Any]) -> str:

@@ -859,3 +859,42 @@ def test_a_tile_bound_names_a_batch_table_row_and_starts_at_16() -> None:
     parse_spec(_with(p, "variant.BLOCK_H", 16))
     with pytest.raises(KernelcampError, match=r"variant\.BLOCK_H = 32: larger than the workload's 8 heads"):
         parse_spec(_with(p, "variant.BLOCK_H", 32))
+
+
+@pytest.mark.usefixtures("workspace_run")
+def test_a_refused_second_run_puts_the_first_runs_params_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second `dvc exp run -S ...` rewrites params.yaml before its first stage can refuse it: the first run's next
+    stage stopped on the changed file, both runs were lost and params.yaml was left the refused one's (helper-59).
+    The refusal now comes before params.yaml is read, even where the second run's values do not parse, and puts the
+    first run's file back."""
+    from kernelcamp import runlock
+    from kernelcamp import spec as spec_mod
+    from kernelcamp.io import sha256_text
+    from kernelcamp.runlock import refuse_if_another_run
+
+    first = (ROOT / "params.yaml").read_text()
+    second = first.replace("num_warps: 4", "num_warps: 3", 1)  # the refused run's: not even a valid value
+    assert second != first
+    params = tmp_path / "params.yaml"
+    params.write_text(second)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_run(tmp_path, "benchmark", sha256_text(first), owner=other.pid, params_text=first)
+        monkeypatch.setattr(runlock, "run_owner", lambda pid=None: os.getpid())
+        monkeypatch.setattr(spec_mod, "project_root", lambda: tmp_path)
+        with pytest.raises(KernelcampError) as e:
+            spec_mod.stage_spec("spec", params)
+        assert str(e.value).startswith(f"another pipeline run (dvc pid {other.pid}, at stage benchmark)"), e.value
+        assert str(e.value).endswith(
+            "params.yaml, which this command rewrote before it was refused, is put back as that run's, so it goes on"
+        )
+        assert params.read_text() == first
+        with pytest.raises(KernelcampError) as e:  # as the first run composed it: nothing to put back
+            refuse_if_another_run(tmp_path, params, owner=os.getpid())
+        assert "put back" not in str(e.value)
+    finally:
+        other.kill()
+        other.wait()
+    params.write_text(second)
+    refuse_if_another_run(tmp_path, params, owner=os.getpid())  # its owner is gone: nothing refused, nothing written
+    assert params.read_text() == second
