@@ -966,20 +966,15 @@ def dumps(obj: Any) -> str:
 
 def stage_spec(stage: str, params_path: str | Path = "params.yaml") -> RunSpec:
     """What every stage does first: refuse a second run of this tree before params.yaml is read (and put that file
-    back as the first run's: :func:`kernelcamp.runlock.refuse_if_another_run`), :func:`load_spec`, then claim this
-    tree's run for ``stage`` (:func:`kernelcamp.runlock.claim_run`: refused while another ``dvc`` run holds it, or
-    when params.yaml changed since an earlier stage of this run read it)."""
-    from kernelcamp.io import read_params, sha256_text
+    back as the first run's: :func:`kernelcamp.runlock.refuse_if_another_run`), read and parse it as :func:`load_spec`
+    does, then claim this tree's run for ``stage`` (:func:`kernelcamp.runlock.claim_run`: refused while another
+    ``dvc`` run holds it, or when params.yaml changed since an earlier stage of this run read it)."""
+    from kernelcamp.io import read_params
     from kernelcamp.runlock import claim_run, refuse_if_another_run
 
     # before params.yaml is read: a second `dvc exp run` has rewritten it, and its values may not even parse
     refuse_if_another_run(project_root(), params_path)
-    spec = load_spec(params_path)
-    try:
-        text = read_params(params_path)[0]
-    except KernelcampError:
-        text = None
-    if text is not None and sha256_text(text) != spec.params_sha256:
-        text = None  # rewritten since load_spec read it: claim_run's own check stops the stage
+    text, raw = read_params(params_path)  # load_spec's read, kept: the claim holds the text its sha256 is of
+    spec = parse_spec(raw, Path(params_path), text)
     claim_run(project_root(), stage, spec.params_sha256, params=dict(spec.raw), params_text=text)
     return spec
