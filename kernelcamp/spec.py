@@ -694,8 +694,8 @@ def parse_spec(
     out = dict(raw)
     brev, bsha = None, ksha
     if baseline is not None and baseline.kernel_rev is not None:
+        brev = resolve_kernel_rev(baseline.kernel_rev, kspec.module, root)  # a rev naming no commit: said first
         _check_serving_with_kernel_rev(baseline.kernel_rev, sections["benchmark"])
-        brev = resolve_kernel_rev(baseline.kernel_rev, kspec.module, root)
         baseline, bsha = dataclasses.replace(baseline, kernel_rev=brev.sha), brev.source_hash
         out["baseline"] = {**raw["baseline"], "kernel_rev": brev.sha}  # the commit, never a branch name
     return RunSpec(

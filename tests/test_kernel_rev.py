@@ -164,6 +164,15 @@ def test_a_rev_with_the_serving_ab_measuring_the_baseline_is_refused(repo: dict)
     assert parse_spec(p, root=repo["ws"]).baseline_kernel is not None
 
 
+def test_a_bad_rev_is_named_before_the_serving_check(repo: dict) -> None:
+    """A rev that names no commit is the first fault to fix: refused as such even with the serving A/B on
+    (it had been refused for the serving A/B first, and only after that fix for the rev itself)."""
+    p = _params(kernel_rev="no-such-rev")
+    p["benchmark"]["serving"]["enabled"] = True
+    with pytest.raises(KernelcampError, match=r"^baseline\.kernel_rev = 'no-such-rev': git rev-parse finds no commit"):
+        parse_spec(p, root=repo["ws"])
+
+
 def test_a_tree_outside_git_is_refused(tmp_path: Path) -> None:
     (tmp_path / "kernels").mkdir()
     shutil.copy(ROOT / KFILE, tmp_path / KFILE)
