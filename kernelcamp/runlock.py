@@ -168,7 +168,7 @@ def _claim(
         cur = _read_claim(path)
         if cur is not None and _owner_alive(cur):
             if cur["owner_pid"] != owner:
-                if shared or cur.get("tree") not in (None, str(root)):
+                if shared or not _of_tree(cur, root):
                     return None  # the caller waits
                 raise KernelcampError(_held(cur, root))
             if cur.get("at_stage") != stage:  # the stage now running, for the messages of other commands
@@ -201,6 +201,12 @@ def _claim(
         return claim
 
 
+def _of_tree(claim: dict[str, Any], root: Path) -> bool:
+    """Whether ``claim`` is a run of the tree ``root`` (a claim without its tree, from an older run, counts as one),
+    not one of another tree (a queued experiment's copy) that holds the same server folder."""
+    return claim.get("tree") in (None, str(root))
+
+
 def _held(cur: dict[str, Any], root: Path, put_back: bool = False) -> str:
     """The refusal of a second run of the tree ``root`` while the run of the claim ``cur`` goes on."""
     line = (
@@ -227,12 +233,7 @@ def refuse_if_another_run(root: Path, params_path: str | os.PathLike, owner: int
     path = claim_path(root)
     with _locked(path):
         cur = _read_claim(path)
-        if (
-            cur is None
-            or not _owner_alive(cur)
-            or cur["owner_pid"] == owner
-            or cur.get("tree") not in (None, str(root))
-        ):
+        if cur is None or not _owner_alive(cur) or cur["owner_pid"] == owner or not _of_tree(cur, root):
             return
         text, put_back = cur.get("params_text"), False
         if isinstance(text, str) and sha256_text(text) == cur.get("params_sha256"):
@@ -320,7 +321,7 @@ def refuse_during_run(root: Path, action: str, server: bool = False, override: s
         cur = live_claim(path)
         # the tree's claim file is also the workspace server folder's: a queued experiment (its own copy of the
         # tree) holds it while it deploys there, but reads its own copy's params.yaml, not this tree's
-        if cur is not None and cur.get("owner_pid") != mine and (server or cur.get("tree") in (None, str(root))):
+        if cur is not None and cur.get("owner_pid") != mine and (server or _of_tree(cur, root)):
             raise KernelcampError(
                 f"{action}: a pipeline run (dvc pid {cur['owner_pid']}, {_stages(cur)}, in "
                 f"{cur.get('tree')}) is using this workspace{' and its server' if server else ''}; wait for it to "
