@@ -18,6 +18,8 @@ record another. Each stage therefore claims the run before any side effect:
   folder another live run holds waits for that run to end (one line saying so), then claims it; for a
   workspace run both claims are one file. Sweep workers, each with its own slot, never wait on
   each other.
+* A refused second ``dvc exp run`` deletes the first one's ``refs/exps/exec/EXEC_BASELINE`` as it tears down,
+  which the first one's commit needs: a new claim starts :mod:`kernelcamp.expref`'s keeper of that ref.
 """
 
 from __future__ import annotations
@@ -198,6 +200,10 @@ def _claim(
             "claimed_at_ms": int(time.time() * 1000),  # the run's start, for the MLflow run's duration
         }
         write_json_atomic(path, claim)
+        if not shared:  # the tree's claim: a workspace experiment's baseline ref kept against a refused second run
+            from kernelcamp.expref import start_keeper
+
+            start_keeper(root, owner)
         return claim
 
 

@@ -898,3 +898,94 @@ def test_a_refused_second_run_puts_the_first_runs_params_back(tmp_path: Path, mo
     params.write_text(second)
     refuse_if_another_run(tmp_path, params, owner=os.getpid())  # its owner is gone: nothing refused, nothing written
     assert params.read_text() == second
+
+
+_TOY_STAGE = """
+import sys, time
+from pathlib import Path
+from kernelcamp.io import sha256_text
+from kernelcamp.runlock import claim_run, refuse_if_another_run
+root = Path.cwd()
+refuse_if_another_run(root, "params.yaml")
+text = Path("params.yaml").read_text()
+claim_run(root, sys.argv[1], sha256_text(text), params_text=text)
+time.sleep(float(sys.argv[2]))
+Path(f"out_{sys.argv[1]}.txt").write_text(text)
+"""
+
+_TOY_DVC = """
+stages:
+  a:
+    cmd: python3 stage.py a 0
+    deps: [stage.py]
+    params: [x]
+    outs: [out_a.txt]
+  b:
+    cmd: python3 stage.py b 12
+    deps: [stage.py{b_deps}]
+    outs: [out_b.txt]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("b_deps", "refusal"),
+    [("", "another pipeline run"), (", out_a.txt", "rwlock")],
+    ids=["refused_by_kernelcamp", "refused_by_dvc_lock"],
+)
+def test_a_refused_second_exp_run_leaves_the_first_runs_experiment(tmp_path: Path, b_deps: str, refusal: str) -> None:
+    """A second `dvc exp run` during a run is refused by its first stage, and DVC's teardown of that refused run
+    deletes refs/exps/exec/EXEC_BASELINE, which the first run's commit reads: the first run ran every stage and
+    logged its MLflow run, then failed with "'NoneType' object is not subscriptable" and saved no experiment
+    (helper-61, DVC 3.67). DVC's own lock refuses a second run whose first stage writes what the first run's running
+    stage reads (spec.json during build and verify), with the same teardown. The first run's claim now starts a keeper
+    of that ref (kernelcamp.expref), which leaves no ref behind once the run has ended."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DVC_ROOT", None)
+
+    def sh(*cmd: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    (tmp_path / "stage.py").write_text(_TOY_STAGE)
+    (tmp_path / "dvc.yaml").write_text(_TOY_DVC.format(b_deps=b_deps))
+    (tmp_path / "params.yaml").write_text("x: 1\n")
+    (tmp_path / ".gitignore").write_text(".kernelcamp/\n")
+    for cmd in (
+        ("git", "init", "-q"),
+        ("git", "config", "user.email", "t@kernelcamp"),
+        ("git", "config", "user.name", "t"),
+        (sys.executable, "-m", "dvc", "init", "-q"),
+        (sys.executable, "-m", "dvc", "config", "core.analytics", "false"),
+        ("git", "add", "-A"),
+        ("git", "commit", "-qm", "toy"),
+    ):
+        r = sh(*cmd)
+        assert r.returncode == 0, (cmd, r.stderr)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "dvc", "exp", "run", "-n", "first"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        claim = tmp_path / ".kernelcamp" / "run.json"
+        deadline = time.monotonic() + 90
+        while not (claim.exists() and json.loads(claim.read_text()).get("at_stage") == "b"):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run did not reach stage b"
+            time.sleep(0.2)
+        second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
+        assert second.returncode != 0
+        assert refusal in second.stdout + second.stderr, second.stdout + second.stderr
+        out, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, out[-3000:]
+    refs = sh("git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
+    assert [r.rsplit("/", 1)[-1] for r in refs if "/exec/" not in r] == ["first"], refs
+    assert (tmp_path / "out_b.txt").read_text() == "x: 1\n"
+    time.sleep(0.5)  # the keeper's last poll: it must not put the ref back after the run's own teardown
+    assert sh("git", "rev-parse", "-q", "--verify", "refs/exps/exec/EXEC_BASELINE").returncode != 0

@@ -1,0 +1,128 @@
+"""Keep a workspace ``dvc exp run``'s baseline ref while a refused second run tears down.
+
+DVC (seen with 3.67) sets ``refs/exps/exec/EXEC_BASELINE`` (with ``EXEC_HEAD`` and ``EXEC_MERGE``) when a
+``dvc exp run`` in the workspace starts, and deletes it in the run's teardown, also when that run failed. A
+second ``dvc exp run`` started during a first one sets those refs again and, once it is refused (by
+:func:`kernelcamp.runlock.refuse_if_another_run`, or by DVC's own lock on a stage output that the first run's
+running stage reads), deletes them. The first run then ran every stage and logged its MLflow run, but its
+commit reads ``EXEC_BASELINE`` (``dvc/repo/experiments/executor/base.py``, ``commit``) and fails with
+"'NoneType' object is not subscriptable": no experiment is saved, and the MLflow run names one that does not
+exist (helper-61).
+
+So the first stage of a workspace experiment starts a keeper (:func:`start_keeper`), a detached process that
+lives as long as the run's ``dvc`` process and puts the ref back at the commit it had when the run claimed the
+tree, whenever it is gone while a stage of the run is running. The run's own teardown comes after its last stage
+and after its commit, which sets ``EXEC_BRANCH``: the keeper never restores the ref once ``EXEC_BRANCH`` was seen
+or while no stage runs. What it does not cover: a refused run whose teardown lands in the second between the first
+run's last stage and its commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kernelcamp.io import pid_start_time, same_process
+
+EXEC_BASELINE = "refs/exps/exec/EXEC_BASELINE"
+EXEC_BRANCH = "refs/exps/exec/EXEC_BRANCH"
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+
+
+def exec_baseline(root: Path) -> str | None:
+    """The commit ``refs/exps/exec/EXEC_BASELINE`` of the git repo at ``root`` names (40 hex digits), or None: no
+    such ref (not a ``dvc exp run``, or not a git repo), or no ``git``."""
+    try:
+        r = _git(root, "rev-parse", "-q", "--verify", EXEC_BASELINE + "^{commit}")
+    except OSError:
+        return None
+    out = r.stdout.strip()
+    return out if r.returncode == 0 and len(out) == 40 else None
+
+
+def _ref_present(root: Path, git_dir: Path, ref: str) -> bool:
+    if (git_dir / ref).exists():  # a loose ref (what DVC writes); else ask git (a packed one)
+        return True
+    return _git(root, "rev-parse", "-q", "--verify", "--no-revs", ref).returncode == 0 or bool(
+        _git(root, "symbolic-ref", "-q", ref).stdout.strip()
+    )
+
+
+def _has_child(pid: int) -> bool:
+    """Whether the process ``pid`` has a live child (a stage's command under the ``dvc`` process)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(pid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def keep(root: Path, rev: str, owner: int, owner_start: int | None, poll_s: float = 0.1) -> int:
+    """Put ``refs/exps/exec/EXEC_BASELINE`` of the repo at ``root`` back at ``rev`` whenever it is gone while the
+    ``dvc`` process ``owner`` (started at ``owner_start``, :func:`kernelcamp.io.pid_start_time`) runs a stage and has
+    not committed (``EXEC_BRANCH`` never seen); returns 0 once that process has ended or committed. Polls every
+    ``poll_s`` seconds."""
+    r = _git(root, "rev-parse", "--git-dir")
+    if r.returncode != 0:
+        return 0
+    git_dir = Path(r.stdout.strip())
+    git_dir = git_dir if git_dir.is_absolute() else root / git_dir
+    while same_process(owner, owner_start):
+        if _ref_present(root, git_dir, EXEC_BRANCH):
+            return 0  # committed: what goes next is the run's own teardown
+        if not _ref_present(root, git_dir, EXEC_BASELINE) and _has_child(owner):
+            # created only where absent (old value: none), so a ref DVC set meanwhile is left as it is
+            _git(root, "update-ref", EXEC_BASELINE, rev, "0" * 40)
+            print(f"kept {EXEC_BASELINE} at {rev[:12]} for dvc pid {owner}", file=sys.stderr, flush=True)
+        time.sleep(poll_s)
+    return 0
+
+
+def start_keeper(root: Path, owner: int) -> int | None:
+    """Start :func:`keep` for the workspace experiment of the ``dvc`` process ``owner`` in the tree ``root``, as a
+    detached process (its own session, no inherited output, so DVC does not wait for it); returns its pid, or None
+    where there is nothing to keep (no ``EXEC_BASELINE``: ``dvc repro``, or not a git repo)."""
+    rev = exec_baseline(root)
+    if rev is None:
+        return None
+    cmd = [sys.executable, "-m", "kernelcamp.expref", str(root), rev, str(owner), str(pid_start_time(owner) or "")]
+    p = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+    return p.pid
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m kernelcamp.expref",
+        description="Keep a workspace `dvc exp run`'s refs/exps/exec/EXEC_BASELINE while its stages run "
+        "(started by the run's first stage; see the module docstring).",
+    )
+    ap.add_argument("root", type=Path, help="the git work tree")
+    ap.add_argument("rev", help="the commit EXEC_BASELINE named when the run claimed the tree")
+    ap.add_argument("owner", type=int, help="pid of the run's dvc process")
+    ap.add_argument("owner_start", nargs="?", default="", help="that process's start time (kernelcamp.io)")
+    a = ap.parse_args(argv)
+    return keep(a.root, a.rev, a.owner, int(a.owner_start) if a.owner_start else None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
