@@ -47,12 +47,17 @@ def exec_baseline(root: Path) -> str | None:
     return out if r.returncode == 0 and len(out) == 40 else None
 
 
-def _ref_present(root: Path, git_dir: Path, ref: str) -> bool:
-    if (git_dir / ref).exists():  # a loose ref (what DVC writes); else ask git (a packed one)
+def _ref_present(git_dir: Path, ref: str) -> bool:
+    """Whether ``ref`` exists in the repo whose common git folder is ``git_dir``, without a ``git`` process (the
+    keeper asks ten times a second, beside a benchmark): a loose ref (what DVC writes; a symbolic ref is one too) or
+    a line of ``packed-refs``."""
+    if (git_dir / ref).exists():
         return True
-    return _git(root, "rev-parse", "-q", "--verify", "--no-revs", ref).returncode == 0 or bool(
-        _git(root, "symbolic-ref", "-q", ref).stdout.strip()
-    )
+    try:
+        packed = (git_dir / "packed-refs").read_text()
+    except OSError:
+        return False
+    return any(line.endswith(" " + ref) for line in packed.splitlines())
 
 
 def _has_child(pid: int) -> bool:
@@ -73,17 +78,17 @@ def _has_child(pid: int) -> bool:
 def keep(root: Path, rev: str, owner: int, owner_start: int | None, poll_s: float = 0.1) -> int:
     """Put ``refs/exps/exec/EXEC_BASELINE`` of the repo at ``root`` back at ``rev`` whenever it is gone while the
     ``dvc`` process ``owner`` (started at ``owner_start``, :func:`kernelcamp.io.pid_start_time`) runs a stage and has
-    not committed (``EXEC_BRANCH`` never seen); returns 0 once that process has ended or committed. Polls every
-    ``poll_s`` seconds."""
-    r = _git(root, "rev-parse", "--git-dir")
+    not committed (``EXEC_BRANCH`` never seen); returns 0 once that process has ended or committed, or the repo is
+    gone. Polls every ``poll_s`` seconds (two ``stat`` calls; ``/proc`` is read only while the ref is gone)."""
+    r = _git(root, "rev-parse", "--git-common-dir")  # where refs/ is, also for a linked worktree
     if r.returncode != 0:
         return 0
     git_dir = Path(r.stdout.strip())
     git_dir = git_dir if git_dir.is_absolute() else root / git_dir
-    while same_process(owner, owner_start):
-        if _ref_present(root, git_dir, EXEC_BRANCH):
+    while same_process(owner, owner_start) and git_dir.is_dir():  # a queued run's copy is deleted at its end
+        if _ref_present(git_dir, EXEC_BRANCH):
             return 0  # committed: what goes next is the run's own teardown
-        if not _ref_present(root, git_dir, EXEC_BASELINE) and _has_child(owner):
+        if not _ref_present(git_dir, EXEC_BASELINE) and _has_child(owner):
             # created only where absent (old value: none), so a ref DVC set meanwhile is left as it is
             _git(root, "update-ref", EXEC_BASELINE, rev, "0" * 40)
             print(f"kept {EXEC_BASELINE} at {rev[:12]} for dvc pid {owner}", file=sys.stderr, flush=True)

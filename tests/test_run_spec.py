@@ -989,3 +989,51 @@ def test_a_refused_second_exp_run_leaves_the_first_runs_experiment(tmp_path: Pat
     assert (tmp_path / "out_b.txt").read_text() == "x: 1\n"
     time.sleep(0.5)  # the keeper's last poll: it must not put the ref back after the run's own teardown
     assert sh("git", "rev-parse", "-q", "--verify", "refs/exps/exec/EXEC_BASELINE").returncode != 0
+
+
+def test_the_keeper_puts_the_baseline_ref_back_only_while_a_stage_runs(tmp_path: Path) -> None:
+    """kernelcamp.expref.keep: the ref deleted while the owner runs a stage (a child) comes back at the claimed
+    commit; deleted while no stage runs, it stays gone; once EXEC_BRANCH is seen (the run committed) the keeper ends.
+    A packed ref counts as present."""
+    from kernelcamp.expref import EXEC_BASELINE, EXEC_BRANCH, _ref_present
+
+    def git(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(tmp_path), *a], capture_output=True, text=True, check=False)
+
+    git("init", "-q")
+    git("-c", "user.email=t@k", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "c")
+    rev = git("rev-parse", "HEAD").stdout.strip()
+    git("update-ref", EXEC_BASELINE, rev)
+    git("pack-refs", "--all")
+    assert not (tmp_path / ".git" / EXEC_BASELINE).exists() and _ref_present(tmp_path / ".git", EXEC_BASELINE)
+    # the owner: a shell that runs a "stage" (a child) once the file go exists
+    wait_then_stage = (
+        "import os, subprocess, sys, time\n"
+        "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
+        "subprocess.run(['sleep', '60'])\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", wait_then_stage, str(tmp_path / "go")])
+    keeper = subprocess.Popen(
+        [sys.executable, "-m", "kernelcamp.expref", str(tmp_path), rev, str(owner.pid)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        git("update-ref", "-d", EXEC_BASELINE)
+        time.sleep(1.5)
+        assert git("rev-parse", "-q", "--verify", EXEC_BASELINE).returncode != 0  # no stage runs: left gone
+        (tmp_path / "go").touch()
+        deadline = time.monotonic() + 10
+        while git("rev-parse", "-q", "--verify", EXEC_BASELINE).stdout.strip() != rev:
+            assert time.monotonic() < deadline, "the keeper did not put the ref back"
+            time.sleep(0.1)
+        git("symbolic-ref", EXEC_BRANCH, "refs/exps/aa/bb/first")
+        assert keeper.wait(timeout=10) == 0
+        git("update-ref", "-d", EXEC_BASELINE)
+        time.sleep(0.5)
+        assert git("rev-parse", "-q", "--verify", EXEC_BASELINE).returncode != 0
+    finally:
+        subprocess.run(["pkill", "-P", str(owner.pid)], check=False)  # its "stage"
+        for p in (keeper, owner):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
