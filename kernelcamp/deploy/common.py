@@ -301,6 +301,9 @@ def stop_state(path: Path, grace_s: float = 15.0, wait_port: bool = True) -> boo
         kill_group(st["pid"], st.get("pgid"), grace_s)
         stopped = True
     if wait_port and st and st.get("port"):
-        _wait_port_free(int(st["port"]), st.get("host") or "127.0.0.1", 10.0)
+        try:
+            _wait_port_free(int(st["port"]), st.get("host") or "127.0.0.1", 10.0)
+        except KernelcampError:
+            pass  # its host is no longer this machine's (port_is_free): no port of it to wait for
     path.unlink(missing_ok=True)
     return stopped

@@ -31,7 +31,7 @@ from kernelcamp.deploy.common import (
 from kernelcamp.errors import KernelcampError
 from kernelcamp.hashes import dvc_stage, server_flags
 from kernelcamp.io import pid_start_time, repo_relative, write_json_atomic, write_text_atomic
-from kernelcamp.ports import PORT_STRIDE, baseline_port, worker_port
+from kernelcamp.ports import PORT_STRIDE, baseline_port, check_host, worker_port
 from kernelcamp.provenance import now_utc, sha256_file
 from kernelcamp.serve.client import CUDA_PROFILED_WHY, client_url, exposure_warning
 from kernelcamp.signals import pdeathsig_preexec
@@ -138,14 +138,16 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
     earlier benchmark's profile left CUPTI attached and its steps slower,
     :data:`kernelcamp.serve.client.CUDA_PROFILED_WHY`): that one is restarted, with one ``deploy:`` line.
 
-    Raises ``KernelcampError`` (before any side effect) when the configured port and every fallback
-    are held by other processes. ``server.overlap_scheduling: true`` turns on the embedded server's
+    Raises ``KernelcampError`` before any side effect when ``server.host`` is no address of this machine
+    or does not resolve (:func:`kernelcamp.ports.check_host`), and when the configured port and every
+    fallback are held by other processes. ``server.overlap_scheduling: true`` turns on the embedded server's
     hand-off overlap (kernelcamp.serve.server, "Scheduling").
     """
     cfg = params.get("deploy") or {}
     server = params.get("server") or {}
     variant, khash, flags, vhash, kpath = _variant_facts(params)
     host = str(server.get("host") or "127.0.0.1")
+    check_host(host)  # before anything is stopped: a host this machine cannot listen on is no port held
     port = worker_port(int(server.get("port", 8765)))
     warn = exposure_warning(host, port)
     if warn:

@@ -97,6 +97,7 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from kernelcamp.errors import KernelcampError, out_of_memory
 from kernelcamp.hashes import kernel_source_hash, server_flags, variant_hash
+from kernelcamp.ports import HOST_FIX, bind_problem
 from kernelcamp.serve import gcwatch
 from kernelcamp.serve.client import API_KEY_ENV, INFO_PATH, PROFILE_PATH, TRACE_PATH, client_url, exposure_warning
 from kernelcamp.serve.fake import FakeSpec, make_fake_app
@@ -1261,27 +1262,15 @@ def _run_engine_process(app: FastAPI, uds: str, log_level: str) -> int:
 def _bind_error(host: str, port: int) -> tuple[str, str] | None:
     """Why ``host:port`` cannot be listened on now, or None: ``(reason, what to do)``. A host that does not resolve,
     or is no address of this machine, is the host's fault (the message blamed the port: "pass --port"); a port in
-    use ("[Errno 98] Address already in use") or refused is the port's."""
-    import errno
-    import socket
-
-    host_fix = f"pass --host with an address of this machine (127.0.0.1 for this machine only), not {host!r}"
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as e:
-        return str(e), host_fix
-    family, kind, proto, _, addr = infos[0]
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no obstacle
-        try:
-            s.bind(addr)
-        except OSError as e:
-            if e.errno == errno.EADDRNOTAVAIL:
-                return str(e), host_fix
-            return str(e), (
-                "pass --port, or stop the server holding it (`python -m stages.deploy --stop` for this workspace's)"
-            )
-    return None
+    use ("[Errno 98] Address already in use") or refused is the port's. The test is
+    :func:`kernelcamp.ports.bind_problem`, which the deploy's checks of ``server.host`` use too."""
+    problem = bind_problem(host, port)
+    if problem is None:
+        return None
+    reason, host_at_fault = problem
+    if host_at_fault:
+        return reason, f"pass --host with {HOST_FIX}, not {host!r}"
+    return reason, "pass --port, or stop the server holding it (`python -m stages.deploy --stop` for this workspace's)"
 
 
 if __name__ == "__main__":  # `python -m kernelcamp.serve.server ...` is `kernelcamp serve ...`
