@@ -229,6 +229,37 @@ def test_embedded_deploy_on_ipv6_loopback(params, tmp_path):
     assert stop_embedded(tmp_path)
 
 
+def test_a_deploy_the_server_would_refuse_leaves_the_running_server_alone(params, tmp_path, monkeypatch):
+    """`-S server.device=bogus` and `-S "server.args=['--workers=4']"` failed only when the new server refused
+    them, after the deploy had stopped the good one. What `kernelcamp serve` would refuse is checked first
+    (kernelcamp.serve.options, the spec stage's check too), and what only this machine can say (a GPU it lacks,
+    an empty $KERNELCAMP_API_KEY) before the running server is stopped."""
+    from kernelcamp.serve.client import API_KEY_ENV
+
+    rec = deploy(params, tmp_path)
+    rows = [
+        ({"device": "bogus"}, r"server\.device = 'bogus': expected cpu, cuda or cuda:N"),
+        ({"args": ["--workers=4"]}, r"server\.args = \['--workers=4'\]: kernelcamp serve would refuse them"),
+        ({"host": "192.0.2.1"}, r"server\.host = '192\.0\.2\.1': not an address of this machine"),
+        ({"device": "cuda:97"}, r"server\.device = 'cuda:97': (no CUDA GPU here|this machine has \d+ CUDA GPU)"),
+    ]
+    for change, msg in rows:
+        bad = copy.deepcopy(params)
+        bad["server"].update(change)
+        with pytest.raises(KernelcampError, match=msg) as e:
+            deploy(bad, tmp_path)
+        assert "\n" not in str(e.value)
+        assert _alive(rec["pid"]), f"{change}: the running server was stopped"
+    changed = copy.deepcopy(params)
+    changed["server"]["max_running_requests"] = 2  # a restart, not a reuse
+    monkeypatch.setenv(API_KEY_ENV, " ")
+    with pytest.raises(KernelcampError, match=f"{API_KEY_ENV}: empty or with surrounding spaces"):
+        deploy(changed, tmp_path)
+    assert _alive(rec["pid"])
+    monkeypatch.delenv(API_KEY_ENV)
+    assert deploy(params, tmp_path)["reused"]
+
+
 def test_never_ready_server_times_out_and_leaves_nothing(params, tmp_path):
     params["server"]["args"] = ["--never-ready"]
     params["deploy"]["health_timeout_s"] = 2
