@@ -309,6 +309,7 @@ def start_embedded(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
     with open(log, "ab") as lf:
+        log_offset = lf.tell()  # this start's lines begin here: the error line quotes them, not an earlier start's
         proc = subprocess.Popen(
             cmd,
             cwd=str(REPO_ROOT),
@@ -346,6 +347,7 @@ def start_embedded(
             proc,
             proc.pid,
             log,
+            log_offset,
         )
     except BaseException:
         kill_group(proc.pid, proc.pid, grace_s=5.0)
