@@ -59,9 +59,6 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: The longest time any ``*_s`` / ``max_seconds`` key may give: a week. Larger values overflow
 #: ``time.sleep`` and ``threading`` timeouts (``OverflowError`` at 1e308) long after ``spec`` passed them.
 MAX_SECONDS = 7 * 24 * 3600.0
-#: Options of ``kernelcamp serve`` that the deploy sets from ``server.host``/``server.port`` and the
-#: params file: ``server.args`` giving them would serve somewhere other than what the records say.
-SERVE_OWN_ARGS = ("--params", "--host", "--port", "--device")
 #: Connections beside a serving level's own that the embedded server must accept while a level runs:
 #: the benchmark's /info and /health probes and the clock sampler's. ``server.max_connections`` must
 #: leave this much room above the highest concurrency level.
@@ -749,7 +746,11 @@ def _check_across_keys(sections: Mapping[str, Any]) -> None:
 
 def _check_server(server: ServerSpec) -> None:
     """``server.env``: shell variable names, values a string or a number (exported as text on this
-    machine and on the ssh host, logged as MLflow params); ``server.args``: none of :data:`SERVE_OWN_ARGS`."""
+    machine and on the ssh host, logged as MLflow params); ``server.args``: none of the options the deploy sets
+    (:func:`kernelcamp.serve.options.check_server_args`; the embedded server's are checked whole by
+    :func:`_check_embedded_server`)."""
+    from kernelcamp.serve.options import check_server_args
+
     for key, value in server.env.items():
         if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
             raise KernelcampError(
@@ -762,12 +763,7 @@ def _check_server(server: ServerSpec) -> None:
                 "('1', 'true'), since YAML reads yes/no/true as booleans and null as nothing"
             )
         _check_control_chars(f"server.env.{key}", value)
-    for i, arg in enumerate(server.args):
-        if arg.split("=", 1)[0] in SERVE_OWN_ARGS:
-            raise KernelcampError(
-                f"server.args.{i} = {arg!r}: the deploy sets {arg.split('=', 1)[0]} itself; use "
-                "server.host, server.port or server.device, so that the records name where it served"
-            )
+    check_server_args(server.args, embedded=False)
 
 
 def _check_ports(server: ServerSpec) -> None:
@@ -784,12 +780,20 @@ def _check_ports(server: ServerSpec) -> None:
 
 
 def _check_embedded_server(sections: Mapping[str, Any]) -> None:
-    """With the embedded server, every ``max_tokens`` plus the load generator's prompt fits
-    ``server.max_context_tokens`` (the server refuses a request that does not: every request of a
-    level would fail with HTTP 400 after the deploy succeeded), and ``server.max_connections`` is above
-    every concurrency level the benchmark and verify open (past it the server answers 503)."""
+    """With the embedded server, ``server.host``, ``server.device`` and ``server.args`` are what the deploy's
+    ``kernelcamp serve`` command line takes (:func:`kernelcamp.serve.options.check_serve_settings`, the check the
+    deploy makes again before it stops a running server: a host this machine cannot listen on, ``device:
+    bogus`` or ``args: [--workers=4]`` failed only there, after the good server was stopped), every
+    ``max_tokens`` plus the load generator's prompt fits ``server.max_context_tokens`` (the server refuses a
+    request that does not: every request of a level would fail with HTTP 400 after the deploy succeeded), and
+    ``server.max_connections`` is above every concurrency level the benchmark and verify open (past it the
+    server answers 503)."""
     if sections["deploy"].kind != "embedded":
-        return  # another server's context and connection limit are its own
+        return  # another server's host, device, options, context and connection limit are its own
+    from kernelcamp.serve.options import check_serve_settings
+
+    server = sections["server"]
+    check_serve_settings(server.host, server.device, server.args)
     sv, vs = sections["benchmark"].serving, sections["verify"].serving
     cap = sections["server"].max_connections
     for where, levels in (

@@ -181,6 +181,85 @@ def test_no_free_fallback_port_is_a_clear_error(params, tmp_path):
     assert not (tmp_path / ".kernelcamp" / "server.json").exists()
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_port_is_free_on_an_ipv6_host():
+    """port_is_free used AF_INET only: `-S server.host=::1` (which `kernelcamp serve --host ::1` serves) crashed
+    the deploy with socket.gaierror "Address family for hostname not supported". It uses getaddrinfo's family."""
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert not port_is_free(port, "::1")
+    assert port_is_free(port, "::1")
+
+
+@pytest.mark.parametrize(
+    "host,why",
+    [
+        # socket.gaierror "Name or service not known" (a traceback, rc 1)
+        ("127.0.0.1; touch /tmp/x", r"server\.host = '127\.0\.0\.1; touch /tmp/x': does not resolve to an address"),
+        # EADDRNOTAVAIL read as a port held: "port 8765 on 192.0.2.1 is held by a process this deploy did not start"
+        ("192.0.2.1", r"server\.host = '192\.0\.2\.1': not an address of this machine \(.*\); set it to an address"),
+    ],
+)
+def test_a_host_this_machine_cannot_listen_on_is_one_line_not_a_port_held(params, tmp_path, host, why):
+    params["server"]["host"] = host
+    with pytest.raises(KernelcampError, match=why) as e:
+        deploy(params, tmp_path)
+    assert "\n" not in str(e.value) and "held" not in str(e.value)
+    assert not (tmp_path / ".kernelcamp" / "server.json").exists()
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_embedded_deploy_on_ipv6_loopback(params, tmp_path):
+    """`-S server.host=::1`: the server binds ::1 and the record's url brackets it."""
+    params["server"]["host"] = "::1"
+    rec = deploy(params, tmp_path)
+    assert rec["url"] == f"http://[::1]:{params['server']['port']}" and rec["hash_verified"], rec
+    assert not port_is_free(params["server"]["port"], "::1")
+    assert stop_embedded(tmp_path)
+
+
+def test_a_deploy_the_server_would_refuse_leaves_the_running_server_alone(params, tmp_path, monkeypatch):
+    """`-S server.device=bogus` and `-S "server.args=['--workers=4']"` failed only when the new server refused
+    them, after the deploy had stopped the good one. What `kernelcamp serve` would refuse is checked first
+    (kernelcamp.serve.options, the spec stage's check too), and what only this machine can say (a GPU it lacks,
+    an empty $KERNELCAMP_API_KEY) before the running server is stopped."""
+    from kernelcamp.serve.client import API_KEY_ENV
+
+    rec = deploy(params, tmp_path)
+    rows = [
+        ({"device": "bogus"}, r"server\.device = 'bogus': expected cpu, cuda or cuda:N"),
+        ({"args": ["--workers=4"]}, r"server\.args = \['--workers=4'\]: kernelcamp serve would refuse them"),
+        ({"host": "192.0.2.1"}, r"server\.host = '192\.0\.2\.1': not an address of this machine"),
+        ({"device": "cuda:97"}, r"server\.device = 'cuda:97': (no CUDA GPU here|this machine has \d+ CUDA GPU)"),
+    ]
+    for change, msg in rows:
+        bad = copy.deepcopy(params)
+        bad["server"].update(change)
+        with pytest.raises(KernelcampError, match=msg) as e:
+            deploy(bad, tmp_path)
+        assert "\n" not in str(e.value)
+        assert _alive(rec["pid"]), f"{change}: the running server was stopped"
+    changed = copy.deepcopy(params)
+    changed["server"]["max_running_requests"] = 2  # a restart, not a reuse
+    monkeypatch.setenv(API_KEY_ENV, " ")
+    with pytest.raises(KernelcampError, match=f"{API_KEY_ENV}: empty or with surrounding spaces"):
+        deploy(changed, tmp_path)
+    assert _alive(rec["pid"])
+    monkeypatch.delenv(API_KEY_ENV)
+    assert deploy(params, tmp_path)["reused"]
+
+
 def test_never_ready_server_times_out_and_leaves_nothing(params, tmp_path):
     params["server"]["args"] = ["--never-ready"]
     params["deploy"]["health_timeout_s"] = 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -43,6 +45,51 @@ def test_a_server_still_starting_is_waited_for() -> None:
     """503 (not ready yet) is not a refusal: polling goes on until the timeout."""
     with ServerThread(_refusing_app(503)) as url, pytest.raises(KernelcampError, match="not ready after 1 s"):
         wait_ready(url, None, timeout_s=1, poll_s=0.1)
+
+
+def _exited(code: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+    proc.wait()
+    return proc
+
+
+ENGINE_OOM = """kernelcamp serve: http://127.0.0.1:8765 (bound to 127.0.0.1) pid 100
+error: out of memory (tried to allocate 1254130413056 bytes): the run's shapes do not fit this machine; lower it
+kernelcamp serve: the engine process (pid 101) exited with status 2; the front stops too (the engine's own lines ...)
+error: the engine process (pid 101) exited with status 2 (its own lines above say why)
+"""
+ENGINE_TRACEBACK = """kernelcamp serve: http://127.0.0.1:8765 (bound to 127.0.0.1) pid 100
+Traceback (most recent call last):
+  File "kernelcamp/serve/model.py", line 1, in build
+    raise ValueError("page size 48 is not a power of two")
+ValueError: page size 48 is not a power of two
+error: the engine process (pid 101) exited with status 1 (its own lines above say why)
+"""
+
+
+@pytest.mark.parametrize(
+    "text,cause",
+    [
+        (ENGINE_OOM, "error: out of memory (tried to allocate 1254130413056 bytes)"),
+        (ENGINE_TRACEBACK, "ValueError: page size 48 is not a power of two"),
+        ("starting\nsomething odd\n", "something odd"),  # no error line: the last one, as before
+    ],
+)
+def test_a_server_that_dies_at_start_is_reported_with_its_own_cause_and_its_log(tmp_path, text, cause) -> None:
+    """`-S server.cpu_cache_tokens=2147483647`: deploy's line quoted the log's last line, the front's "the engine
+    process ... exited with status 2 (its own lines above say why)", and the cause (out of memory) was only in
+    .kernelcamp/server.log. The line quotes the engine's own error (or its traceback's exception) and names the
+    log; an earlier start's lines, above this start's in the appended log, are not quoted."""
+    log = tmp_path / "server.log"
+    earlier = "error: an earlier start's error, long fixed\n"
+    log.write_text(earlier + text)
+    with pytest.raises(KernelcampError) as e:
+        wait_ready(
+            "http://127.0.0.1:9", None, timeout_s=60, poll_s=0.1, proc=_exited(2), log=log, log_offset=len(earlier)
+        )
+    msg = str(e.value)
+    assert msg.startswith("server exited with status 2 before it was ready; ") and "\n" not in msg, msg
+    assert f"{log} says: {cause}" in msg, msg
 
 
 def test_setup_digest_covers_what_the_server_computes_and_its_host_not_its_port() -> None:

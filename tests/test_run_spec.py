@@ -293,6 +293,18 @@ BAD = [
     ("server.env", {"FLAG": None}, r"server\.env\.FLAG = null: give a string or a number"),
     ("server.args", ["--port", "9"], r"server\.args\.0 = '--port': the deploy sets --port itself"),
     ("server.args", ["--host=0.0.0.0"], r"server\.args\.0 = '--host=0\.0\.0\.0': the deploy sets --host itself"),
+    # the embedded server's command line: these passed spec and failed only at deploy, after the deploy had
+    # stopped the running server (kernelcamp.serve.options is the one check of what `kernelcamp serve` takes)
+    ("server.device", "bogus", r"server\.device = 'bogus': expected cpu, cuda or cuda:N, or null"),
+    ("server.device", "cuda:x", r"server\.device = 'cuda:x': expected cpu, cuda or cuda:N"),
+    ("server.args", ["--workers=4"], r"server\.args = \['--workers=4'\]: kernelcamp serve would refuse them \(unrec"),
+    ("server.args", ["--log-level", "loud"], r"invalid choice: 'loud'.*; it takes --trace-dir, --fake"),
+    ("server.args", ["--help"], r"server\.args = \['--help'\]: kernelcamp serve would refuse them"),
+    ("server.args", ["--engine-uds", "/tmp/s"], r"server\.args\.0 \(--engine-uds\): an internal option"),
+    ("server.args", ["--api-key=s3cret"], r"server\.args\.0 \(--api-key\): a key in server\.args .*KERNELCAMP_API_KEY"),
+    # a host the deploy cannot listen on crashed it with socket.gaierror (a traceback), or read as a port held
+    ("server.host", "127.0.0.1; touch /tmp/x", r"server\.host = '127\.0\.0\.1; touch /tmp/x': does not resolve"),
+    ("server.host", "192.0.2.1", r"server\.host = '192\.0\.2\.1': not an address of this machine"),
     # names reach report headings (a forged `# Decision` line), plot labels (mathtext crashed) and files
     ("variant.name", "evil\n\n# Decision: **faster**", r"variant\.name = 'evil\\n.*a name is letters, digits"),
     ("variant.name", "cost$\\frac$", r"variant\.name = 'cost\$\\\\frac\$': a name is letters"),
@@ -370,6 +382,10 @@ BAD = [
 GOOD = [
     ("server.env", {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": 4, "_X1": 0.5}),
     ("server.args", ["--log-level", "info"]),
+    ("server.args", ["--never-ready", "--trace-dir=/tmp/traces"]),
+    ("server.device", "cpu"),
+    ("server.device", "cuda:1"),  # whether this machine has it is the deploy's check (it imports torch)
+    ("server.host", "localhost"),
     ("server.port", 65526),
     ("benchmark.serving.baseline_port_offset", 9),
     ("benchmark.serving.max_tokens", 2024),
@@ -452,6 +468,18 @@ def test_bad_params_are_one_line_naming_the_key(key: str, value, msg: str) -> No
     assert re.search(msg, str(e.value)), str(e.value)
     assert "\n" not in str(e.value)
     assert "s3cret" not in str(e.value)
+
+
+def test_a_foreign_servers_args_and_host_are_its_own() -> None:
+    """server.args of a command or ssh server reach it as $KERNELCAMP_SERVER_ARGS: its own options, not
+    `kernelcamp serve`'s; server.host, server.device are the embedded server's alone. The options the deploy
+    sets itself are refused for every kind."""
+    p = _with(PARAMS, "deploy", {"kind": "command", "url": "http://gpu:8000", "kernel_dest": "/k", "launch": "x"})
+    p["server"].update(args=["--workers=4", "--api-key=k"], host="192.0.2.1", device="bogus")
+    parse_spec(p)
+    p["server"]["args"] = ["--port=9"]
+    with pytest.raises(KernelcampError, match=r"server\.args\.0 = '--port=9': the deploy sets --port itself"):
+        parse_spec(p)
 
 
 @pytest.mark.parametrize(

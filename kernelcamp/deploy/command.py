@@ -62,6 +62,7 @@ def deploy_command(params: dict[str, Any], root: str | Path | None = None) -> di
     if st:
         _stop_recorded(st, grace_s=15.0)
     with open(log, "ab") as lf:
+        log_offset = lf.tell()  # this launch's lines begin here
         proc = subprocess.Popen(
             cfg["launch"],
             shell=True,
@@ -87,7 +88,14 @@ def deploy_command(params: dict[str, Any], root: str | Path | None = None) -> di
     )
     try:
         seconds, facts = wait_ready(
-            url, vhash, float(cfg.get("health_timeout_s", 900)), float(cfg.get("poll_interval_s", 2.0)), proc, None, log
+            url,
+            vhash,
+            float(cfg.get("health_timeout_s", 900)),
+            float(cfg.get("poll_interval_s", 2.0)),
+            proc,
+            None,
+            log,
+            log_offset,
         )
     except BaseException:
         kill_group(proc.pid, proc.pid, grace_s=5.0)

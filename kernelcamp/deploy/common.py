@@ -197,36 +197,69 @@ def wait_ready(
     proc: subprocess.Popen | None = None,
     expect_pid: int | None = None,
     log: Path | None = None,
+    log_offset: int = 0,
 ) -> tuple[float, dict[str, Any]]:
     """Poll :func:`probe_ready` until ready; returns (seconds to ready, facts). Raises ``KernelcampError``
     when ``proc`` exits first, when the server refuses the readiness completion outright
     (:data:`REFUSALS`, e.g. a context too small for it), or when ``timeout_s`` passes (the caller
-    cleans up)."""
+    cleans up); the line quotes the cause the server's ``log`` gives from byte ``log_offset`` on (where this
+    start's lines begin) and names the log (:func:`_log_tail`)."""
     t0 = time.monotonic()
     reason = "not polled"
     while True:
         if proc is not None and proc.poll() is not None:
-            raise KernelcampError(f"server exited with status {proc.returncode} before it was ready{_log_tail(log)}")
+            why = _log_tail(log, log_offset)
+            raise KernelcampError(f"server exited with status {proc.returncode} before it was ready{why}")
         ok, reason, facts = probe_ready(url, expect_hash, expect_pid, timeout_s=max(5.0, min(60.0, timeout_s)))
         if ok:
             return time.monotonic() - t0, facts
         if facts.get("refused"):
             raise KernelcampError(
                 f"server at {url} refuses the readiness completion ({facts['refused']}): "
-                f"check the server flags (e.g. server.max_context_tokens){_log_tail(log)}"
+                f"check the server flags (e.g. server.max_context_tokens){_log_tail(log, log_offset)}"
             )
         if time.monotonic() - t0 > timeout_s:
             raise KernelcampError(
-                f"server at {url} not ready after {timeout_s:g} s (last check: {reason}){_log_tail(log)}"
+                f"server at {url} not ready after {timeout_s:g} s (last check: {reason}){_log_tail(log, log_offset)}"
             )
         time.sleep(poll_s)
 
 
-def _log_tail(log: Path | None) -> str:
+#: At most this much of a log is read for :func:`_log_tail` (the start of one server: its error is near the top).
+LOG_READ_BYTES = 4 << 20
+
+
+def log_cause(text: str) -> str | None:
+    """The line of a server's log ``text`` that says why it stopped: the first ``error: ...`` line (kernelcamp
+    serve's one line on a refusal; an engine process's own line comes before its front's "exited with status N
+    (its own lines above say why)") or the first traceback's exception line, whichever comes first; else the
+    last non-empty line; None for an empty log."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    in_traceback = False
+    for ln in lines:
+        if ln.startswith("Traceback (most recent call last):"):
+            in_traceback = True
+        elif in_traceback and not ln[0].isspace():
+            return ln.strip()  # the exception that ended the traceback
+        elif ln.startswith("error:"):
+            return ln.strip()
+    return lines[-1].strip() if lines else None
+
+
+def _log_tail(log: Path | None, offset: int = 0) -> str:
+    """``; <log> says: <cause>`` for an error line: :func:`log_cause` of what the server wrote to ``log`` from
+    byte ``offset`` on (where this start began: the log is appended to by every start), so that the line carries
+    the real cause (e.g. ``error: out of memory (tried to allocate ...)``) and names the file with the rest."""
     if log is None or not log.exists():
         return ""
-    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    return f"; log {log}: {lines[-1][:200]}" if lines else f"; log {log} is empty"
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read(LOG_READ_BYTES).decode(errors="replace")
+    except OSError as e:
+        return f"; its log {log} cannot be read ({e.strerror or e})"
+    cause = log_cause(text)
+    return f"; {log} says: {cause[:400]}" if cause else f"; its log {log} is empty"
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:
@@ -301,6 +334,9 @@ def stop_state(path: Path, grace_s: float = 15.0, wait_port: bool = True) -> boo
         kill_group(st["pid"], st.get("pgid"), grace_s)
         stopped = True
     if wait_port and st and st.get("port"):
-        _wait_port_free(int(st["port"]), st.get("host") or "127.0.0.1", 10.0)
+        try:
+            _wait_port_free(int(st["port"]), st.get("host") or "127.0.0.1", 10.0)
+        except KernelcampError:
+            pass  # its host is no longer this machine's (port_is_free): no port of it to wait for
     path.unlink(missing_ok=True)
     return stopped

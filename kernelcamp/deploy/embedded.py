@@ -33,7 +33,8 @@ from kernelcamp.hashes import dvc_stage, server_flags
 from kernelcamp.io import pid_start_time, repo_relative, write_json_atomic, write_text_atomic
 from kernelcamp.ports import PORT_STRIDE, baseline_port, worker_port
 from kernelcamp.provenance import now_utc, sha256_file
-from kernelcamp.serve.client import CUDA_PROFILED_WHY, client_url, exposure_warning
+from kernelcamp.serve.client import API_KEY_ENV, CUDA_PROFILED_WHY, client_url, exposure_warning
+from kernelcamp.serve.options import check_api_key, check_device, check_serve_settings
 from kernelcamp.signals import pdeathsig_preexec
 
 
@@ -138,14 +139,20 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
     earlier benchmark's profile left CUPTI attached and its steps slower,
     :data:`kernelcamp.serve.client.CUDA_PROFILED_WHY`): that one is restarted, with one ``deploy:`` line.
 
-    Raises ``KernelcampError`` (before any side effect) when the configured port and every fallback
-    are held by other processes. ``server.overlap_scheduling: true`` turns on the embedded server's
+    Raises ``KernelcampError`` before any side effect, a running server left alone, for what ``kernelcamp
+    serve`` would refuse at its start: a ``server.host`` this machine cannot listen on, a ``server.device`` it
+    does not take or a GPU this machine lacks, ``server.args`` it does not take
+    (:func:`kernelcamp.serve.options.check_serve_settings`, :func:`~kernelcamp.serve.options.check_device`),
+    an empty ``$KERNELCAMP_API_KEY``; after stopping ours, when the configured port and every fallback are
+    held by other processes. ``server.overlap_scheduling: true`` turns on the embedded server's
     hand-off overlap (kernelcamp.serve.server, "Scheduling").
     """
     cfg = params.get("deploy") or {}
     server = params.get("server") or {}
     variant, khash, flags, vhash, kpath = _variant_facts(params)
     host = str(server.get("host") or "127.0.0.1")
+    # what `kernelcamp serve` would refuse, before anything is stopped (the spec stage checks the same)
+    check_serve_settings(host, server.get("device"), server.get("args") or [])
     port = worker_port(int(server.get("port", 8765)))
     warn = exposure_warning(host, port)
     if warn:
@@ -199,6 +206,10 @@ def deploy_embedded(params: dict[str, Any], root: str | Path | None = None) -> d
                 configured_port=port,
                 port_note=note,
             )
+    # what else the new server would refuse at its start, checked while the running one still serves
+    check_api_key(os.environ.get(API_KEY_ENV))
+    if server.get("device"):
+        check_device(str(server["device"]), "server.device")  # a GPU this machine lacks (imports torch)
     stopped_port = (st or {}).get("port") if stop_embedded(root) else None
     wait_s = float(cfg.get("port_free_timeout_s", 10.0)) if stopped_port == port else 0.0
     used, note = port, None
@@ -298,6 +309,7 @@ def start_embedded(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
     with open(log, "ab") as lf:
+        log_offset = lf.tell()  # this start's lines begin here: the error line quotes them, not an earlier start's
         proc = subprocess.Popen(
             cmd,
             cwd=str(REPO_ROOT),
@@ -335,6 +347,7 @@ def start_embedded(
             proc,
             proc.pid,
             log,
+            log_offset,
         )
     except BaseException:
         kill_group(proc.pid, proc.pid, grace_s=5.0)

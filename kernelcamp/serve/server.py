@@ -97,6 +97,7 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from kernelcamp.errors import KernelcampError, out_of_memory
 from kernelcamp.hashes import kernel_source_hash, server_flags, variant_hash
+from kernelcamp.ports import HOST_FIX, bind_problem
 from kernelcamp.serve import gcwatch
 from kernelcamp.serve.client import API_KEY_ENV, INFO_PATH, PROFILE_PATH, TRACE_PATH, client_url, exposure_warning
 from kernelcamp.serve.fake import FakeSpec, make_fake_app
@@ -125,6 +126,7 @@ from kernelcamp.serve.openai import (
     _error,
     _openai_app,
 )
+from kernelcamp.serve.options import check_api_key, check_device, check_device_name, serve_parser
 
 PROFILE_MAX_STEPS = 200
 PROFILE_TABLE_ROWS = 60
@@ -968,23 +970,6 @@ def make_app(
     return app
 
 
-def check_device(device: str) -> None:
-    """Raise ``KernelcampError`` when ``device`` (``cpu``, ``cuda`` or ``cuda:N``) is a CUDA device this machine does
-    not have."""
-    if not device.startswith("cuda"):
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise KernelcampError(f"--device {device}: no CUDA GPU here; use --device cpu")
-    index = int(device.partition(":")[2] or 0)
-    if index >= torch.cuda.device_count():
-        raise KernelcampError(
-            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to "
-            f"cuda:{torch.cuda.device_count() - 1}"
-        )
-
-
 def build_state(params: dict[str, Any], device: str, never_ready: bool = False) -> ServeState:
     """Parse the variant, build and warm up the model (graphs captured, attention share calibrated)."""
     import torch
@@ -1034,7 +1019,6 @@ def freeze_served_heap(state: ServeState) -> ServeState:
 
 
 # ---- command line ------------------------------------------------------------------------------------
-_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 def _load_serve_params(path: str) -> dict[str, Any]:
@@ -1062,44 +1046,9 @@ def _load_serve_params(path: str) -> dict[str, Any]:
 
 
 def build_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add ``serve`` to ``sub`` (the subparsers of :func:`kernelcamp.cli.build_parser`)."""
-    # no abbreviations: server.args reach this parser after the deploy's own --host/--port, and
-    # kernelcamp.spec refuses those names in server.args (SERVE_OWN_ARGS); "--po" must not pass as --port
-    ap = sub.add_parser(
-        "serve",
-        description="The embedded OpenAI-compatible decode server (kernelcamp serve), and a fixed-rate fake for tests.",
-        allow_abbrev=False,
-    )
-    ap.add_argument("--params", default="params.yaml", help="params.yaml (variant, workload, server, kernel)")
-    ap.add_argument("--host", default=None, help="bind address (default: server.host, else 127.0.0.1)")
-    ap.add_argument("--port", type=int, default=None, help="port (default: server.port, else 8765)")
-    ap.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda:0 when a GPU is present)")
-    ap.add_argument(
-        "--api-key",
-        default=None,
-        help=f"require `Authorization: Bearer KEY` on everything but /health (default: ${API_KEY_ENV}, else none)",
-    )
-    ap.add_argument(
-        "--trace-dir",
-        default=None,
-        help="where profile traces are kept (default: a private temporary folder removed at exit)",
-    )
-    ap.add_argument(
-        "--fake",
-        default=None,
-        metavar="SPEC",
-        help="serve the fixed-rate fake instead of the model, e.g. ttft_ms=50,itl_ms=10,chunk=2 "
-        "(keys: kernelcamp.serve.fake.FakeSpec)",
-    )
-    ap.add_argument("--never-ready", action="store_true", help="test aid: /health answers 503 forever")
-    ap.add_argument(
-        "--log-level",
-        default="warning",
-        choices=("critical", "error", "warning", "info", "debug", "trace"),
-        help="uvicorn's log level (default: warning)",
-    )
-    # internal: run as the engine process of a front process (kernelcamp.serve.front), on this socket
-    ap.add_argument("--engine-uds", default=None, help=argparse.SUPPRESS)
+    """Add ``serve`` to ``sub`` (the subparsers of :func:`kernelcamp.cli.build_parser`): the options of
+    :func:`kernelcamp.serve.options.serve_parser`, which the spec stage checks ``server.args`` against too."""
+    ap = serve_parser(lambda **kw: sub.add_parser("serve", **kw))
     ap.set_defaults(main=main)
     return ap
 
@@ -1116,19 +1065,14 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.port is not None and not 1 <= args.port <= 65535:
             raise KernelcampError(f"--port {args.port}: expected a port number 1..65535")
-        if args.device is not None and not _DEVICE.fullmatch(args.device):
-            raise KernelcampError(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+        check_device_name(args.device, "--device")
         if args.trace_dir is not None and Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
             raise KernelcampError(f"--trace-dir {args.trace_dir}: exists and is not a folder")
         engine_uds = getattr(args, "engine_uds", None)
         key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
         if engine_uds is not None:
             key = None  # the engine process answers only its front, over a socket in a private folder
-        if key is not None and (not key.strip() or key != key.strip()):
-            where = "--api-key" if args.api_key is not None else API_KEY_ENV
-            raise KernelcampError(
-                f"{where}: empty or with surrounding spaces (no request could match it); give a key, or leave it unset"
-            )
+        check_api_key(key, "--api-key" if args.api_key is not None else API_KEY_ENV)
         server: dict[str, Any] = {}
         link: EngineLink | None = None
         spec = FakeSpec.parse(args.fake) if args.fake is not None else None
@@ -1146,9 +1090,11 @@ def main(args: argparse.Namespace) -> int:
         port = args.port if args.port is not None else server.get("port", 8765)
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise KernelcampError(f"server.port={port!r} in {args.params}: expected a port number 1..65535")
-        dev_cfg = server.get("device")
-        if args.device is None and dev_cfg is not None and not _DEVICE.fullmatch(str(dev_cfg)):
-            raise KernelcampError(f"server.device={dev_cfg!r} in {args.params}: expected cpu, cuda or cuda:N")
+        if args.device is None:
+            try:
+                check_device_name(server.get("device"))
+            except KernelcampError as e:
+                raise KernelcampError(f"{e} (in {args.params})") from None
         # checked by parse_section above; the fake (no params) runs with the defaults
         body_timeout_s = float(server.get("body_timeout_s", BODY_TIMEOUT_S))
         max_connections = int(server.get("max_connections", MAX_CONNECTIONS))
@@ -1261,27 +1207,15 @@ def _run_engine_process(app: FastAPI, uds: str, log_level: str) -> int:
 def _bind_error(host: str, port: int) -> tuple[str, str] | None:
     """Why ``host:port`` cannot be listened on now, or None: ``(reason, what to do)``. A host that does not resolve,
     or is no address of this machine, is the host's fault (the message blamed the port: "pass --port"); a port in
-    use ("[Errno 98] Address already in use") or refused is the port's."""
-    import errno
-    import socket
-
-    host_fix = f"pass --host with an address of this machine (127.0.0.1 for this machine only), not {host!r}"
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as e:
-        return str(e), host_fix
-    family, kind, proto, _, addr = infos[0]
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no obstacle
-        try:
-            s.bind(addr)
-        except OSError as e:
-            if e.errno == errno.EADDRNOTAVAIL:
-                return str(e), host_fix
-            return str(e), (
-                "pass --port, or stop the server holding it (`python -m stages.deploy --stop` for this workspace's)"
-            )
-    return None
+    use ("[Errno 98] Address already in use") or refused is the port's. The test is
+    :func:`kernelcamp.ports.bind_problem`, which the deploy's checks of ``server.host`` use too."""
+    problem = bind_problem(host, port)
+    if problem is None:
+        return None
+    reason, host_at_fault = problem
+    if host_at_fault:
+        return reason, f"pass --host with {HOST_FIX}, not {host!r}"
+    return reason, "pass --port, or stop the server holding it (`python -m stages.deploy --stop` for this workspace's)"
 
 
 if __name__ == "__main__":  # `python -m kernelcamp.serve.server ...` is `kernelcamp serve ...`
