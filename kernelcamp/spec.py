@@ -46,7 +46,14 @@ import yaml
 from kernelcamp.errors import KernelcampError, as_written, url_shown
 from kernelcamp.hashes import dvc_stage, kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.io import sha256_text
-from kernelcamp.kernel_rev import KernelRev, import_kernel_rev, resolve_kernel_rev
+from kernelcamp.kernel_rev import (
+    REQUIRED_NAMES,
+    KernelRev,
+    check_kernel_api,
+    import_kernel_rev,
+    parse_kernel,
+    resolve_kernel_rev,
+)
 from kernelcamp.ports import PORT_STRIDE, worker_port
 from kernelcamp.variant import Variant, check_name, parse_variant
 
@@ -457,6 +464,19 @@ def check_kernel_module(module: str, root: Path | None = None) -> Path:
     return path
 
 
+def check_kernel_file(module: str, root: Path | None = None) -> Path:
+    """:func:`check_kernel_module`, then the check ``baseline.kernel_rev``'s file gets
+    (:func:`kernelcamp.kernel_rev.check_kernel_api`): the file parses and defines what build, benchmark and verify
+    call. ``-S kernel.module=kernels.__init__`` passed spec, was locked in dvc.lock and failed only in build. Returns
+    the file's path; raises ``KernelcampError`` naming ``kernel.module``."""
+    path = check_kernel_module(module, root)
+    where, default = f"kernel.module = {module!r}: {module.replace('.', '/')}.py", "kernels.sparse_mla_decode"
+    tree = parse_kernel(path.read_bytes(), where)
+    api = ", ".join(REQUIRED_NAMES)
+    check_kernel_api(tree, where, "the kernel", f"name a kernel file of kernels/ that defines {api}, e.g. {default}")
+    return path
+
+
 def import_kernel(module: str) -> types.ModuleType:
     """Import kernel module ``module`` from this working tree, never from another copy of the repo.
 
@@ -687,7 +707,7 @@ def parse_spec(
         _check_against_target(baseline, "baseline", target)
         _check_against_workload(baseline, "baseline", sections["workload"])
     kspec: KernelSpec = sections["kernel"]
-    kfile = check_kernel_module(kspec.module, root)
+    kfile = check_kernel_file(kspec.module, root)  # what the stages call on it, as for baseline.kernel_rev's file
     ksha = kernel_source_hash({"module": kspec.module}, root)  # as deploy and the server hash it
     flags = server_flags(raw.get("server"))
     text = text if text is not None else yaml.safe_dump(dict(raw), sort_keys=True)

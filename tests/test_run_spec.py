@@ -117,6 +117,25 @@ def test_a_kernel_module_outside_kernels_is_refused(module: str) -> None:
         check_kernel_module(module)
 
 
+def test_the_working_trees_kernel_file_is_checked_as_the_baselines_is(tmp_path: Path) -> None:
+    """`-S kernel.module=kernels.__init__` passed spec and failed only in build ("has no compile_specs(...)"): spec
+    checks the working tree's kernel file with the check baseline.kernel_rev's file gets (kernel_rev.check_kernel_api),
+    a file that does not parse too."""
+    src = (ROOT / "kernels" / "sparse_mla_decode.py").read_text()
+    assert "\ndef compile_specs(" in src
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "ok.py").write_text(src)
+    (tmp_path / "kernels" / "nospecs.py").write_text(src.replace("\ndef compile_specs(", "\ndef compile_specs_v0("))
+    (tmp_path / "kernels" / "broken.py").write_text("def (:\n")
+    for module, msg in [
+        ("nospecs", r"^kernel\.module = 'kernels\.nospecs': kernels/nospecs\.py defines no compile_specs, which build"),
+        ("broken", r"^kernel\.module = 'kernels\.broken': kernels/broken\.py is not valid Python \(invalid syntax"),
+    ]:
+        with pytest.raises(KernelcampError, match=msg):
+            parse_spec(_with(PARAMS, "kernel.module", f"kernels.{module}"), root=tmp_path)
+    assert parse_spec(_with(PARAMS, "kernel.module", "kernels.ok"), root=tmp_path).kernel_file.name == "ok.py"
+
+
 def test_no_code_imports_the_shipped_kernel_by_name() -> None:
     """verify and the kernel benchmark imported kernels.sparse_mla_decode directly, so
     `-S kernel.module=kernels.alt` (a kernel that writes half the heads) passed verify 8/8."""
@@ -356,6 +375,14 @@ BAD = [
     ("baseline.name", "x\n", r"baseline\.name = 'x\\n': a name is letters"),
     ("server.env", {"FOO\n": "1"}, r"server\.env key 'FOO\\n'"),
     ("kernel.module", "kernels.sparse_mla_decode\n", r"kernel\.module = 'kernels\.sparse_mla_decode\\n'"),
+    # a file of kernels/ without the kernel API passed spec, was locked in dvc.lock and failed only in build
+    (
+        "kernel.module",
+        "kernels.__init__",
+        r"^kernel\.module = 'kernels\.__init__': kernels/__init__\.py defines no SparseMLADecode, which build, "
+        r"benchmark and verify call on the kernel; name a kernel file of kernels/ that defines SparseMLADecode, "
+        r"compile_specs, e\.g\. kernels\.sparse_mla_decode$",
+    ),
     # a password in a URL setting went into params.yaml, dvc.lock, MLflow's params and deploy.json
     ("tracking.uri", "http://me:s3cret@mlflow:5000", r"tracking\.uri = 'http://me:\*\*\*@mlflow:5000': holds a pass"),
     (
