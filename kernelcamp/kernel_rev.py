@@ -26,6 +26,7 @@ module of ``kernels/`` would come from the working tree, not from the commit, so
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import re
@@ -113,7 +114,8 @@ def _kernels_imports(tree: ast.Module) -> list[str]:
     return found
 
 
-#: What the stages call on the baseline's kernel module (build: compile_specs; benchmark, verify: the launcher).
+#: What the stages call on a kernel module, the working tree's and the baseline's (build: compile_specs; benchmark,
+#: verify: the launcher).
 REQUIRED_NAMES = ("SparseMLADecode", "compile_specs")
 
 
@@ -129,6 +131,34 @@ def _top_level_names(tree: ast.Module) -> set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
     return names
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(source: bytes) -> ast.Module:
+    """``ast.parse(source)``, kept for the same bytes: spec parses the kernel file (120 KB, 0.1 s) at every stage."""
+    return ast.parse(source)
+
+
+def parse_kernel(source: bytes, where: str) -> ast.Module:
+    """A kernel file's bytes ``source`` parsed (treat the tree as read-only: it is shared). Raises ``KernelcampError``
+    "``<where>`` is not valid Python (...)" for a file that does not parse."""
+    try:
+        return _parsed(source)
+    except (SyntaxError, ValueError) as e:
+        raise KernelcampError(f"{where} is not valid Python ({e})") from None
+
+
+def check_kernel_api(tree: ast.Module, where: str, whose: str, fix: str) -> None:
+    """The one check that a parsed kernel file (:func:`parse_kernel`) has what the stages call on it: every name of
+    :data:`REQUIRED_NAMES` bound at its top level. For ``baseline.kernel_rev``'s file (:func:`resolve_kernel_rev`)
+    and the working tree's ``kernel.module`` (:func:`kernelcamp.spec.parse_spec`), so a file without them stops at
+    spec, not at build. Raises ``KernelcampError`` "``<where>`` defines no compile_specs, which build, benchmark and
+    verify call on ``<whose>``; ``<fix>``"."""
+    missing = [n for n in REQUIRED_NAMES if n not in _top_level_names(tree)]
+    if missing:
+        raise KernelcampError(
+            f"{where} defines no {missing[0]}, which build, benchmark and verify call on {whose}; {fix}"
+        )
 
 
 def resolve_kernel_rev(rev: object, module: str, root: Path | None = None) -> KernelRev:
@@ -181,23 +211,18 @@ def resolve_kernel_rev(rev: object, module: str, root: Path | None = None) -> Ke
             f"{module!r}); pick a commit that has it: `git log --oneline -- {rel}`"
         )
     source = blob.stdout
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError) as e:
-        raise KernelcampError(f"{WHERE} = {rev!r} (commit {sha[:12]}): {rel} there is not valid Python ({e})") from None
+    where = f"{WHERE} = {rev!r} (commit {sha[:12]}): {rel} there"
+    tree = parse_kernel(source, where)
     siblings = _kernels_imports(tree)
     if siblings:
         raise KernelcampError(
-            f"{WHERE} = {rev!r} (commit {sha[:12]}): {rel} there imports {siblings[0]}, which would come from "
-            "the working tree, not from that commit; kernel_rev takes a self-contained kernel file"
+            f"{where} imports {siblings[0]}, which would come from the working tree, not from that commit; kernel_rev "
+            "takes a self-contained kernel file"
         )
-    missing = [n for n in REQUIRED_NAMES if n not in _top_level_names(tree)]
-    if missing:
-        raise KernelcampError(
-            f"{WHERE} = {rev!r} (commit {sha[:12]}): {rel} there defines no {missing[0]}, which build, benchmark "
-            f"and verify call on the baseline's kernel; pick a commit whose kernel has the working tree's API "
-            f"({', '.join(REQUIRED_NAMES)})"
-        )
+    api = ", ".join(REQUIRED_NAMES)
+    check_kernel_api(
+        tree, where, "the baseline's kernel", f"pick a commit whose kernel has the working tree's API ({api})"
+    )
     return KernelRev(rev, sha, rel, hashlib.sha256(source).hexdigest(), repo, source)
 
 

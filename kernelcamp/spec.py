@@ -46,7 +46,14 @@ import yaml
 from kernelcamp.errors import KernelcampError, as_written, url_shown
 from kernelcamp.hashes import dvc_stage, kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.io import sha256_text
-from kernelcamp.kernel_rev import KernelRev, import_kernel_rev, resolve_kernel_rev
+from kernelcamp.kernel_rev import (
+    REQUIRED_NAMES,
+    KernelRev,
+    check_kernel_api,
+    import_kernel_rev,
+    parse_kernel,
+    resolve_kernel_rev,
+)
 from kernelcamp.ports import PORT_STRIDE, worker_port
 from kernelcamp.variant import Variant, check_name, parse_variant
 
@@ -454,6 +461,19 @@ def check_kernel_module(module: str, root: Path | None = None) -> Path:
     return path
 
 
+def check_kernel_file(module: str, root: Path | None = None) -> Path:
+    """:func:`check_kernel_module`, then the check ``baseline.kernel_rev``'s file gets
+    (:func:`kernelcamp.kernel_rev.check_kernel_api`): the file parses and defines what build, benchmark and verify
+    call. ``-S kernel.module=kernels.__init__`` passed spec, was locked in dvc.lock and failed only in build. Returns
+    the file's path; raises ``KernelcampError`` naming ``kernel.module``."""
+    path = check_kernel_module(module, root)
+    where, default = f"kernel.module = {module!r}: {module.replace('.', '/')}.py", "kernels.sparse_mla_decode"
+    tree = parse_kernel(path.read_bytes(), where)
+    api = ", ".join(REQUIRED_NAMES)
+    check_kernel_api(tree, where, "the kernel", f"name a kernel file of kernels/ that defines {api}, e.g. {default}")
+    return path
+
+
 def import_kernel(module: str) -> types.ModuleType:
     """Import kernel module ``module`` from this working tree, never from another copy of the repo.
 
@@ -684,7 +704,7 @@ def parse_spec(
         _check_against_target(baseline, "baseline", target)
         _check_against_workload(baseline, "baseline", sections["workload"])
     kspec: KernelSpec = sections["kernel"]
-    kfile = check_kernel_module(kspec.module, root)
+    kfile = check_kernel_file(kspec.module, root)  # what the stages call on it, as for baseline.kernel_rev's file
     ksha = kernel_source_hash({"module": kspec.module}, root)  # as deploy and the server hash it
     flags = server_flags(raw.get("server"))
     text = text if text is not None else yaml.safe_dump(dict(raw), sort_keys=True)
@@ -858,7 +878,9 @@ def check_tracking_uri(uri: str, where: str = "tracking.uri") -> None:
     (MLflow 3.17, the version pinned) ("The filesystem tracking backend ... is in maintenance mode",
     mlflow.store.tracking.file_store) unless ``MLFLOW_ALLOW_FILE_STORE=true`` is set, in which case an absolute one
     passes. Servers (``http:`` ...) pass. ``where`` names the setting in the message
-    (``kernelcamp.tracking.tracking_uri`` checks ``MLFLOW_TRACKING_URI`` with it too). Raises ``KernelcampError``."""
+    (``kernelcamp.tracking.tracking_uri`` checks ``MLFLOW_TRACKING_URI`` with it too). A local store must also be
+    outside the pipeline's output folders, a SQLite one in a folder that exists (:func:`_check_store_place`). Raises
+    ``KernelcampError``."""
     import os
 
     scheme, sep, rest = uri.partition(":")
@@ -884,6 +906,58 @@ def check_tracking_uri(uri: str, where: str = "tracking.uri") -> None:
             "experiment's is a temporary copy); give an absolute path, sqlite:////absolute/path/mlflow.db, or "
             "leave tracking.uri null for $DVC_ROOT/mlflow.db"
         )
+    _check_store_place(uri, Path(path), scheme == "sqlite", where)
+
+
+def _check_store_place(uri: str, path: Path, sqlite: bool, where: str) -> None:
+    """A local store (``path``: the SQLite file, or a file store's folder) outside the pipeline's output folders
+    (:func:`output_dirs`), with its artifacts (a SQLite store's go to ``mlartifacts/`` beside it,
+    ``kernelcamp.tracking.ensure_store``): the report stage logs every file of reports/ as an artifact, so a store
+    there was copied mid-write into its own runs, and its files showed up beside the committed outputs. A SQLite
+    store's folder must exist: SQLite does not make it, and kernelcamp made it anywhere (``sqlite:////nonexistent/dir``
+    made /nonexistent). Raises ``KernelcampError``."""
+    import os
+
+    from kernelcamp.provenance import dvc_root
+
+    places = [(path, "the store")]
+    if sqlite:
+        places.append((path.parent / "mlartifacts", "its artifacts (mlartifacts/ beside it)"))
+    for place, what in places:
+        for root, out in output_dirs():
+            inside = os.path.realpath(place)
+            if inside == out or inside.startswith(out.rstrip(os.sep) + os.sep):
+                rel = Path(os.path.relpath(out, root)).as_posix()
+                raise KernelcampError(
+                    f"{where} = {uri!r}: {what} would be inside {rel}/, an output folder of the pipeline (dvc.yaml), "
+                    "whose files the report stage logs as artifacts and git commits with each experiment; put the "
+                    f"store outside the outputs, e.g. sqlite:///{dvc_root() / 'mlflow.db'}, or leave tracking.uri "
+                    "null for $DVC_ROOT/mlflow.db"
+                )
+    if sqlite and not path.parent.is_dir():
+        raise KernelcampError(
+            f"{where} = {uri!r}: the folder {path.parent} does not exist, and SQLite makes no folders; create it "
+            "first, give a store in a folder that exists, or leave tracking.uri null for $DVC_ROOT/mlflow.db"
+        )
+
+
+def output_dirs() -> list[tuple[str, str]]:
+    """``(tree, folder)`` for every folder of pipeline outputs of this tree and of the workspace (``$DVC_ROOT``,
+    where a queued experiment's store lives): each output's folder (``reports``) and each output that is a folder
+    (``reports/plots``), from dvc.yaml's ``outs``, ``metrics`` and ``plots`` (:func:`kernelcamp.provenance.
+    pipeline_outputs`), as real paths, outermost first; never the tree itself (an output at its top level)."""
+    import os
+
+    from kernelcamp.provenance import dvc_root, pipeline_outputs
+
+    found: list[tuple[str, str]] = []
+    for root in dict.fromkeys(os.path.realpath(r) for r in (project_root(), dvc_root())):
+        for entry in pipeline_outputs(root):
+            for rel in (entry, os.path.dirname(entry.rstrip("/"))):
+                out = os.path.realpath(os.path.join(root, rel))
+                if rel not in ("", ".") and out != root and (root, out) not in found:
+                    found.append((root, out))
+    return sorted(found, key=lambda f: (len(f[1]), f))  # outermost first: a message names reports/, not reports/plots/
 
 
 def check_workload(wl: WorkloadSpec) -> None:

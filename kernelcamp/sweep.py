@@ -317,26 +317,77 @@ def stop_slot_servers(repo_root: Path, slots: list[int]) -> list[int]:
     return [slot for slot in slots if stop_servers(repo_root, slot)]
 
 
-def hold_slots(repo_root: Path, slots: list[int], gpus: list[str]) -> contextlib.ExitStack:
+def _made_dirs(d: Path) -> list[Path]:
+    """Create folder ``d`` and its missing parents; return those this call created, innermost first."""
+    missing = [p for p in (d, *d.parents) if not p.exists()]
+    d.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _lock_slot(path: Path) -> tuple[Any, bool | None]:
+    """Open (creating it if need be) and ``flock`` the lock file ``path`` without waiting; return ``(file, made)``:
+    ``made`` says whether this call created the file, None that another process holds the lock (the file is open,
+    not locked, for its holder's pid).
+
+    A refused sweep removes the lock file it made while it still holds it (:func:`hold_slots`); a sweep that opened
+    the file just before then gets the lock of a file no longer at ``path``. So the lock counts only while ``path``
+    is still the file locked: else the file at ``path`` is opened and locked again."""
+    import fcntl
+
+    while True:
+        try:
+            fd, made = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            try:
+                fd, made = os.open(path, os.O_RDWR), False
+            except FileNotFoundError:  # removed since: make it
+                continue
+        f = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f, None
+        except BaseException:
+            f.close()
+            raise
+        try:
+            same = os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return f, made
+        f.close()  # a refused sweep removed it under this one: lock the file at the path
+
+
+class SlotHold(contextlib.ExitStack):
+    """The slot locks :func:`hold_slots` holds (closing it releases them); ``made``: the lock files and folders it
+    created, in the order :func:`release_refused` removes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[Path] = []
+
+
+def hold_slots(repo_root: Path, slots: list[int], gpus: list[str]) -> SlotHold:
     """Lock each worker slot's server folder (``.kernelcamp/slotN/sweep.lock``, ``fcntl``, released when the
     returned stack closes or this process ends) for this sweep, writing its pid there.
 
     Raises ``KernelcampError`` naming the GPU, the slot and the holder's pid when another live sweep of this
-    workspace holds one: its workers serve from that slot's port, and this sweep would stop their server.
+    workspace holds one: its workers serve from that slot's port, and this sweep would stop their server. A refused
+    sweep leaves nothing behind: the lock files and folders this call made are removed again when it raises, and by
+    :func:`release_refused` on the returned stack when the sweep is refused after it.
     """
-    import fcntl
-
     from kernelcamp.deploy.common import state_dir
 
-    stack = contextlib.ExitStack()
+    stack = SlotHold()
+    made = stack.made
     try:
         for slot, gpu in zip(slots, gpus, strict=True):
             d = state_dir(repo_root, slot)
-            d.mkdir(parents=True, exist_ok=True)
-            f = stack.enter_context(open(d / "sweep.lock", "a+"))  # noqa: SIM115 - held until the stack closes
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            made[:0] = _made_dirs(d)
+            f, mine = _lock_slot(d / "sweep.lock")
+            stack.enter_context(f)
+            if mine is None:
                 f.seek(0)
                 holder = f.read().strip() or "unknown"
                 raise KernelcampError(
@@ -344,13 +395,24 @@ def hold_slots(repo_root: Path, slots: list[int], gpus: list[str]) -> contextlib
                     f"{holder}): wait for it to finish (experiments queued now are drained by it), or pass other "
                     "GPUs with --gpus"
                 ) from None
+            if mine:
+                made.insert(0, d / "sweep.lock")
             f.truncate(0)
             f.write(f"{os.getpid()}\n")
             f.flush()
     except BaseException:
-        stack.close()
+        release_refused(stack)
         raise
     return stack
+
+
+def release_refused(held: SlotHold) -> None:
+    """Release the slots :func:`hold_slots` took for a sweep that is refused, removing the lock files and folders
+    it made (each lock file while it is still held; a folder only when empty): a refused command leaves nothing."""
+    with held:
+        for p in held.made:
+            with contextlib.suppress(OSError):  # a folder something else has written to since: it stays
+                p.unlink() if p.name == "sweep.lock" else p.rmdir()
 
 
 def run_sweep(
@@ -389,15 +451,15 @@ def run_sweep(
     # one's server mid-experiment, then reported done; it is refused here, before any side effect
     held = hold_slots(repo_root, worker_slots(gpus), gpus)
     try:
-        # Create the tracking store once, before any worker (DESIGN.md: concurrent creation can break it).
-        prepare_tracking_store(repo_root)
         n = queued_count(repo_root)
-        if n == 0:
+        if n == 0:  # before the store is made: a refused sweep leaves nothing behind
             raise KernelcampError(
                 "nothing is queued: queue experiments first, e.g. dvc exp run --queue -S 'variant.num_warps=4,8'"
             )
+        # Create the tracking store once, before any worker (DESIGN.md: concurrent creation can break it).
+        prepare_tracking_store(repo_root)
     except BaseException:
-        held.close()
+        release_refused(held)
         raise
     log(f"sweep: {n} queued experiment(s), {len(gpus)} worker(s) on GPU(s) {', '.join(gpus)}")
     log_dir = repo_root / ".dvc" / "tmp" / "kernelcamp-sweep"

@@ -114,7 +114,8 @@ def store_lock(uri: str) -> Iterator[None]:
     if db is None:
         yield
         return
-    db.parent.mkdir(parents=True, exist_ok=True)
+    if db.parent == dvc_root():  # the default store's folder, the workspace; a store given names one that exists
+        db.parent.mkdir(parents=True, exist_ok=True)  # (kernelcamp.spec.check_tracking_uri): never made elsewhere
     with open(str(db) + "-lock", "a+") as f:  # matches .gitignore's /mlflow.db-*
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # waiting for another process's write: a signal stops the wait
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,7 +27,7 @@ from kernelcamp.bench.kernel import check_kernel_params
 from kernelcamp.bench.profile import baseline_trace_path
 from kernelcamp.bench.record import log, measure_and_write, variants_to_run
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import check_records_as_written, read_json, stage_main
+from kernelcamp.io import check_records_as_written, pid_start_time, read_json, same_process, stage_main
 from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, stage_spec
 from kernelcamp.tracking import tracked_stage
 
@@ -45,6 +46,35 @@ PATHS = (
     "trace",
     "kernel-table",
 )
+
+
+def make_staging(folder: Path) -> Path:
+    """A new staging folder in ``folder`` named for this process, ``.trace-staging-<pid>-<start time>-XXXX``
+    (:func:`kernelcamp.io.pid_start_time`), so that a later run can tell whether its owner still runs."""
+    me = os.getpid()
+    return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{me}-{pid_start_time(me)}-", dir=folder))
+
+
+def remove_stale_staging(folder: Path) -> list[Path]:
+    """Remove the staging folders in ``folder`` that no live run owns; return them. A SIGKILL'd run (the whole
+    ``dvc exp run``) leaves its folder behind, and no later run removed it. One named by :func:`make_staging` is
+    stale when its process is gone (:func:`kernelcamp.io.same_process`, as :mod:`kernelcamp.runlock` tells a live
+    run); one of the older name (``.trace-staging-XXXX``, no owner in it) when no other live ``dvc`` run holds this
+    tree (:func:`kernelcamp.runlock.live_claim`)."""
+    from kernelcamp.runlock import claim_path, live_claim, run_owner
+    from kernelcamp.spec import project_root
+
+    named = re.compile(rf"{re.escape(STAGING_PREFIX)}(\d+)-(\d+|None)-.+")
+    claim = live_claim(claim_path(project_root()))
+    others = claim is not None and claim.get("owner_pid") != run_owner()
+    removed = []
+    for d in sorted(folder.glob(STAGING_PREFIX + "*")):
+        m = named.fullmatch(d.name)
+        alive = same_process(int(m[1]), int(m[2]) if m[2].isdigit() else None) if m else others
+        if d.is_dir() and not d.is_symlink() and not alive:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def main() -> int:
@@ -85,7 +115,8 @@ def main() -> int:
     # so an interrupted run leaves the previous run's traces beside the previous run's records.
     final_traces = {"candidate": Path(args.trace), "baseline": baseline_trace_path(args.trace)}
     final_traces["candidate"].parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=final_traces["candidate"].parent))
+    remove_stale_staging(final_traces["candidate"].parent)
+    staging = make_staging(final_traces["candidate"].parent)
     try:
         run_as = spec.benchmark.run_as_target
         return measure_and_write(args, spec, deploy, device, run_as, notes, variants, final_traces, staging)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -69,6 +70,67 @@ def test_interrupt_after_profiling_keeps_the_previous_traces(tmp_path: Path, mon
     for name, data in old.items():
         assert (rep / name).read_bytes() == data, f"{name} was replaced by the interrupted run"
     assert sorted(p.name for p in rep.iterdir()) == sorted(old), "no staging folder or partial output may remain"
+
+
+def test_stale_staging_folders_of_runs_gone_are_removed_before_the_run(tmp_path: Path, monkeypatch) -> None:
+    """A SIGKILL of the whole run mid-benchmark left an empty reports/.trace-staging-XXXX/, and the next successful run
+    did not remove it. The stage removes the staging folders whose run is gone before it makes its own; a live run's
+    stay (its process alive with the start time in the name, or, for the older name without one, another live dvc
+    run holding the tree)."""
+    import subprocess
+
+    import kernelcamp.runlock
+    from kernelcamp.io import pid_start_time
+    from kernelcamp.spec import parse_spec
+
+    stage = _stage()
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["benchmark"]["serving"]["enabled"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    hashes = parse_spec(params).hashes()
+    (tmp_path / "build.json").write_text(json.dumps(hashes))
+    (tmp_path / "deploy.json").write_text(json.dumps(hashes))
+    rep = tmp_path / "reports"
+    rep.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        start = pid_start_time(live.pid)
+        names = {
+            "legacy": ".trace-staging-k3j_x9a1",  # the name before owners were in it: what the SIGKILL'd run left
+            "gone": f".trace-staging-{int(gone.stdout)}-{start}-abc",
+            "reused": f".trace-staging-{live.pid}-{start + 1}-abc",  # its pid, now another process's
+            "live": f".trace-staging-{live.pid}-{start}-abc",
+        }
+        for name in names.values():
+            (rep / name).mkdir()
+        made: list[Path] = []
+
+        def measured(args, spec, deploy, device, run_as, notes, variants, final_traces, staging) -> int:
+            made.append(staging)
+            assert staging.name.startswith(f".trace-staging-{os.getpid()}-{pid_start_time(os.getpid())}-")
+            assert sorted(p.name for p in rep.iterdir()) == sorted([names["live"], staging.name])
+            return 0
+
+        monkeypatch.setattr(kernelcamp.runlock, "live_claim", lambda path: None)  # no other run holds the tree
+        monkeypatch.setattr(stage, "measure_and_write", measured)
+        monkeypatch.setattr(stage, "variants_to_run", lambda spec, build, device: ([], []))
+        monkeypatch.setattr(stage, "check_kernel_params", lambda params, device: None)
+        argv = ["benchmark.py", "--params", str(tmp_path / "params.yaml"), "--build", str(tmp_path / "build.json")]
+        argv += ["--deploy", str(tmp_path / "deploy.json"), "--trace", str(rep / "trace.json.gz")]
+        for k in ("out", "metrics", "latency-csv", "summary-csv", "serving-csv", "serving-summary-csv", "kernel-table"):
+            argv += [f"--{k}", str(rep / f"{k}.out")]
+        monkeypatch.setattr(sys, "argv", argv)
+        assert stage.main() == 0 and made
+        assert sorted(p.name for p in rep.iterdir()) == [names["live"]], "its own staging folder is removed at the end"
+        # the older name tells no owner: kept while another live dvc run holds this tree
+        (rep / names["legacy"]).mkdir()
+        monkeypatch.setattr(kernelcamp.runlock, "live_claim", lambda path: {"owner_pid": live.pid})
+        assert stage.remove_stale_staging(rep) == [] and (rep / names["legacy"]).is_dir()
+    finally:
+        live.kill()
+        live.wait()
+    assert stage.remove_stale_staging(rep) == [rep / names["live"]]  # its process is gone now
 
 
 def test_benchmark_refuses_a_deploy_of_other_params(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

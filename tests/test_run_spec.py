@@ -117,6 +117,25 @@ def test_a_kernel_module_outside_kernels_is_refused(module: str) -> None:
         check_kernel_module(module)
 
 
+def test_the_working_trees_kernel_file_is_checked_as_the_baselines_is(tmp_path: Path) -> None:
+    """`-S kernel.module=kernels.__init__` passed spec and failed only in build ("has no compile_specs(...)"): spec
+    checks the working tree's kernel file with the check baseline.kernel_rev's file gets (kernel_rev.check_kernel_api),
+    a file that does not parse too."""
+    src = (ROOT / "kernels" / "sparse_mla_decode.py").read_text()
+    assert "\ndef compile_specs(" in src
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "ok.py").write_text(src)
+    (tmp_path / "kernels" / "nospecs.py").write_text(src.replace("\ndef compile_specs(", "\ndef compile_specs_v0("))
+    (tmp_path / "kernels" / "broken.py").write_text("def (:\n")
+    for module, msg in [
+        ("nospecs", r"^kernel\.module = 'kernels\.nospecs': kernels/nospecs\.py defines no compile_specs, which build"),
+        ("broken", r"^kernel\.module = 'kernels\.broken': kernels/broken\.py is not valid Python \(invalid syntax"),
+    ]:
+        with pytest.raises(KernelcampError, match=msg):
+            parse_spec(_with(PARAMS, "kernel.module", f"kernels.{module}"), root=tmp_path)
+    assert parse_spec(_with(PARAMS, "kernel.module", "kernels.ok"), root=tmp_path).kernel_file.name == "ok.py"
+
+
 def test_no_code_imports_the_shipped_kernel_by_name() -> None:
     """verify and the kernel benchmark imported kernels.sparse_mla_decode directly, so
     `-S kernel.module=kernels.alt` (a kernel that writes half the heads) passed verify 8/8."""
@@ -368,6 +387,14 @@ BAD = [
     ("baseline.name", "x\n", r"baseline\.name = 'x\\n': a name is letters"),
     ("server.env", {"FOO\n": "1"}, r"server\.env key 'FOO\\n'"),
     ("kernel.module", "kernels.sparse_mla_decode\n", r"kernel\.module = 'kernels\.sparse_mla_decode\\n'"),
+    # a file of kernels/ without the kernel API passed spec, was locked in dvc.lock and failed only in build
+    (
+        "kernel.module",
+        "kernels.__init__",
+        r"^kernel\.module = 'kernels\.__init__': kernels/__init__\.py defines no SparseMLADecode, which build, "
+        r"benchmark and verify call on the kernel; name a kernel file of kernels/ that defines SparseMLADecode, "
+        r"compile_specs, e\.g\. kernels\.sparse_mla_decode$",
+    ),
     # a password in a URL setting went into params.yaml, dvc.lock, MLflow's params and deploy.json
     ("tracking.uri", "http://me:s3cret@mlflow:5000", r"tracking\.uri = 'http://me:\*\*\*@mlflow:5000': holds a pass"),
     (
@@ -390,7 +417,7 @@ GOOD = [
     ("benchmark.serving.baseline_port_offset", 9),
     ("benchmark.serving.max_tokens", 2024),
     ("build.also_targets", ["sm90", "sm120"]),
-    ("tracking.uri", "sqlite:////abs/mlflow.db"),
+    ("tracking.uri", "sqlite:////tmp/mlflow.db"),  # a folder that exists (one that does not is refused)
     ("tracking.uri", "http://mlflow.example:5000"),
     ("tracking.uri", "http://me@mlflow.example:5000"),  # a user name alone is no secret
     ("variant.name", "bt16_w4.v2+try-1"),
@@ -430,6 +457,52 @@ def test_a_relative_store_is_refused_before_any_store_is_opened(tmp_path: Path, 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:///abs/mlruns")
     assert tracking.tracking_uri(PARAMS) == "file:///abs/mlruns"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_inside_the_pipelines_outputs_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """`-S "tracking.uri='sqlite:////<workspace>/reports/x.db'"` ran: the report stage logs every file of reports/ as
+    an artifact, so the live x.db and x.db-lock were copied mid-write into the run, and reports/mlartifacts/ and x.db
+    showed up beside the committed outputs. Refused for this tree's output folders and the workspace's ($DVC_ROOT),
+    by way of a symlink too, for MLFLOW_TRACKING_URI and a file store; a store beside them passes."""
+    from kernelcamp import tracking
+
+    ws = tmp_path / "ws"
+    (ws / "results").mkdir(parents=True)
+    (ws / "dvc.yaml").write_text("stages:\n  s:\n    cmd: x\n    outs:\n      - results/a.json\n      - top.json\n")
+    monkeypatch.setenv("DVC_ROOT", str(ws))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "link").symlink_to(ROOT / "reports")
+    for uri, folder in [
+        (f"sqlite:///{ROOT}/reports/x.db", "reports"),
+        (f"sqlite:///{ROOT}/reports/plots/x.db", "reports"),
+        (f"sqlite:///{tmp_path}/link/x.db", "reports"),
+        (f"sqlite:///{ws}/results/m.db", "results"),
+    ]:
+        with pytest.raises(KernelcampError) as e:
+            parse_spec(_with(PARAMS, "tracking.uri", uri))
+        assert re.fullmatch(
+            rf"tracking\.uri = '{re.escape(uri)}': the store would be inside {folder}/, an output folder of the "
+            r"pipeline \(dvc\.yaml\), whose files the report stage logs as artifacts .*; put the store outside the "
+            rf"outputs, e\.g\. sqlite:///{re.escape(str(ws))}/mlflow\.db, or leave tracking\.uri null for "
+            r"\$DVC_ROOT/mlflow\.db",
+            str(e.value),
+        ), str(e.value)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{ws}/results/m.db")
+    with pytest.raises(KernelcampError, match=r"^MLFLOW_TRACKING_URI = '.*': the store would be inside results/"):
+        tracking.tracking_uri(PARAMS)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{ROOT}/reports/mlruns")
+    with pytest.raises(KernelcampError, match=r"^MLFLOW_TRACKING_URI = '.*': the store would be inside reports/"):
+        tracking.tracking_uri(PARAMS)
+    # a SQLite store's artifacts go to mlartifacts/ beside it: that folder must not be an output either
+    (ws / "dvc.yaml").write_text("stages:\n  s:\n    cmd: x\n    outs:\n      - mlartifacts/a.json\n")
+    with pytest.raises(KernelcampError, match=r"its artifacts \(mlartifacts/ beside it\) would be inside mlartifacts/"):
+        parse_spec(_with(PARAMS, "tracking.uri", f"sqlite:///{ws}/m.db"))
+    parse_spec(_with(PARAMS, "tracking.uri", f"sqlite:///{ws}/results/m.db"))  # not an output folder now
+    # beside the outputs: the workspace's top level (the default store's place), another folder
+    for ok in (f"sqlite:///{ROOT}/mlflow.db", f"sqlite:///{ROOT}/reports.db", f"sqlite:///{tmp_path}/m.db"):
+        parse_spec(_with(PARAMS, "tracking.uri", ok))
+    assert sorted(p.name for p in ws.iterdir()) == ["dvc.yaml", "results"]
 
 
 def test_a_local_conf_without_its_header_names_the_header() -> None:

@@ -299,6 +299,55 @@ def test_sweep_refuses_an_empty_queue(tmp_path: Path, monkeypatch: pytest.Monkey
         sweep.run_sweep(tmp_path, ["0", "1"])
 
 
+def test_a_refused_sweep_leaves_no_slot_lock_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kernelcamp sweep --gpus 0` on an empty queue left .kernelcamp/slot0/sweep.lock (and the folders): a refused
+    command leaves nothing behind. A lock file it did not make (an earlier sweep's) stays, as does the store."""
+    calls: list[str] = []
+    monkeypatch.setattr(sweep, "prepare_tracking_store", lambda root: calls.append("store"))
+    monkeypatch.setattr(sweep, "queued_count", lambda root: 0)
+    (tmp_path / ".dvc").mkdir()
+    with pytest.raises(KernelcampError, match="nothing is queued"):
+        sweep.run_sweep(tmp_path, ["0"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".dvc"]
+    assert calls == [], "an empty queue is refused before the tracking store is created"
+    earlier = tmp_path / ".kernelcamp" / "slot0" / "sweep.lock"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("123\n")
+    with pytest.raises(KernelcampError, match="nothing is queued"):
+        sweep.run_sweep(tmp_path, ["0", "1"])
+    assert sorted(
+        p.relative_to(tmp_path / ".kernelcamp").as_posix() for p in (tmp_path / ".kernelcamp").rglob("*")
+    ) == [
+        "slot0",
+        "slot0/sweep.lock",
+    ]
+
+
+def test_a_slot_lock_removed_under_a_starting_sweep_is_made_again(tmp_path: Path, monkeypatch) -> None:
+    """A refused sweep removes the lock file it made, while it holds it. A sweep that opened that file just before
+    got its lock once it was released, on a file no longer at the path: it must lock the file at the path instead,
+    or a third sweep would make a new one and two sweeps would hold one slot."""
+    import fcntl
+
+    from kernelcamp.deploy.common import state_dir
+
+    lock = state_dir(tmp_path, 0) / "sweep.lock"
+    real, removed = fcntl.flock, []
+
+    def flock(fd: int, op: int) -> None:
+        if op & fcntl.LOCK_EX and not removed:  # between this sweep's open and its lock
+            removed.append(os.fstat(fd).st_ino)
+            lock.unlink()
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    held = sweep.hold_slots(tmp_path, [0], ["0"])
+    try:
+        assert removed and lock.is_file() and lock.read_text() == f"{os.getpid()}\n"
+    finally:
+        held.close()
+
+
 def test_a_second_sweep_on_a_held_gpu_is_refused_before_anything(tmp_path: Path, monkeypatch) -> None:
     """A second `kernelcamp sweep --gpus 0` while one ran: it found no worker of its own, stopped slot 0's server
     (the first sweep's, mid-experiment: that experiment failed at benchmark) and said done, exit 0."""

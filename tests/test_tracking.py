@@ -60,6 +60,28 @@ def test_default_store_is_under_dvc_root(store):
     assert tracking.tracking_uri({"tracking": {"uri": "http://x:5000"}}) == "http://x:5000"
 
 
+def test_a_sqlite_store_in_a_missing_folder_is_refused_and_not_made(store, tmp_path):
+    """`sqlite:////nonexistent/dir/m.db` silently created /nonexistent/dir (store_lock made the folder): a store
+    given by tracking.uri or MLFLOW_TRACKING_URI names a folder that exists; only the default store's folder, the
+    workspace, is made."""
+    uri = f"sqlite:///{tmp_path / 'no' / 'dir' / 'm.db'}"
+    with pytest.raises(KernelcampError) as e:
+        tracking.ensure_store({**PARAMS, "tracking": {"uri": uri, "experiment": "test"}})
+    assert str(e.value) == (
+        f"tracking.uri = '{uri}': the folder {tmp_path / 'no' / 'dir'} does not exist, and SQLite makes no folders; "
+        "create it first, give a store in a folder that exists, or leave tracking.uri null for $DVC_ROOT/mlflow.db"
+    )
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("MLFLOW_TRACKING_URI", uri)
+        with pytest.raises(KernelcampError, match=r"^MLFLOW_TRACKING_URI = '.*': the folder .* does not exist"):
+            tracking.ensure_store(PARAMS)
+    with pytest.raises(FileNotFoundError), tracking.store_lock(uri):  # nor does the lock beside a store
+        pass
+    assert not (tmp_path / "no").exists()
+    uri, _ = tracking.ensure_store(PARAMS)  # the default: $DVC_ROOT/mlflow.db
+    assert uri == f"sqlite:///{store / 'mlflow.db'}" and (store / "mlflow.db").is_file()
+
+
 def test_finished_run_holds_params_metrics_tags(store):
     with tracking.tracked_run(PARAMS, tags=tracking.run_tags(PARAMS)) as run:
         run.log_params(PARAMS)
