@@ -567,8 +567,10 @@ def test_a_later_stage_records_the_params_its_run_claimed(store):
         import kernelcamp.runlock as rl
         from kernelcamp.errors import KernelcampError
         from kernelcamp.io import stage_main
-        from kernelcamp.spec import project_root
+        import kernelcamp.spec as sp
+        from pathlib import Path
         from kernelcamp.tracking import tracked_stage
+        sp.project_root = project_root = Path.cwd  # this tree: the claim is the test's, not the repo's
         rl.run_owner = lambda pid=None: os.getpid()  # this process stands for the run's dvc process
         rl.claim_run(project_root(), "spec", "a" * 64, params={PARAMS!r})  # the run's first stage
         open("params.yaml", "w").write(json.dumps({other!r}))  # the second `dvc exp run` rewrote it
@@ -595,8 +597,10 @@ def test_a_stage_that_ends_after_params_changed_fails(store):
         import json, os
         import kernelcamp.runlock as rl
         from kernelcamp.io import read_params, sha256_text, stage_main
-        from kernelcamp.spec import project_root
+        import kernelcamp.spec as sp
+        from pathlib import Path
         from kernelcamp.tracking import tracked_stage
+        sp.project_root = project_root = Path.cwd  # this tree: the claim is the test's, not the repo's
         rl.run_owner = lambda pid=None: os.getpid()  # this process stands for the run's dvc process
         rl.claim_run(project_root(), "spec", sha256_text(read_params("params.yaml")[0]), params={PARAMS!r})
         def main():
