@@ -1,4 +1,4 @@
-"""Keep a workspace ``dvc exp run``'s baseline ref while a refused second run tears down.
+"""Keep a workspace ``dvc exp run``'s baseline ref and params.yaml through a refused second run.
 
 DVC (seen with 3.67) sets ``refs/exps/exec/EXEC_BASELINE`` (with ``EXEC_HEAD`` and ``EXEC_MERGE``) when a
 ``dvc exp run`` in the workspace starts, and deletes it in the run's teardown, also when that run failed. A
@@ -9,9 +9,14 @@ commit reads ``EXEC_BASELINE`` (``dvc/repo/experiments/executor/base.py``, ``com
 "'NoneType' object is not subscriptable": no experiment is saved, and the MLflow run names one that does not
 exist (helper-61).
 
+The second run has also applied its stash before it is refused, which rewrites params.yaml; DVC's own lock
+refuses it without any kernelcamp code running, so nothing put the file back, and the running stage stopped on
+the changed file (helper-64).
+
 So the first stage of a workspace experiment starts a keeper (:func:`start_keeper`), a detached process that
-lives as long as the run's ``dvc`` process and puts the ref back at the commit it had when the run claimed the
-tree, whenever it is gone while a stage of the run is running. The run's own teardown comes after its last stage
+lives as long as the run's ``dvc`` process. It puts the ref back at the commit it had when the run claimed the
+tree, whenever it is gone while a stage of the run is running, and params.yaml back as the run claimed it once a
+second run has been seen (:func:`keep`). The run's own teardown comes after its last stage
 and after its commit, which sets ``EXEC_BRANCH``: the keeper never restores the ref once ``EXEC_BRANCH`` was seen
 or while no stage runs. What it does not cover: a refused run whose teardown lands in the second between the first
 run's last stage and its commit.
@@ -26,10 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-from kernelcamp.io import pid_start_time, same_process
+from kernelcamp.io import pid_start_time, same_process, write_text_atomic
 
 EXEC_BASELINE = "refs/exps/exec/EXEC_BASELINE"
 EXEC_BRANCH = "refs/exps/exec/EXEC_BRANCH"
+EXEC_MERGE = "refs/exps/exec/EXEC_MERGE"
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -75,20 +81,61 @@ def _has_child(pid: int) -> bool:
     return False
 
 
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _run_params_text(root: Path, owner: int) -> str | None:
+    """The params.yaml text the run of ``owner`` claimed the tree ``root`` with (its claim's ``params_text``,
+    :mod:`kernelcamp.runlock`), or None (no such claim, or one without the text)."""
+    import json
+
+    try:
+        claim = json.loads((root / ".kernelcamp" / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(claim, dict) or claim.get("owner_pid") != owner:
+        return None
+    text = claim.get("params_text")
+    return text if isinstance(text, str) else None
+
+
 def keep(root: Path, rev: str, owner: int, owner_start: int | None, poll_s: float = 0.1) -> int:
-    """Put ``refs/exps/exec/EXEC_BASELINE`` of the repo at ``root`` back at ``rev`` whenever it is gone while the
-    ``dvc`` process ``owner`` (started at ``owner_start``, :func:`kernelcamp.io.pid_start_time`) runs a stage and has
-    not committed (``EXEC_BRANCH`` never seen); returns 0 once that process has ended or committed, or the repo is
-    gone. Polls every ``poll_s`` seconds (two ``stat`` calls; ``/proc`` is read only while the ref is gone)."""
+    """Keep what a refused second ``dvc exp run`` takes from the run of the ``dvc`` process ``owner`` (started at
+    ``owner_start``, :func:`kernelcamp.io.pid_start_time`) in the tree ``root``, until that run commits (``EXEC_BRANCH``
+    seen) or ends, or the repo is gone; returns 0 then.
+
+    * ``refs/exps/exec/EXEC_BASELINE``: put back at ``rev`` whenever it is gone while the run runs a stage.
+    * ``params.yaml``: put back as the run's claim holds it (``params_text``) whenever it differs, once a second
+      ``dvc exp run`` has been seen (``EXEC_MERGE`` changed: DVC sets it to the second run's stash and applies that
+      stash, which rewrites params.yaml, before the second run is refused; or ``EXEC_BASELINE`` gone). DVC's own
+      lock refuses the second run without any kernelcamp code running, and kernelcamp's refusal comes only once
+      the second run's first stage has started (20 s on a loaded 2-core machine): either way the running stage
+      found params.yaml changed and the first run was lost (helper-64). An edit by hand is left alone.
+
+    Polls every ``poll_s`` seconds (a few ``stat`` and small reads; ``/proc`` is read only while the ref is gone)."""
     r = _git(root, "rev-parse", "--git-common-dir")  # where refs/ is, also for a linked worktree
     if r.returncode != 0:
         return 0
     git_dir = Path(r.stdout.strip())
     git_dir = git_dir if git_dir.is_absolute() else root / git_dir
+    params_path = root / "params.yaml"
+    params_text = _run_params_text(root, owner)
+    merge0 = _read(git_dir / EXEC_MERGE)
+    second_seen = False
     while same_process(owner, owner_start) and git_dir.is_dir():  # a queued run's copy is deleted at its end
         if _ref_present(git_dir, EXEC_BRANCH):
             return 0  # committed: what goes next is the run's own teardown
-        if not _ref_present(git_dir, EXEC_BASELINE) and _has_child(owner):
+        baseline_gone = not _ref_present(git_dir, EXEC_BASELINE)
+        merge = _read(git_dir / EXEC_MERGE)
+        second_seen = second_seen or baseline_gone or (merge is not None and merge != merge0)
+        if second_seen and params_text is not None and _read(params_path) not in (None, params_text):
+            write_text_atomic(params_path, params_text)
+            print(f"put params.yaml back as dvc pid {owner}'s run has it", file=sys.stderr, flush=True)
+        if baseline_gone and _has_child(owner):
             # created only where absent (old value: none), so a ref DVC set meanwhile is left as it is
             _git(root, "update-ref", EXEC_BASELINE, rev, "0" * 40)
             print(f"kept {EXEC_BASELINE} at {rev[:12]} for dvc pid {owner}", file=sys.stderr, flush=True)
