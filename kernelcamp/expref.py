@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from kernelcamp.io import pid_start_time, same_process, write_text_atomic
+from kernelcamp.io import pid_start_time, proc_stat, same_process, write_text_atomic
 
 EXEC_BASELINE = "refs/exps/exec/EXEC_BASELINE"
 EXEC_BRANCH = "refs/exps/exec/EXEC_BRANCH"
@@ -69,14 +69,8 @@ def _ref_present(git_dir: Path, ref: str) -> bool:
 def _has_child(pid: int) -> bool:
     """Whether the process ``pid`` has a live child (a stage's command under the ``dvc`` process)."""
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and fields[1] == str(pid) and fields[0] != "Z":
+        fields = proc_stat(entry.name) if entry.name.isdigit() else None
+        if fields and len(fields) > 1 and fields[1] == str(pid) and fields[0] != "Z":
             return True
     return False
 
@@ -90,16 +84,10 @@ def _read(path: Path) -> str | None:
 
 def _run_params_text(root: Path, owner: int) -> str | None:
     """The params.yaml text the run of ``owner`` claimed the tree ``root`` with (its claim's ``params_text``,
-    :mod:`kernelcamp.runlock`), or None (no such claim, or one without the text)."""
-    import json
+    :mod:`kernelcamp.runlock`), or None (no live claim of that owner, or one without the text)."""
+    from kernelcamp.runlock import _own_claim
 
-    try:
-        claim = json.loads((root / ".kernelcamp" / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(claim, dict) or claim.get("owner_pid") != owner:
-        return None
-    text = claim.get("params_text")
+    text = (_own_claim(root, owner) or {}).get("params_text")
     return text if isinstance(text, str) else None
 
 
@@ -165,8 +153,8 @@ def start_keeper(root: Path, owner: int) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m kernelcamp.expref",
-        description="Keep a workspace `dvc exp run`'s refs/exps/exec/EXEC_BASELINE while its stages run "
-        "(started by the run's first stage; see the module docstring).",
+        description="Keep a workspace `dvc exp run`'s refs/exps/exec/EXEC_BASELINE and params.yaml through a "
+        "refused second run (started by the run's first stage; see the module docstring).",
     )
     ap.add_argument("root", type=Path, help="the git work tree")
     ap.add_argument("rev", help="the commit EXEC_BASELINE named when the run claimed the tree")

@@ -197,6 +197,19 @@ def section(params: Mapping[str, Any], name: str) -> Any:
     return params[name]
 
 
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``[state, ppid, pgrp, ...]``: field 3 of proc(5)
+    is index 0), or None when the process is gone or the file unreadable. The name is cut at its last ``)``, since
+    it may hold spaces and parentheses itself."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    head, sep, tail = text.rpartition(")")
+    return tail.split() if sep else None
+
+
 def pid_alive(pid: int | None) -> bool:
     """Whether process ``pid`` exists and is not a zombie (a zombie is dead for our purposes).
 
@@ -210,11 +223,8 @@ def pid_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+    fields = proc_stat(pid)
+    return not fields or fields[0] != "Z"
 
 
 def pid_start_time(pid: int | None) -> int | None:
@@ -223,10 +233,10 @@ def pid_start_time(pid: int | None) -> int | None:
     recorded process died has another start time (proc(5))."""
     if not pid:
         return None
+    fields = proc_stat(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
+        return int(fields[19]) if fields else None
+    except (ValueError, IndexError):
         return None
 
 

@@ -35,13 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from kernelcamp.errors import KernelcampError
-from kernelcamp.io import pid_start_time, same_process, sha256_text, write_json_atomic, write_text_atomic
+from kernelcamp.io import pid_start_time, proc_stat, same_process, sha256_text, write_json_atomic, write_text_atomic
 
 
 def _ppid_and_cmd(pid: int) -> tuple[int | None, list[str]]:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        ppid = int((proc_stat(pid) or [])[1])
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     except (OSError, ValueError, IndexError):
