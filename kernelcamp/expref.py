@@ -82,27 +82,21 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _run_params_text(root: Path, owner: int) -> str | None:
-    """The params.yaml text the run of ``owner`` claimed the tree ``root`` with (its claim's ``params_text``,
-    :mod:`kernelcamp.runlock`), or None (no live claim of that owner, or one without the text)."""
-    from kernelcamp.runlock import _own_claim
-
-    text = (_own_claim(root, owner) or {}).get("params_text")
-    return text if isinstance(text, str) else None
-
-
-def keep(root: Path, rev: str, owner: int, owner_start: int | None, poll_s: float = 0.1) -> int:
+def keep(
+    root: Path, rev: str, owner: int, owner_start: int | None, params_text: str | None = None, poll_s: float = 0.1
+) -> int:
     """Keep what a refused second ``dvc exp run`` takes from the run of the ``dvc`` process ``owner`` (started at
     ``owner_start``, :func:`kernelcamp.io.pid_start_time`) in the tree ``root``, until that run commits (``EXEC_BRANCH``
     seen) or ends, or the repo is gone; returns 0 then.
 
     * ``refs/exps/exec/EXEC_BASELINE``: put back at ``rev`` whenever it is gone while the run runs a stage.
-    * ``params.yaml``: put back as the run's claim holds it (``params_text``) whenever it differs, once a second
-      ``dvc exp run`` has been seen (``EXEC_MERGE`` changed: DVC sets it to the second run's stash and applies that
-      stash, which rewrites params.yaml, before the second run is refused; or ``EXEC_BASELINE`` gone). DVC's own
-      lock refuses the second run without any kernelcamp code running, and kernelcamp's refusal comes only once
-      the second run's first stage has started (20 s on a loaded 2-core machine): either way the running stage
-      found params.yaml changed and the first run was lost (helper-64). An edit by hand is left alone.
+    * ``params.yaml``: put back as ``params_text`` (the run's claim's text, :mod:`kernelcamp.runlock`; None: never)
+      whenever it differs, once a second ``dvc exp run`` has been seen (``EXEC_MERGE`` changed: DVC sets it to the
+      second run's stash and applies that stash, which rewrites params.yaml, before the second run is refused; or
+      ``EXEC_BASELINE`` gone). DVC's own lock refuses the second run without any kernelcamp code running, and
+      kernelcamp's refusal comes only once the second run's first stage has started (20 s on a loaded 2-core
+      machine): either way the running stage found params.yaml changed and the first run was lost (helper-64). An
+      edit by hand is left alone.
 
     Polls every ``poll_s`` seconds (a few ``stat`` and small reads; ``/proc`` is read only while the ref is gone)."""
     r = _git(root, "rev-parse", "--git-common-dir")  # where refs/ is, also for a linked worktree
@@ -111,7 +105,6 @@ def keep(root: Path, rev: str, owner: int, owner_start: int | None, poll_s: floa
     git_dir = Path(r.stdout.strip())
     git_dir = git_dir if git_dir.is_absolute() else root / git_dir
     params_path = root / "params.yaml"
-    params_text = _run_params_text(root, owner)
     merge0 = _read(git_dir / EXEC_MERGE)
     second_seen = False
     while same_process(owner, owner_start) and git_dir.is_dir():  # a queued run's copy is deleted at its end
@@ -131,22 +124,32 @@ def keep(root: Path, rev: str, owner: int, owner_start: int | None, poll_s: floa
     return 0
 
 
-def start_keeper(root: Path, owner: int) -> int | None:
+def start_keeper(root: Path, owner: int, params_text: str | None) -> int | None:
     """Start :func:`keep` for the workspace experiment of the ``dvc`` process ``owner`` in the tree ``root``, as a
-    detached process (its own session, no inherited output, so DVC does not wait for it); returns its pid, or None
-    where there is nothing to keep (no ``EXEC_BASELINE``: ``dvc repro``, or not a git repo)."""
+    detached process (its own session, no inherited output, so DVC does not wait for it); ``params_text`` (the
+    params.yaml text the run claimed the tree with) goes to it on its stdin, so the keeper needs no reader of
+    :mod:`kernelcamp.runlock`'s claim (runlock starts it: importing runlock here is an import cycle). Returns its
+    pid, or None where there is nothing to keep (no ``EXEC_BASELINE``: ``dvc repro``, or not a git repo)."""
     rev = exec_baseline(root)
     if rev is None:
         return None
     cmd = [sys.executable, "-m", "kernelcamp.expref", str(root), rev, str(owner), str(pid_start_time(owner) or "")]
+    if params_text is not None:
+        cmd.append("--params-stdin")
     p = subprocess.Popen(
         cmd,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE if params_text is not None else subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
         close_fds=True,
     )
+    if p.stdin is not None:
+        try:
+            p.stdin.write(params_text.encode())
+            p.stdin.close()
+        except OSError:  # the keeper ended at once (e.g. its owner is gone): nothing to keep
+            pass
     return p.pid
 
 
@@ -160,8 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("rev", help="the commit EXEC_BASELINE named when the run claimed the tree")
     ap.add_argument("owner", type=int, help="pid of the run's dvc process")
     ap.add_argument("owner_start", nargs="?", default="", help="that process's start time (kernelcamp.io)")
+    ap.add_argument(
+        "--params-stdin",
+        action="store_true",
+        help="read the params.yaml text the run claimed the tree with from stdin (else params.yaml is never put back)",
+    )
     a = ap.parse_args(argv)
-    return keep(a.root, a.rev, a.owner, int(a.owner_start) if a.owner_start else None)
+    params_text = sys.stdin.read() if a.params_stdin else None
+    return keep(a.root, a.rev, a.owner, int(a.owner_start) if a.owner_start else None, params_text)
 
 
 if __name__ == "__main__":

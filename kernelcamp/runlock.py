@@ -202,7 +202,7 @@ def _claim(
         if not shared:  # the tree's claim: a workspace experiment's baseline ref kept against a refused second run
             from kernelcamp.expref import start_keeper
 
-            start_keeper(root, owner)
+            start_keeper(root, owner, params_text)
         return claim
 
 
