@@ -1042,6 +1042,19 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, default=str)
 
 
+def before_outputs(stage: str, params_path: str | Path = "params.yaml") -> None:
+    """What every stage does just before it writes its first output: raise ``KernelcampError`` when params.yaml
+    (``params_path``) no longer has the sha256 this pipeline run claimed the tree with
+    (:func:`kernelcamp.runlock.check_params_unchanged`), so that a stage stopped by a rewritten params.yaml writes
+    nothing (the README's "a stage writes only when it succeeds"). ``tracked_stage`` checks again once the stage has
+    returned, so that DVC locks no output with params other than the ones it was made from; this earlier check kept
+    the failed stage's outputs from replacing the last finished run's records (helper-64). A stage run by hand, or
+    one whose run released its claim, checks nothing."""
+    from kernelcamp.runlock import check_params_unchanged
+
+    check_params_unchanged(project_root(), stage, params_path)
+
+
 def stage_spec(stage: str, params_path: str | Path = "params.yaml") -> RunSpec:
     """What every stage does first: refuse a second run of this tree before params.yaml is read (and put that file
     back as the first run's: :func:`kernelcamp.runlock.refuse_if_another_run`), read and parse it as :func:`load_spec`

@@ -30,7 +30,7 @@ from kernelcamp.inspect import fit as kf
 from kernelcamp.io import stage_main, write_json_atomic
 from kernelcamp.kernel_rev import module_source
 from kernelcamp.metrics import nest, segment
-from kernelcamp.spec import BUILD_KEYS, stage_spec
+from kernelcamp.spec import BUILD_KEYS, before_outputs, stage_spec
 from kernelcamp.targets import load_target
 from kernelcamp.tracking import tracked_stage
 from kernelcamp.variant import Variant
@@ -137,8 +137,10 @@ def main() -> int:
                     + "; ".join(f"{p['config']}: {p['reason']}" for p in t.get("pruned") or [])
                 )
     # Written only now: a failed build keeps the last finished run's records (the outputs are persist).
+    build_metrics = metrics(report)
+    before_outputs("build", args.params)
     write_json_atomic(args.out, report)
-    write_json_atomic(args.metrics, metrics(report))
+    write_json_atomic(args.metrics, build_metrics)
     print(f"build: variant {v['name']} {v['n_fit']}/{v['n_configs']} configs fit {target.name}", file=sys.stderr)
     return 0
 

@@ -28,7 +28,7 @@ from kernelcamp.deploy import deploy, stop
 from kernelcamp.io import stage_main, write_json_atomic
 from kernelcamp.provenance import git_info
 from kernelcamp.runlock import refuse_during_run
-from kernelcamp.spec import DEPLOY_KEYS, project_root, stage_spec
+from kernelcamp.spec import DEPLOY_KEYS, before_outputs, project_root, stage_spec
 from kernelcamp.tracking import tracked_stage
 
 
@@ -68,6 +68,7 @@ def main() -> int:
     rec["kernel_module"] = spec.kernel.module
     rec["stage_params"] = spec.stage_params("deploy")  # what the report checks against the params it logs
     rec["provenance"] = git_info(project_root())
+    before_outputs("deploy", args.params)
     write_json_atomic(args.out, rec)
     print(summary_line(rec), file=sys.stderr)
     return 0

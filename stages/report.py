@@ -32,7 +32,7 @@ from kernelcamp.errors import KernelcampError
 from kernelcamp.io import check_records_as_written, stage_main, write_json_atomic
 from kernelcamp.metrics import flatten, nest
 from kernelcamp.runlock import release_run, run_started_ms
-from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, MEASURE_KEYS, project_root, stage_spec
+from kernelcamp.spec import BUILD_KEYS, DEPLOY_KEYS, MEASURE_KEYS, before_outputs, project_root, stage_spec
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
@@ -137,6 +137,7 @@ def main() -> int:
         write_json_atomic(tmp / metrics_dst.name, nest(head_metrics))
         store = tracking.store_label(tracking.tracking_uri(params))
         print(f"[report] rendered {out.name} and {len(plots)} plot(s); logging to {store}", flush=True)
+        before_outputs("report", args.params)  # before the run is logged FINISHED and the outputs put in place
         # the MLflow run spans the pipeline run (from its first stage's claim), not only this stage
         with tracking.tracked_run(spec.raw, tags=tags, start_time_ms=run_started_ms(project_root())) as run:
             run.log_params(params)

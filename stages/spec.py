@@ -18,7 +18,7 @@ import argparse
 import sys
 
 from kernelcamp.io import stage_main, write_json_atomic
-from kernelcamp.spec import spec_summary, stage_spec
+from kernelcamp.spec import before_outputs, spec_summary, stage_spec
 from kernelcamp.tracking import tracked_stage
 
 
@@ -28,7 +28,9 @@ def main() -> int:
     ap.add_argument("--out", default="reports/spec.json")
     args = ap.parse_args()
     spec = stage_spec("spec", args.params)  # the run's claim, with the params a failed later stage records
-    write_json_atomic(args.out, spec_summary(spec))
+    summary = spec_summary(spec)
+    before_outputs("spec", args.params)
+    write_json_atomic(args.out, summary)
     rev = spec.hashes()["baseline_kernel_rev"]
     print(
         f"spec: variant {spec.variant.name} ({spec.variant_hash}) vs baseline "

@@ -17,7 +17,7 @@ import os
 
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import check_records_as_written, read_json, stage_main, write_json_atomic
-from kernelcamp.spec import DEPLOY_KEYS, stage_spec
+from kernelcamp.spec import DEPLOY_KEYS, before_outputs, stage_spec
 from kernelcamp.tracking import tracked_stage
 from kernelcamp.verify.kernel import check_capture, check_kernel, log
 from kernelcamp.verify.serving import check_serving
@@ -77,6 +77,7 @@ def main() -> int:
         **spec.hashes(),  # what was verified, checked by the report against the params it logs
         "stage_params": spec.stage_params("verify"),
     }
+    before_outputs("verify", args.params)
     write_json_atomic(
         args.details, {**record, "provenance": info, "cases": cases, "capture": capture, "serving": serving}
     )

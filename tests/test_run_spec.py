@@ -110,6 +110,91 @@ def test_the_spec_stage_claims_the_run_with_its_params(tmp_path: Path) -> None:
     assert claim["params"] == yaml.safe_load((copy_root / "params.yaml").read_text())
 
 
+def test_a_stage_stopped_by_a_rewritten_params_yaml_writes_nothing(tmp_path: Path) -> None:
+    """A stage that found params.yaml rewritten (a refused second `dvc exp run`) failed only after it had written its
+    outputs, over the last finished run's records, against the README's "a stage writes only when it succeeds"
+    (helper-64). The spec stage, run as DVC runs it, with params.yaml rewritten after its claim: exit 2, one line,
+    and the earlier spec.json left as it was."""
+    copy_root = _copy_tree(tmp_path / "exp-copy")
+    (copy_root / "reports").mkdir()
+    earlier = copy_root / "reports" / "spec.json"
+    earlier.write_text('{"the": "last finished run"}\n')
+    hook = tmp_path / "run_spec_stage.py"
+    hook.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            sys.argv[1:] = ["--out", "reports/spec.json"]
+            import stages.spec as st
+            from kernelcamp.io import stage_main
+            from kernelcamp.tracking import tracked_stage
+            summary = st.spec_summary
+            def rewrite_then_summarise(spec):  # after the claim, as a second run's stash would land
+                with open("params.yaml", "a") as f:
+                    f.write("# the second run's params\\n")
+                return summary(spec)
+            st.spec_summary = rewrite_then_summarise
+            stage_main(tracked_stage("spec")(st.main))
+            """
+        )
+    )
+    fake = tmp_path / "bin" / "dvc"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/bash\n{sys.executable} {hook}\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "DVC_ROOT": str(copy_root), "PYTHONPATH": str(copy_root)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    r = subprocess.run([str(fake)], cwd=copy_root, env=env, capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: params.yaml changed while the spec stage ran"), r.stderr
+    assert earlier.read_text() == '{"the": "last finished run"}\n'
+
+
+def _output_writes_before_the_check(path: Path) -> list[str]:
+    """The output writes of ``path`` (a stage file) that come, in source order, before the first
+    ``before_outputs(...)`` call of the function that writes a stage's outputs (``main``, or the benchmark's
+    ``measure_and_write``): ``write_*_atomic(dst, ...)``, ``os.replace(src, dst)``, ``_replace_dir(src, dst)``, a
+    destination under the function's own ``tmp`` folder left out."""
+    import ast
+
+    def name(f: ast.expr) -> str:
+        return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+    def root(e: ast.expr) -> str:
+        while isinstance(e, (ast.BinOp, ast.Attribute, ast.Subscript, ast.Call)):
+            e = e.left if isinstance(e, ast.BinOp) else e.func if isinstance(e, ast.Call) else e.value
+        return e.id if isinstance(e, ast.Name) else ""
+
+    dst_arg = {"write_json_atomic": 0, "write_csv_atomic": 0, "write_text_atomic": 0, "replace": 1, "_replace_dir": 1}
+    early = []
+    for fn in ast.parse(path.read_text()).body:
+        if not isinstance(fn, ast.FunctionDef) or fn.name not in ("main", "measure_and_write"):
+            continue
+        calls = sorted((c for c in ast.walk(fn) if isinstance(c, ast.Call)), key=lambda c: (c.lineno, c.col_offset))
+        check = min((c.lineno for c in calls if name(c.func) == "before_outputs"), default=None)
+        for c in calls:
+            i = dst_arg.get(name(c.func))
+            if i is None or len(c.args) <= i or root(c.args[i]) == "tmp":
+                continue
+            if check is None or c.lineno < check:
+                early.append(f"{path.name}:{c.lineno} {fn.name}: {ast.unparse(c)[:60]}")
+    return early
+
+
+def test_every_stage_checks_params_yaml_before_its_first_output(tmp_path: Path) -> None:
+    """The whole kind of the fault above: each stage's output writes come after its before_outputs check (spec,
+    build, deploy, verify and report in stages/, the benchmark's in kernelcamp.bench.record)."""
+    files = [ROOT / "stages" / f"{s}.py" for s in ("spec", "build", "deploy", "verify", "report")]
+    files.append(ROOT / "kernelcamp" / "bench" / "record.py")
+    early = [w for f in files for w in _output_writes_before_the_check(f)]
+    assert not early, early
+    # the walk finds writes where there are some: a stage's write moved above its check is named
+    src = (ROOT / "stages" / "build.py").read_text().replace('    before_outputs("build", args.params)\n', "", 1)
+    (tmp_path / "build.py").write_text(src)
+    assert len(_output_writes_before_the_check(tmp_path / "build.py")) == 2
+
+
 @pytest.mark.parametrize("module", ["os", "kernelcamp.variant", "kernels", "kernels.no_such_kernel", "kernels.a.b"])
 def test_a_kernel_module_outside_kernels_is_refused(module: str) -> None:
     # kernels/ is every stage's DVC dependency; a module elsewhere could change with `dvc status` clean

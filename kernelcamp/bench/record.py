@@ -17,6 +17,7 @@ from kernelcamp.bench.profile import TABLE_COLS, kernel_launch_profile, placehol
 from kernelcamp.errors import KernelcampError
 from kernelcamp.io import write_csv_atomic, write_json_atomic
 from kernelcamp.metrics import is_number, nest, serving_prefix, timed_prefix
+from kernelcamp.spec import before_outputs
 from kernelcamp.stats import DECISION_CODES
 
 
@@ -386,6 +387,7 @@ def measure_and_write(args, spec, deploy, device, run_as, notes, variants, final
     for impl, m in prof_meta.items():
         if m.get("trace_path"):
             m["trace_path"] = str(final_traces[impl])
+    before_outputs("benchmark", args.params)
     for impl, path in traces.items():
         os.replace(path, final_traces[impl])  # same folder: an atomic rename each
     write_csv_atomic(args.latency_csv, rows)
