@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -147,7 +148,10 @@ def test_a_signal_as_stage_main_swaps_the_handlers_is_held_for_the_stage(monkeyp
     (helper-58). Both are held there and raised once the stage's handler is in force."""
     from kernelcamp.io import stage_main
 
-    monkeypatch.setattr("kernelcamp.signals.die_with_parent", lambda *a, **kw: os.kill(os.getpid(), signal.SIGINT))
+    # to this (the main) thread, which holds it: a signal sent to the process went to another thread of the test
+    # process (one an earlier test left) where none was held, and under load came after the stage's work had run
+    main = threading.main_thread().ident
+    monkeypatch.setattr("kernelcamp.signals.die_with_parent", lambda *a, **kw: signal.pthread_kill(main, signal.SIGINT))
     ran = []
     with pytest.raises(SystemExit) as e:
         stage_main(lambda: ran.append("work") or 0)
