@@ -9,6 +9,13 @@ class KernelcampError(Exception):
     """
 
 
+class AnotherRunError(KernelcampError):
+    """A pipeline run refused because another live ``dvc`` run holds the workspace (:mod:`kernelcamp.runlock`).
+    Nothing of the refused run ran, and params.yaml by then holds the other run's params (put back for it), so
+    ``kernelcamp.tracking.tracked_stage`` records no MLflow run of it: a FAILED run named the running run's params
+    under the refused one's experiment name (helper-65)."""
+
+
 def as_written(value: object) -> str:
     """A config value in an error message as the user wrote it in YAML: ``null`` for None, ``true`` and
     ``false`` for booleans, else its repr."""

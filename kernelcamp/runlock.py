@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kernelcamp.errors import KernelcampError
+from kernelcamp.errors import AnotherRunError, KernelcampError
 from kernelcamp.io import pid_start_time, proc_stat, same_process, sha256_text, write_json_atomic, write_text_atomic
 
 
@@ -171,7 +171,7 @@ def _claim(
             if cur["owner_pid"] != owner:
                 if shared or not _of_tree(cur, root):
                     return None  # the caller waits
-                raise KernelcampError(_held(cur, root))
+                raise AnotherRunError(_held(cur, root))
             if cur.get("at_stage") != stage:  # the stage now running, for the messages of other commands
                 cur["at_stage"] = stage
                 write_json_atomic(path, cur)
@@ -249,7 +249,7 @@ def refuse_if_another_run(root: Path, params_path: str | os.PathLike, owner: int
             if now != text:
                 write_text_atomic(params_path, text)
                 put_back = True
-        raise KernelcampError(_held(cur, root, put_back))
+        raise AnotherRunError(_held(cur, root, put_back))
 
 
 def _stages(claim: dict[str, Any]) -> str:

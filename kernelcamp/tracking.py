@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelcamp.errors import KernelcampError, text_shown, url_shown
+from kernelcamp.errors import AnotherRunError, KernelcampError, text_shown, url_shown
 from kernelcamp.io import pid_start_time, repo_relative, same_process
 from kernelcamp.provenance import dvc_root
 from kernelcamp.signals import Terminated, signals_deferred, signals_raise
@@ -612,6 +612,8 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
             exc = exc if exc is not None else k
         if exc is None or getattr(exc, "kernelcamp_recorded", False) or getattr(exc, "store_failed", False):
             return False  # succeeded, a tracked_run inside already ended its run FAILED, or the store itself failed
+        if isinstance(exc, AnotherRunError):
+            return False  # refused for another run: nothing of this one ran, and params.yaml holds the other's
         if isinstance(exc, Terminated):
             ended = self._ended_here()
             done = SystemExit(128 + exc.signum)

@@ -624,6 +624,40 @@ def test_a_stage_that_ends_after_params_changed_fails(store):
     assert p.returncode == 0, err
 
 
+@pytest.mark.parametrize(
+    "refusal", ["refuse_if_another_run(project_root(), 'params.yaml')", "claim_run(project_root(), 'spec', 'b' * 64)"]
+)
+def test_a_run_refused_for_another_run_records_no_mlflow_run(store, refusal):
+    """A second `dvc exp run` refused while another ran left a FAILED MLflow run of stage spec under its own experiment
+    name, with the running run's params (params.yaml is put back for that run before the refused one reads it): a
+    record of a variant that never ran (helper-65). Refused either way (before params.yaml is read, or at the claim),
+    it is one line, exit 2, and no run."""
+    (store / "params.yaml").write_text(json.dumps(PARAMS))
+    code = f"""
+        import os
+        import kernelcamp.runlock as rl
+        from kernelcamp.runlock import claim_run, refuse_if_another_run
+        from kernelcamp.io import stage_main
+        import kernelcamp.spec as sp
+        from pathlib import Path
+        from kernelcamp.tracking import tracked_stage
+        sp.project_root = project_root = Path.cwd
+        # the running run: the test process stands for its dvc process
+        rl.claim_run(project_root(), "benchmark", "a" * 64, owner=os.getppid(), params={PARAMS!r})
+        rl.run_owner = lambda pid=None: os.getpid()  # this process stands for the refused run's dvc process
+        def main():
+            {refusal}
+            return 0
+        stage_main(tracked_stage("spec")(main))
+        """
+    p = _py(code, store)
+    out, err = p.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: another pipeline run (dvc pid {os.getpid()}, "), err
+    assert _runs(store) == []
+
+
 def test_a_broken_sqlite_store_is_one_line_that_says_what_to_do(store):
     """A truncated mlflow.db (a copy cut short, a full disk): the report stage printed a warning that it could not
     record its failure, then an error with SQLAlchemy's SQL text and link, and no advice (helper-53). One line now,
