@@ -252,6 +252,16 @@ def refuse_if_another_run(root: Path, params_path: str | os.PathLike, owner: int
         raise AnotherRunError(_held(cur, root, put_back))
 
 
+def refuse_second_workspace_run(root: Path, pid: int) -> None:
+    """Raise :class:`kernelcamp.errors.AnotherRunError` when another live ``dvc`` run than the process ``pid`` holds
+    the tree ``root``: what ``hydra_plugins/kernelcamp_guard`` calls from inside a second ``dvc exp run`` as DVC
+    composes its params.yaml, before DVC's setup of the run changes the working tree. Reads only; params.yaml is
+    not touched (DVC has not rewritten it yet)."""
+    cur = live_claim(claim_path(root))
+    if cur is not None and cur.get("owner_pid") != pid and _of_tree(cur, root):
+        raise AnotherRunError(_held(cur, root))
+
+
 def _stages(claim: dict[str, Any]) -> str:
     """``since stage spec, now at verify`` (``at stage spec`` while it is the first)."""
     first, now = claim.get("stage"), claim.get("at_stage") or claim.get("stage")

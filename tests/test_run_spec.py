@@ -1185,6 +1185,141 @@ def test_a_refused_second_exp_run_leaves_the_first_runs_experiment(
     assert sh("git", "rev-parse", "-q", "--verify", "refs/exps/exec/EXEC_BASELINE").returncode != 0
 
 
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["/usr/bin/dvc", "exp", "run"], True),
+        (["/x/dvc/__main__.py", "exp", "run", "-S", "variant.num_warps=8", "-n", "w8"], True),
+        (["/usr/bin/dvc", "exp", "run", "--queue", "-S", "variant.num_warps=8"], False),
+        (["/usr/bin/dvc", "exp", "run", "--temp"], False),
+        (["/usr/bin/dvc", "exp", "run", "--help"], False),
+        (["/usr/bin/dvc", "queue", "start"], False),
+        (["/usr/bin/dvc", "repro"], False),
+        (["/x/kernelcamp/cli.py", "compose"], False),
+        ([], False),
+    ],
+)
+def test_the_guard_acts_only_in_a_workspace_exp_run(argv: list[str], refused: bool) -> None:
+    """hydra_plugins/kernelcamp_guard refuses only `dvc exp run` in the workspace: a queued or --temp run runs in a
+    copy, and Hydra imports the module in every process that composes the conf (make params, tests)."""
+    from hydra_plugins.kernelcamp_guard import workspace_exp_run
+
+    assert workspace_exp_run(argv) is refused
+
+
+def test_refuse_second_workspace_run_refuses_only_another_live_run(tmp_path: Path) -> None:
+    from kernelcamp.errors import AnotherRunError
+    from kernelcamp.runlock import refuse_second_workspace_run
+
+    refuse_second_workspace_run(tmp_path, os.getpid())  # no claim
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_run(tmp_path, "build", "a" * 64, owner=other.pid)
+        refuse_second_workspace_run(tmp_path, other.pid)  # the run itself
+        with pytest.raises(AnotherRunError, match=f"another pipeline run \\(dvc pid {other.pid}, at stage build\\)"):
+            refuse_second_workspace_run(tmp_path, os.getpid())
+    finally:
+        other.kill()
+        other.wait()
+    refuse_second_workspace_run(tmp_path, os.getpid())  # its owner is gone
+    assert (tmp_path / "params.yaml").exists() is False  # reads only
+
+
+def _claim_of(path: Path, owner: int) -> dict:
+    """The claim at ``path`` when ``owner`` holds it, else {}."""
+    cur = json.loads(path.read_text())
+    return cur if cur.get("owner_pid") == owner else {}
+
+
+_TOY_DVC_GIT_OUTS = """
+stages:
+  a:
+    cmd: python3 stage.py a 0
+    deps: [stage.py]
+    params: [x]
+    outs: [{out_a.txt: {cache: false, persist: true}}]
+  b:
+    cmd: python3 stage.py b 12
+    deps: [stage.py, out_a.txt]
+    outs: [{out_b.txt: {cache: false, persist: true}}]
+"""
+
+
+@pytest.mark.slow
+def test_a_second_workspace_exp_run_is_refused_before_dvc_touches_the_tree(tmp_path: Path) -> None:
+    """Where dvc.lock and the stage outputs are git-tracked but not committed yet (a fresh clone's first runs), a
+    second `dvc exp run` during a run deleted them in its setup (a forced checkout of HEAD, then its stash applied,
+    which conflicted), before any stage of it ran; the first run failed ("dependency ... does not exist") and saved
+    nothing (helper-65, DVC 3.67, in the project). hydra_plugins/kernelcamp_guard refuses it as DVC composes its
+    params.yaml, before that setup: one line, and the first run goes on and is saved with its params. This toy did
+    not reproduce the loss itself; without the guard its second run gets through that setup to DVC's lock on
+    out_a.txt, and this test fails on the refusal's line."""
+    # kernelcamp importable as an install makes it, without this checkout's hydra_plugins on the path
+    site = tmp_path.parent / f"{tmp_path.name}-site"
+    site.mkdir()
+    (site / "kernelcamp").symlink_to(ROOT / "kernelcamp")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("DVC_ROOT", None)
+
+    def sh(*cmd: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    (tmp_path / "stage.py").write_text(_TOY_STAGE)
+    (tmp_path / "dvc.yaml").write_text(_TOY_DVC_GIT_OUTS)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text("x: 1\n")
+    (tmp_path / "params.yaml").write_text("x: 1\n")
+    (tmp_path / ".gitignore").write_text(".kernelcamp/\n__pycache__/\n")
+    shutil.copytree(ROOT / "hydra_plugins", tmp_path / "hydra_plugins", ignore=shutil.ignore_patterns("__pycache__"))
+    for cmd in (
+        ("git", "init", "-q"),
+        ("git", "config", "user.email", "t@kernelcamp"),
+        ("git", "config", "user.name", "t"),
+        (sys.executable, "-m", "dvc", "init", "-q"),
+        (sys.executable, "-m", "dvc", "config", "core.analytics", "false"),
+        (sys.executable, "-m", "dvc", "config", "hydra.enabled", "true"),
+        ("git", "add", "-A"),
+        ("git", "commit", "-qm", "toy"),
+    ):
+        r = sh(*cmd)
+        assert r.returncode == 0, (cmd, r.stderr)
+    # an earlier experiment leaves its outputs in the workspace, untracked: the second run's stash holds them, and
+    # its apply after the forced checkout conflicts with the copies there
+    r = sh(sys.executable, "-m", "dvc", "exp", "run", "-n", "zero")
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = subprocess.Popen(
+        [sys.executable, "-m", "dvc", "exp", "run", "-S", "x=3", "-n", "first"],  # params.yaml not HEAD's
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        claim = tmp_path / ".kernelcamp" / "run.json"
+        deadline = time.monotonic() + 90
+        while not (claim.exists() and _claim_of(claim, first.pid).get("at_stage") == "b"):  # not the claim zero left
+            assert first.poll() is None and time.monotonic() < deadline, "the first run did not reach stage b"
+            time.sleep(0.2)
+        second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
+        assert second.returncode != 0
+        out, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    refs = sh("git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
+    saved = [r.rsplit("/", 1)[-1] for r in refs if "/exec/" not in r and not r.endswith("/zero")]
+    lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ERROR: another pipeline run (dvc pid "), lines
+    assert first.returncode == 0, out[-3000:]
+    assert saved == ["first"], refs
+    assert (tmp_path / "out_a.txt").read_text() == (tmp_path / "out_b.txt").read_text() == "x: 3\n"
+    assert (tmp_path / "params.yaml").read_text() == "x: 3\n"
+    (ref,) = [r for r in refs if r.endswith("/first")]
+    assert sh("git", "show", f"{ref}:out_b.txt").stdout == sh("git", "show", f"{ref}:params.yaml").stdout == "x: 3\n"
+
+
 def test_the_keeper_puts_the_baseline_ref_back_only_while_a_stage_runs(tmp_path: Path) -> None:
     """kernelcamp.expref.keep: the ref deleted while the owner runs a stage (a child) comes back at the claimed
     commit; deleted while no stage runs, it stays gone; once EXEC_BRANCH is seen (the run committed) the keeper ends.
