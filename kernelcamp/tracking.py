@@ -544,7 +544,8 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
     not, since importing MLflow and opening the store cost 2-6 s per stage (issue 12's wall time), and
     a failure opens it when it records. A ``KernelcampError`` or any other exception, a non-zero return
     or ``SystemExit``, SIGTERM or SIGINT records the failure, then the error propagates unchanged
-    (``kernelcamp.io.stage_main`` prints it). ``check_store=False``: no check on entry.
+    (``kernelcamp.io.stage_main`` prints it). ``kernelcamp.errors.AnotherRunError`` (refused because another run
+    holds the workspace) records nothing: nothing of this run ran. ``check_store=False``: no check on entry.
     """
 
     #: The stage that opens the store on entry (see the class docstring).
