@@ -214,11 +214,7 @@ def test_non_streamed_requests_whose_clients_left_are_cancelled_in_the_engine(se
         ended = ("requests_cancelled", "requests_finished")
         while True:  # until all 4 have ended: requests_total counts one before the engine has it (running 0)
             after = c.get(INFO, params={"steps": 0}).json()["counts"]
-            if (
-                after["running"] == 0
-                and after["waiting"] == 0
-                and sum(after[k] - before[k] for k in ended) >= 4
-            ):
+            if after["running"] == 0 and after["waiting"] == 0 and sum(after[k] - before[k] for k in ended) >= 4:
                 break
             assert time.monotonic() < deadline, (before, after)
             time.sleep(0.05)

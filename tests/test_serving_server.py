@@ -288,6 +288,27 @@ def test_non_streamed_requests_whose_clients_left_are_cancelled(server):
     assert after["tokens_generated"] - before["tokens_generated"] < 6 * max_tokens // 2, (before, after)
 
 
+def test_a_request_cancelled_while_it_waits_is_counted_as_cancelled():
+    """A request whose client left before the engine admitted it was dropped from the waiting queue uncounted: the
+    info endpoint's requests_total then stayed above requests_finished + requests_cancelled with nothing running or
+    waiting (two cancellation tests failed in CI on 2026-12-07 reading it)."""
+    from kernelcamp.serve.server import Engine
+
+    class NoPages:  # admission never reaches the model: the request is cancelled first
+        cfg = type("Cfg", (), {"max_context_tokens": 64})()
+
+        def alloc(self, n):
+            raise AssertionError("a cancelled request was admitted")
+
+    engine = Engine(NoPages(), max_running=4)
+    r = engine.submit([1, 2, 3], 8)
+    engine.cancel(r)
+    engine._admit()
+    k = engine.counts
+    assert (k["requests_total"], k["requests_cancelled"], k["requests_finished"]) == (1, 1, 0), k
+    assert not engine.waiting and not engine.running
+
+
 def test_an_engine_error_reaches_every_request_and_the_thread_ends(params):
     state = build_state({**params, "server": {**params["server"], "max_running_requests": 3}}, "cpu")
     model, go = state.engine.model, threading.Event()

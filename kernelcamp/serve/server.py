@@ -347,6 +347,9 @@ class Engine:
         group: list[_Req] = []
         with self._cv:
             if any(r.cancelled for r in self.waiting):
+                # cancelled before admission (no pages yet): counted as cancelled too; these were dropped
+                # uncounted, so requests_total outran finished + cancelled (CI, 2026-12-07)
+                self.counts["requests_cancelled"] += sum(r.cancelled for r in self.waiting)
                 self.waiting = collections.deque(r for r in self.waiting if not r.cancelled)
             while self.waiting and len(self.running) + len(group) < self.max_running and not self._stopping:
                 r = self.waiting[0]
