@@ -4,6 +4,7 @@ bad params refused by the first stage, nothing left behind by a killed stage."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -14,7 +15,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -1115,6 +1118,67 @@ stages:
 """
 
 
+def _claim_of(path: Path, owner: int) -> dict:
+    """The claim at ``path`` when ``owner`` holds it, else {}."""
+    cur = json.loads(path.read_text())
+    return cur if cur.get("owner_pid") == owner else {}
+
+
+def _toy_dvc_repo(root: Path, env: dict[str, str], dvc_yaml: str, hydra: bool = False) -> Callable[..., Any]:
+    """A committed git + DVC repo in ``root`` of the toy stages (``_TOY_STAGE``, ``dvc_yaml``, params.yaml ``x: 1``);
+    ``hydra``: params.yaml composed from ``conf/config.yaml`` by ``dvc exp run``, with this checkout's
+    hydra_plugins. Returns ``sh(*cmd)``: a command run in ``root`` with ``env``, its output captured."""
+
+    def sh(*cmd: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+    (root / "stage.py").write_text(_TOY_STAGE)
+    (root / "dvc.yaml").write_text(dvc_yaml)
+    (root / "params.yaml").write_text("x: 1\n")
+    (root / ".gitignore").write_text(".kernelcamp/\n__pycache__/\n")
+    setup = [
+        ("git", "init", "-q"),
+        ("git", "config", "user.email", "t@kernelcamp"),
+        ("git", "config", "user.name", "t"),
+        (sys.executable, "-m", "dvc", "init", "-q"),
+        (sys.executable, "-m", "dvc", "config", "core.analytics", "false"),
+    ]
+    if hydra:
+        (root / "conf").mkdir()
+        (root / "conf" / "config.yaml").write_text("x: 1\n")
+        shutil.copytree(ROOT / "hydra_plugins", root / "hydra_plugins", ignore=shutil.ignore_patterns("__pycache__"))
+        setup.append((sys.executable, "-m", "dvc", "config", "hydra.enabled", "true"))
+    for cmd in [*setup, ("git", "add", "-A"), ("git", "commit", "-qm", "toy")]:
+        r = sh(*cmd)
+        assert r.returncode == 0, (cmd, r.stderr)
+    return sh
+
+
+@contextlib.contextmanager
+def _run_at_stage_b(root: Path, env: dict[str, str], *args: str) -> Iterator[subprocess.Popen]:
+    """``dvc exp run ARGS`` started in the toy repo ``root``, yielded once its own claim (not one an earlier run
+    left) is at stage b; killed at the end of the block if still running."""
+    first = subprocess.Popen(
+        [sys.executable, "-m", "dvc", "exp", "run", *args],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        claim = root / ".kernelcamp" / "run.json"
+        deadline = time.monotonic() + 90
+        while not (claim.exists() and _claim_of(claim, first.pid).get("at_stage") == "b"):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run did not reach stage b"
+            time.sleep(0.2)
+        yield first
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("b_deps", "refusal"),
@@ -1135,47 +1199,12 @@ def test_a_refused_second_exp_run_leaves_the_first_runs_experiment(
     (kernelcamp.expref) of that ref and of params.yaml, which leaves no ref behind once the run has ended."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("DVC_ROOT", None)
-
-    def sh(*cmd: str) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-
-    (tmp_path / "stage.py").write_text(_TOY_STAGE)
-    (tmp_path / "dvc.yaml").write_text(_TOY_DVC.format(b_deps=b_deps))
-    (tmp_path / "params.yaml").write_text("x: 1\n")
-    (tmp_path / ".gitignore").write_text(".kernelcamp/\n")
-    for cmd in (
-        ("git", "init", "-q"),
-        ("git", "config", "user.email", "t@kernelcamp"),
-        ("git", "config", "user.name", "t"),
-        (sys.executable, "-m", "dvc", "init", "-q"),
-        (sys.executable, "-m", "dvc", "config", "core.analytics", "false"),
-        ("git", "add", "-A"),
-        ("git", "commit", "-qm", "toy"),
-    ):
-        r = sh(*cmd)
-        assert r.returncode == 0, (cmd, r.stderr)
-    first = subprocess.Popen(
-        [sys.executable, "-m", "dvc", "exp", "run", "-n", "first"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        claim = tmp_path / ".kernelcamp" / "run.json"
-        deadline = time.monotonic() + 90
-        while not (claim.exists() and json.loads(claim.read_text()).get("at_stage") == "b"):
-            assert first.poll() is None and time.monotonic() < deadline, "the first run did not reach stage b"
-            time.sleep(0.2)
+    sh = _toy_dvc_repo(tmp_path, env, _TOY_DVC.format(b_deps=b_deps))
+    with _run_at_stage_b(tmp_path, env, "-n", "first") as first:
         second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
         assert second.returncode != 0
         assert any(r in second.stdout + second.stderr for r in refusal), second.stdout + second.stderr
         out, _ = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
     assert first.returncode == 0, out[-3000:]
     refs = sh("git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
     assert [r.rsplit("/", 1)[-1] for r in refs if "/exec/" not in r] == ["first"], refs
@@ -1225,12 +1254,6 @@ def test_refuse_second_workspace_run_refuses_only_another_live_run(tmp_path: Pat
     assert (tmp_path / "params.yaml").exists() is False  # reads only
 
 
-def _claim_of(path: Path, owner: int) -> dict:
-    """The claim at ``path`` when ``owner`` holds it, else {}."""
-    cur = json.loads(path.read_text())
-    return cur if cur.get("owner_pid") == owner else {}
-
-
 _TOY_DVC_GIT_OUTS = """
 stages:
   a:
@@ -1260,54 +1283,15 @@ def test_a_second_workspace_exp_run_is_refused_before_dvc_touches_the_tree(tmp_p
     (site / "kernelcamp").symlink_to(ROOT / "kernelcamp")
     env = {**os.environ, "PYTHONPATH": str(site)}
     env.pop("DVC_ROOT", None)
-
-    def sh(*cmd: str) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-
-    (tmp_path / "stage.py").write_text(_TOY_STAGE)
-    (tmp_path / "dvc.yaml").write_text(_TOY_DVC_GIT_OUTS)
-    (tmp_path / "conf").mkdir()
-    (tmp_path / "conf" / "config.yaml").write_text("x: 1\n")
-    (tmp_path / "params.yaml").write_text("x: 1\n")
-    (tmp_path / ".gitignore").write_text(".kernelcamp/\n__pycache__/\n")
-    shutil.copytree(ROOT / "hydra_plugins", tmp_path / "hydra_plugins", ignore=shutil.ignore_patterns("__pycache__"))
-    for cmd in (
-        ("git", "init", "-q"),
-        ("git", "config", "user.email", "t@kernelcamp"),
-        ("git", "config", "user.name", "t"),
-        (sys.executable, "-m", "dvc", "init", "-q"),
-        (sys.executable, "-m", "dvc", "config", "core.analytics", "false"),
-        (sys.executable, "-m", "dvc", "config", "hydra.enabled", "true"),
-        ("git", "add", "-A"),
-        ("git", "commit", "-qm", "toy"),
-    ):
-        r = sh(*cmd)
-        assert r.returncode == 0, (cmd, r.stderr)
+    sh = _toy_dvc_repo(tmp_path, env, _TOY_DVC_GIT_OUTS, hydra=True)
     # an earlier experiment leaves its outputs in the workspace, untracked: the second run's stash holds them, and
     # its apply after the forced checkout conflicts with the copies there
     r = sh(sys.executable, "-m", "dvc", "exp", "run", "-n", "zero")
     assert r.returncode == 0, r.stdout + r.stderr
-    first = subprocess.Popen(
-        [sys.executable, "-m", "dvc", "exp", "run", "-S", "x=3", "-n", "first"],  # params.yaml not HEAD's
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        claim = tmp_path / ".kernelcamp" / "run.json"
-        deadline = time.monotonic() + 90
-        while not (claim.exists() and _claim_of(claim, first.pid).get("at_stage") == "b"):  # not the claim zero left
-            assert first.poll() is None and time.monotonic() < deadline, "the first run did not reach stage b"
-            time.sleep(0.2)
+    with _run_at_stage_b(tmp_path, env, "-S", "x=3", "-n", "first") as first:  # params.yaml not HEAD's
         second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
         assert second.returncode != 0
         out, _ = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
     refs = sh("git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
     saved = [r.rsplit("/", 1)[-1] for r in refs if "/exec/" not in r and not r.endswith("/zero")]
     lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
