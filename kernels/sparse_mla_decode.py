@@ -689,6 +689,9 @@ WS_NSTAGES = {"deepseek_v32": (2,), "deepseek_v4": (2, 3)}
 # (_ws16_producer, step "p2")
 WS16_BLOCK_T = gl.constexpr(64)
 WS16_BLOCK_H = gl.constexpr(16)
+# the head tiles the kernel runs: 16 (TP8), or 32 for V3.2's smallest batches (candidate "h32": B=1 as 4 head
+# tiles x 32 one-slot splits instead of 8 x 16 two-slot ones), wgmma's N; a head tile is the kernel's HB constexpr
+WS16_HEADS = (16, 32)
 WS_NUM_WARPS = 12  # three warpgroups: LaunchConfig.num_warps (the H=64 kernel two consumers + one producer, the
 # H=16 kernel one consumer + two producers)
 # registers: 12 warps x 32 threads x maxnreg 168 = 64,512 of the SM's 65,536; setmaxnreg gives the H=64 kernel's
@@ -1134,23 +1137,22 @@ def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs):
     k_ready, k_empty, s_bar = bars
     pid_b, pid_h, pid_s, n_splits, H, max_splits, stride_ib, page_shift, t_start, t_end, n_tiles = ints
     q_ptr, stride_qb, stride_qh = qargs
-    _ws_q_v32_store(q_ptr, pid_b, pid_h, stride_qb, stride_qh, q_lo, q_hi, q_rope, WS16_BLOCK_H)
+    HB: gl.constexpr = q_lo.shape[0]  # heads a program: WS16_BLOCK_H, or 32 (candidate "h32")
+    _ws_q_v32_store(q_ptr, pid_b, pid_h, stride_qb, stride_qh, q_lo, q_hi, q_rope, HB)
     fence_async_shared()  # the generic-proxy stores before this warpgroup's wgmma (async proxy) reads
     gl.thread_barrier()  # every warp's share of q stored before any warp's first wgmma
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WS16_BLOCK_H, 16]
-    )
-    m_i = gl.full([WS16_BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HB, 16])
+    m_i = gl.full([HB], float("-inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
     # step "lsum16": the softmax denominator is kept as this thread's own partial sums, l_acc [64 tokens, 16 heads] in
     # the S^T layout (8 values a thread), and summed over the tokens once, after the loop. Tokens are on wgmma's M
     # here, so a sum over them crosses lanes (3 shuffle rounds) and warps (shared memory and a barrier): the per-slot
     # gl.sum(p, 0) it replaces was one of the loop's two such reductions (Nsight Compute at TP8 B=128, H100: about a
     # quarter of the consumer's stall samples in their shuffle, add and max chains). The same sum: every thread scales
     # its partial sums by the same alpha, the per-head factor of the (still reduced) running max
-    l_acc = gl.zeros([WS16_BLOCK_T, WS16_BLOCK_H], gl.float32, layout=acc_l)
-    acc_lo = gl.zeros([256, WS16_BLOCK_H], gl.float32, layout=acc_l)
-    acc_hi = gl.zeros([256, WS16_BLOCK_H], gl.float32, layout=acc_l)
-    zero_s = gl.zeros([WS16_BLOCK_T, WS16_BLOCK_H], gl.float32, layout=acc_l)
+    l_acc = gl.zeros([WS16_BLOCK_T, HB], gl.float32, layout=acc_l)
+    acc_lo = gl.zeros([256, HB], gl.float32, layout=acc_l)
+    acc_hi = gl.zeros([256, HB], gl.float32, layout=acc_l)
+    zero_s = gl.zeros([WS16_BLOCK_T, HB], gl.float32, layout=acc_l)
     p_s = s_x.index(0)
     for j in range(gl.cdiv(n_tiles, 2)):
         slot = j % WS_NBUF
@@ -1184,7 +1186,7 @@ def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs):
     inv_l = (1.0 / gl.where(has, l_i, 1.0))[None, :]
     # O^T [256 columns, 16 heads] a half, stored from the accumulator layout (a conversion to whole-column rows would
     # need 16 KB of scratch a half, and the kernel has 21,208 B left of the 232,448 a program may use)
-    bh = pid_b.to(gl.int64) * H + pid_h * WS16_BLOCK_H + gl.arange(0, WS16_BLOCK_H, layout=gl.SliceLayout(0, acc_l))
+    bh = pid_b.to(gl.int64) * H + pid_h * HB + gl.arange(0, HB, layout=gl.SliceLayout(0, acc_l))
     cols = gl.arange(0, 256, layout=gl.SliceLayout(1, acc_l))
     if n_splits == 1:
         gl.store(out_ptr + bh[None, :] * 512 + cols[:, None], (acc_lo * inv_l).to(gl.bfloat16))
@@ -1224,6 +1226,7 @@ def _sparse_mla_ws16_split_kernel(
     stride_qh,
     stride_ib,
     NSTAGE: gl.constexpr,
+    HB: gl.constexpr = WS16_BLOCK_H,
 ):
     # V3.2 (d_qk 576) at H a multiple of WS16_BLOCK_H; grid (B, H / WS16_BLOCK_H, splits), a split a whole number of
     # WS16_BLOCK_T slots; launched as _sparse_mla_ws_split_kernel (num_warps=4, maxnreg=WS_MAXNREG), the same
@@ -1235,14 +1238,14 @@ def _sparse_mla_ws16_split_kernel(
     n_splits = gl.num_programs(2)
 
     # the q tile's shared memory, filled by the consumer (step "qload16")
-    q_lo = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16)
-    q_hi = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 256], WS_SMEM16)
-    q_rope = gl.allocate_shared_memory(gl.bfloat16, [WS16_BLOCK_H, 64], WS_SMEM16)
+    q_lo = gl.allocate_shared_memory(gl.bfloat16, [HB, 256], WS_SMEM16)
+    q_hi = gl.allocate_shared_memory(gl.bfloat16, [HB, 256], WS_SMEM16)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [HB, 64], WS_SMEM16)
     # a K-ring slot holds WS16_BLOCK_T tokens, two producer tiles; a staging slot one tile (a slot a producer)
     k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc = _ws_rings(WS16_BLOCK_T, NSTAGE, 0)
     # P^T [64 tokens, 16 heads] bf16, the consumer's (wgmma's B operand: [K, N], N contiguous)
-    p_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
-    s_x = gl.allocate_shared_memory(gl.bfloat16, [1, WS16_BLOCK_T, WS16_BLOCK_H], p_l)
+    p_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * HB, element_bitwidth=16, rank=2)
+    s_x = gl.allocate_shared_memory(gl.bfloat16, [1, WS16_BLOCK_T, HB], p_l)
     k_ready = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(WS_NBUF):
@@ -1615,7 +1618,7 @@ def _ws_kernel(config: LaunchConfig, layout_code: int) -> tuple[Any, dict[str, i
     """The warp-specialized kernel that runs ``config`` and its constexprs: the H=16 one for
     ``T64_H16_w12_s2_k<splits>_ws`` (V3.2 only, ``launch_domain``), else the H=64 one."""
     if _is_ws16(config):
-        return _sparse_mla_ws16_split_kernel, {"NSTAGE": config.num_stages}
+        return _sparse_mla_ws16_split_kernel, {"NSTAGE": config.num_stages, "HB": config.BLOCK_H}
     return _sparse_mla_ws_split_kernel, {"LAYOUT": layout_code, "NSTAGE": config.num_stages}
 
 
@@ -1753,20 +1756,22 @@ def _block_s(n_splits: int) -> int:
 
 def _is_ws16(c: LaunchConfig) -> bool:
     """Whether ``c`` is the H=16 warp-specialized kernel's config (``T64_H16_w12_s2_k<splits>_ws``)."""
-    return getattr(c, "warp_specialize", False) and c.BLOCK_H == int(WS16_BLOCK_H)
+    return getattr(c, "warp_specialize", False) and c.BLOCK_T == int(WS16_BLOCK_T) and c.BLOCK_H in WS16_HEADS
 
 
 def _check_config(c: LaunchConfig) -> None:
     if getattr(c, "warp_specialize", False):
         ws = (int(WS_BLOCK_T), int(WS_BLOCK_H), WS_NUM_WARPS)
         ws16 = (int(WS16_BLOCK_T), int(WS16_BLOCK_H), WS_NUM_WARPS)
+        ws16s = [(ws16[0], h, ws16[2]) for h in WS16_HEADS]
         stages = sorted({n for v in WS_NSTAGES.values() for n in v})
-        if (c.BLOCK_T, c.BLOCK_H, c.num_warps) not in (ws, ws16) or c.num_stages not in stages:
+        if (c.BLOCK_T, c.BLOCK_H, c.num_warps) not in (ws, *ws16s) or c.num_stages not in stages:
             raise ValueError(
                 f"config {c.label()}: the warp-specialized kernel runs BLOCK_T {ws[0]}, BLOCK_H {ws[1]}, "
                 f"num_warps {ws[2]}, num_stages {' or '.join(map(str, stages))} only "
                 f"(T{ws[0]}_H{ws[1]}_w{ws[2]}_s{int(WS_NSTAGE)}_k<splits>_ws; s3 on deepseek_v4 only), or "
-                f"its H=16 form on deepseek_v32 (T{ws16[0]}_H{ws16[1]}_w{ws16[2]}_s{int(WS_NSTAGE)}_k<splits>_ws)"
+                f"its H=16 form on deepseek_v32 (T{ws16[0]}_H{ws16[1]}_w{ws16[2]}_s{int(WS_NSTAGE)}_k<splits>_ws, "
+                f"or BLOCK_H {' or '.join(str(h) for h in WS16_HEADS[1:])})"
             )
     else:
         for name in ("BLOCK_T", "BLOCK_H"):

@@ -158,7 +158,7 @@ def _ws_matches_reference(fam, page_size, splits, num_stages, seed, heads=64, to
     topk = topk or full_topk
     inp = smd.make_inputs(layout, 8, H, topk, page_size, 65536, "cuda", seed=seed, empty_fraction=0.05)
     inp["indices"][3] = -1
-    block_t = 64 if heads == 16 else 32
+    block_t = 64 if heads in (16, 32) else 32
     cfg = LaunchConfig(block_t, heads, 12, num_stages, splits, warp_specialize=True)
     k = smd.SparseMLADecode(Variant(f"ws_s{num_stages}", (cfg,)))
     out, lse = k(*_args(inp))
@@ -187,6 +187,15 @@ def test_h16_warp_specialized_kernel_matches_reference(page_size, splits, topk):
     # half slot (63 tiles: producer 1's last tile, the 64th, has -1 indices and stores zeros, masked by the consumer),
     # 100 on a partial tile; 3 splits of 2048 are 11, 11 and 10 slots; pages 256 and 1 exercise the run-time page shift
     _ws_matches_reference("v32_tp8", page_size, splits, num_stages=2, seed=4, heads=16, topk=topk)
+
+
+@pytest.mark.parametrize("page_size", [64, 1])
+@pytest.mark.parametrize("splits", ["auto", 1, 3])
+@pytest.mark.parametrize("topk", [2048, 2016, 100])
+def test_h32_head_tile_matches_reference(page_size, splits, topk):
+    # candidate "h32": the H=16 kernel with 32 heads a program (wgmma's N 32, q 36 KB, P^T 4 KB), for V3.2's
+    # smallest batches; H=128 is 4 head tiles a request, top-k 2016 ends on a half slot, 100 on a partial tile
+    _ws_matches_reference("v32", page_size, splits, num_stages=2, seed=5, heads=32, topk=topk)
 
 
 @pytest.mark.parametrize("B, H", [(5, 16), (2, 128)])

@@ -134,7 +134,7 @@ def test_h16_kernel_runs_v32_at_a_multiple_of_16_heads_only():
     assert "runs deepseek_v32 only" in smd.launch_domain(WS16, "deepseek_v4", 64, 64)
     with pytest.raises(ValueError, match="T64_H16_w12_s2_kauto_ws: runs deepseek_v32 only"):
         smd.compile_specs("deepseek_v4", 64, 512, WS16)
-    for label in ("T32_H16_w12_s2_kauto_ws", "T64_H32_w12_s2_kauto_ws"):
+    for label in ("T32_H16_w12_s2_kauto_ws", "T64_H64_w12_s2_kauto_ws", "T64_H8_w12_s2_kauto_ws"):
         with pytest.raises(ValueError, match="T64_H16_w12_s2_k<splits>_ws"):
             smd.SparseMLADecode(Variant("ws", (LaunchConfig.from_label(label),)))
     # a third staging slot does not fit (V3.2's rows): refused at launch, as the H=64 kernel's on V3.2
@@ -379,3 +379,18 @@ def test_verify_runs_it_inside_its_domain():
     ws = [c for c in cases if c["config"] == WS.label() and "B" in c]
     assert len(ws) == 1 and ws[0]["passed"] is False and "skipped" not in ws[0]
     assert "warp-specialized" in ws[0]["error"]
+
+
+def test_h32_head_tile_cross_compiles_for_sm90_one_program_per_sm_without_spills():
+    # candidate "h32": the H=16 kernel at 32 heads a program (HB 32): q 36 KB and P^T 4 KB, 20,736 B more than at 16
+    # heads, still one program per SM within the H200's 232,448 B; the consumer's two [256, 32] fp32 accumulators
+    # (128 registers a thread) fit its 256 with no spills; the same wgmma count (N 32 instead of 16)
+    code = _WS_SM90.replace("LAYOUT, HEADS, TOPK, STAGES", "'deepseek_v32', 128, 2048, 2").replace(
+        "LaunchConfig(32, 64, 12, stages", "LaunchConfig(64, 32, 12, stages"
+    )
+    f = _json_in_child(code)
+    assert f["names"] == ["sparse_mla_split_ws16", "sparse_mla_combine"] and f["warps"] == 12
+    assert f["cubin"]["registers"] == 168 and f["cubin"]["local_bytes"] == 0
+    assert f["shared"] == 210216 + 20736
+    assert f["shared"] + f["cubin"]["static_shared_bytes"] <= 232448
+    assert ["inc", "256"] in f["setmaxnreg"] and f["wgmma"] == 36 + 32 and f["copies"] == 44
