@@ -117,7 +117,10 @@ slower, step "ahead"), so step "p2" gave the kernel one consumer and two produce
 V3.2 producer above for every other tile, a half of each slot, with its own staging slot refilled before it
 dequantizes: faster, 0.80x (H200, reports/campaigns/kernel_speed/p2_sweep/; final benchmark 21: TP8 B=128 90.2 us,
 1,969 GB/s). The TP8 table runs it from B=5 on (grids 10 and 11, step "table10"), and V3.2's at B=1 (8 head groups,
-step "b1h16"). A split is a whole number of slots; 210,216 B of shared memory, one program per SM.
+step "b1h16"). A split is a whole number of slots; 210,216 B of shared memory, one program per SM. It also runs 32
+heads a program (``T64_H32_w12_s2_k<splits>_ws``, the ``HB`` constexpr, wgmma's N; candidate step "h32", prepared,
+not yet measured on a GPU): V3.2 B=1 as 4 head tiles x 32 one-slot splits instead of 8 x 16 two-slot ones, 230,952 B
+of shared memory (q and P^T twice as large), no spills (sm90 cross-compile, CPU).
 
 The dot operand dtype is selectable: "bf16" on a GPU; "fp16" for the Triton interpreter, which
 multiplies raw bits for bf16 ``tl.dot`` (DESIGN.md, known traps; fp8 e4m3 converts to fp16 exactly).
@@ -1616,7 +1619,8 @@ class SparseMLADecode:
 
 def _ws_kernel(config: LaunchConfig, layout_code: int) -> tuple[Any, dict[str, int]]:
     """The warp-specialized kernel that runs ``config`` and its constexprs: the H=16 one for
-    ``T64_H16_w12_s2_k<splits>_ws`` (V3.2 only, ``launch_domain``), else the H=64 one."""
+    ``T64_H16_w12_s2_k<splits>_ws`` and ``T64_H32_...`` (V3.2 only, ``launch_domain``; ``HB`` its head tile), else the
+    H=64 one."""
     if _is_ws16(config):
         return _sparse_mla_ws16_split_kernel, {"NSTAGE": config.num_stages, "HB": config.BLOCK_H}
     return _sparse_mla_ws_split_kernel, {"LAYOUT": layout_code, "NSTAGE": config.num_stages}
@@ -1624,8 +1628,8 @@ def _ws_kernel(config: LaunchConfig, layout_code: int) -> tuple[Any, dict[str, i
 
 def launch_domain(config: LaunchConfig, layout: str, num_heads: int, page_size: int) -> str | None:
     """Why ``config`` cannot run this shape (one line), or None when it can: a Triton config runs every shape; the
-    warp-specialized kernel needs ``num_heads`` a multiple of its head tile (64; the H=16 kernel: 16, and
-    deepseek_v32 only), a power-of-two page size (deepseek_v4:
+    warp-specialized kernel needs ``num_heads`` a multiple of its head tile (64; the H=16 kernel: 16 or 32,
+    and deepseek_v32 only), a power-of-two page size (deepseek_v4:
     at least 2, so that its 584-byte tokens leave each page's 576-byte data rows 16-byte aligned) and a
     ``num_stages`` of ``WS_NSTAGES[layout]``. The device is not part of it (``_check_ws_launch``). The verify stage
     judges a config only at the shapes of its domain (``kernelcamp.verify.kernel``)."""
@@ -1755,7 +1759,8 @@ def _block_s(n_splits: int) -> int:
 
 
 def _is_ws16(c: LaunchConfig) -> bool:
-    """Whether ``c`` is the H=16 warp-specialized kernel's config (``T64_H16_w12_s2_k<splits>_ws``)."""
+    """Whether ``c`` is the H=16 warp-specialized kernel's config (``T64_H16_w12_s2_k<splits>_ws``, or its 32-head
+    form ``T64_H32_...``: ``WS16_HEADS``)."""
     return getattr(c, "warp_specialize", False) and c.BLOCK_T == int(WS16_BLOCK_T) and c.BLOCK_H in WS16_HEADS
 
 

@@ -132,6 +132,13 @@ def test_h16_kernel_runs_v32_at_a_multiple_of_16_heads_only():
     assert smd.launch_domain(WS16, "deepseek_v32", 128, 64) is None
     assert "needs H a multiple of 16, got H=24" in smd.launch_domain(WS16, "deepseek_v32", 24, 64)
     assert "runs deepseek_v32 only" in smd.launch_domain(WS16, "deepseek_v4", 64, 64)
+    # its 32-head form (candidate "h32"): the same kernel, a head tile of 32
+    h32 = LaunchConfig.from_label("T64_H32_w12_s2_k32_ws")
+    smd.SparseMLADecode(Variant("h32", (h32,)))
+    assert smd._ws_kernel(h32, 0) == (smd._sparse_mla_ws16_split_kernel, {"NSTAGE": 2, "HB": 32})
+    assert smd.launch_domain(h32, "deepseek_v32", 128, 64) is None
+    assert "needs H a multiple of 32, got H=16" in smd.launch_domain(h32, "deepseek_v32", 16, 64)
+    assert "runs deepseek_v32 only" in smd.launch_domain(h32, "deepseek_v4", 64, 64)
     with pytest.raises(ValueError, match="T64_H16_w12_s2_kauto_ws: runs deepseek_v32 only"):
         smd.compile_specs("deepseek_v4", 64, 512, WS16)
     for label in ("T32_H16_w12_s2_kauto_ws", "T64_H64_w12_s2_kauto_ws", "T64_H8_w12_s2_kauto_ws"):
