@@ -167,6 +167,8 @@ def _claim(
     where it is the workspace's own claim file, makes it return None (the caller waits)."""
     with _locked(path):
         cur = _read_claim(path)
+        if cur is not None and cur.get("provisional") and cur.get("owner_pid") == owner:
+            cur = None  # this run's own claim from its start (claim_workspace_run): its first stage makes it whole
         if cur is not None and _owner_alive(cur):
             if cur["owner_pid"] != owner:
                 if shared or not _of_tree(cur, root):
@@ -252,18 +254,42 @@ def refuse_if_another_run(root: Path, params_path: str | os.PathLike, owner: int
         raise AnotherRunError(_held(cur, root, put_back))
 
 
-def refuse_second_workspace_run(root: Path, pid: int) -> None:
-    """Raise :class:`kernelcamp.errors.AnotherRunError` when another live ``dvc`` run than the process ``pid`` holds
-    the tree ``root``: what ``hydra_plugins/kernelcamp_guard`` calls from inside a second ``dvc exp run`` as DVC
-    composes its params.yaml, before DVC's setup of the run changes the working tree. Reads only; params.yaml is
-    not touched (DVC has not rewritten it yet)."""
-    cur = live_claim(claim_path(root))
-    if cur is not None and cur.get("owner_pid") != pid and _of_tree(cur, root):
-        raise AnotherRunError(_held(cur, root))
+def claim_workspace_run(root: Path, pid: int) -> None:
+    """Claim the tree ``root`` for the workspace ``dvc exp run`` of the process ``pid`` from its start, or raise
+    :class:`kernelcamp.errors.AnotherRunError` when another live ``dvc`` run holds it: what
+    ``hydra_plugins/kernelcamp_guard`` calls from inside every workspace ``dvc exp run`` as DVC composes its
+    params.yaml, before DVC's setup of the run changes the working tree. The claim is provisional (no params, no
+    stage, no keeper): the run's first stage makes it whole (:func:`claim_run`), and it lapses with the process.
+    Before it, a second run started in the seconds between a first run's start and its first stage's claim passed
+    this check; DVC's lock then refused it at the spec stage, its teardown deleted the first run's
+    ``EXEC_BASELINE`` before the first run's keeper had read it, and the first run ran every stage, then saved no
+    experiment ("'NoneType' object is not subscriptable", helper-66). params.yaml is not touched (DVC has not
+    rewritten it yet)."""
+    path = claim_path(root)
+    with _locked(path):
+        cur = _read_claim(path)
+        if cur is not None and _owner_alive(cur) and cur.get("owner_pid") != pid and _of_tree(cur, root):
+            raise AnotherRunError(_held(cur, root))
+        if cur is None or not _owner_alive(cur):
+            write_json_atomic(
+                path,
+                {
+                    "owner_pid": pid,
+                    "owner_start": pid_start_time(pid),
+                    "provisional": True,
+                    "params_sha256": None,
+                    "stage": None,
+                    "at_stage": None,
+                    "tree": str(root),
+                    "claimed_at_ms": int(time.time() * 1000),
+                },
+            )
 
 
 def _stages(claim: dict[str, Any]) -> str:
-    """``since stage spec, now at verify`` (``at stage spec`` while it is the first)."""
+    """``since stage spec, now at verify`` (``at stage spec`` while it is the first; ``starting`` before it)."""
+    if claim.get("provisional"):
+        return "starting, before its first stage"
     first, now = claim.get("stage"), claim.get("at_stage") or claim.get("stage")
     return f"at stage {first}" if now == first else f"since stage {first}, now at {now}"
 

@@ -1095,6 +1095,9 @@ from pathlib import Path
 from kernelcamp.io import sha256_text
 from kernelcamp.runlock import claim_run, refuse_if_another_run
 root = Path.cwd()
+if len(sys.argv) > 3:  # a run's first seconds, before its claim: say so in the file argv[4], then wait argv[3] s
+    Path(sys.argv[4]).touch()
+    time.sleep(float(sys.argv[3]))
 refuse_if_another_run(root, "params.yaml")
 text = Path("params.yaml").read_text()
 claim_run(root, sys.argv[1], sha256_text(text), params_text=text)
@@ -1155,9 +1158,9 @@ def _toy_dvc_repo(root: Path, env: dict[str, str], dvc_yaml: str, hydra: bool = 
 
 
 @contextlib.contextmanager
-def _run_at_stage_b(root: Path, env: dict[str, str], *args: str) -> Iterator[subprocess.Popen]:
+def _run_at_stage(root: Path, env: dict[str, str], stage: str | Path, *args: str) -> Iterator[subprocess.Popen]:
     """``dvc exp run ARGS`` started in the toy repo ``root``, yielded once its own claim (not one an earlier run
-    left) is at stage b; killed at the end of the block if still running."""
+    left) is at ``stage`` (a Path: once that file exists); killed at the end of the block if still running."""
     first = subprocess.Popen(
         [sys.executable, "-m", "dvc", "exp", "run", *args],
         cwd=root,
@@ -1169,8 +1172,12 @@ def _run_at_stage_b(root: Path, env: dict[str, str], *args: str) -> Iterator[sub
     try:
         claim = root / ".kernelcamp" / "run.json"
         deadline = time.monotonic() + 90
-        while not (claim.exists() and _claim_of(claim, first.pid).get("at_stage") == "b"):
-            assert first.poll() is None and time.monotonic() < deadline, "the first run did not reach stage b"
+        while not (
+            stage.exists()
+            if isinstance(stage, Path)
+            else claim.exists() and _claim_of(claim, first.pid).get("at_stage") == stage
+        ):
+            assert first.poll() is None and time.monotonic() < deadline, f"the first run did not reach stage {stage}"
             time.sleep(0.2)
         yield first
     finally:
@@ -1200,7 +1207,7 @@ def test_a_refused_second_exp_run_leaves_the_first_runs_experiment(
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("DVC_ROOT", None)
     sh = _toy_dvc_repo(tmp_path, env, _TOY_DVC.format(b_deps=b_deps))
-    with _run_at_stage_b(tmp_path, env, "-n", "first") as first:
+    with _run_at_stage(tmp_path, env, "b", "-n", "first") as first:
         second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
         assert second.returncode != 0
         assert any(r in second.stdout + second.stderr for r in refusal), second.stdout + second.stderr
@@ -1236,22 +1243,42 @@ def test_the_guard_acts_only_in_a_workspace_exp_run(argv: list[str], refused: bo
     assert workspace_exp_run(argv) is refused
 
 
-def test_refuse_second_workspace_run_refuses_only_another_live_run(tmp_path: Path) -> None:
+def test_claim_workspace_run_claims_from_the_start_and_refuses_only_another_live_run(tmp_path: Path) -> None:
+    """runlock.claim_workspace_run (the guard's, as a workspace `dvc exp run` composes params.yaml): a run it lets
+    through holds the tree from then on, provisionally, and its first stage's claim_run makes that claim whole (the
+    same owner: not "params.yaml changed"); a second run is refused both before and after that first stage; a dead
+    owner's claim is taken over. Without the provisional claim a second run in a first run's first seconds passed
+    (helper-66)."""
     from kernelcamp.errors import AnotherRunError
-    from kernelcamp.runlock import refuse_second_workspace_run
+    from kernelcamp.runlock import claim_path, claim_workspace_run
 
-    refuse_second_workspace_run(tmp_path, os.getpid())  # no claim
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    path = claim_path(tmp_path)
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the first run's dvc process
     try:
-        claim_run(tmp_path, "build", "a" * 64, owner=other.pid)
-        refuse_second_workspace_run(tmp_path, other.pid)  # the run itself
-        with pytest.raises(AnotherRunError, match=f"another pipeline run \\(dvc pid {other.pid}, at stage build\\)"):
-            refuse_second_workspace_run(tmp_path, os.getpid())
+        claim_workspace_run(tmp_path, run.pid)  # no claim: it claims the tree
+        cur = json.loads(path.read_text())
+        assert cur["owner_pid"] == run.pid and cur["provisional"] and cur["params_sha256"] is None
+        starting = f"another pipeline run \\(dvc pid {run.pid}, starting, before its first stage\\)"
+        with pytest.raises(AnotherRunError, match=starting):
+            claim_workspace_run(tmp_path, os.getpid())
+        claim_run(tmp_path, "spec", "a" * 64, owner=run.pid)  # its first stage
+        cur = json.loads(path.read_text())
+        assert cur["stage"] == "spec" and cur["params_sha256"] == "a" * 64 and not cur.get("provisional")
+        claim_workspace_run(tmp_path, run.pid)  # the run itself: its whole claim stays
+        assert json.loads(path.read_text()) == cur
+        with pytest.raises(AnotherRunError, match=f"another pipeline run \\(dvc pid {run.pid}, at stage spec\\)"):
+            claim_workspace_run(tmp_path, os.getpid())
     finally:
-        other.kill()
-        other.wait()
-    refuse_second_workspace_run(tmp_path, os.getpid())  # its owner is gone
-    assert (tmp_path / "params.yaml").exists() is False  # reads only
+        run.kill()
+        run.wait()
+    me = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_workspace_run(tmp_path, me.pid)  # its owner is gone: taken over
+        assert json.loads(path.read_text())["owner_pid"] == me.pid
+    finally:
+        me.kill()
+        me.wait()
+    assert not (tmp_path / "params.yaml").exists()  # params.yaml is not touched
 
 
 _TOY_DVC_GIT_OUTS = """
@@ -1288,7 +1315,7 @@ def test_a_second_workspace_exp_run_is_refused_before_dvc_touches_the_tree(tmp_p
     # its apply after the forced checkout conflicts with the copies there
     r = sh(sys.executable, "-m", "dvc", "exp", "run", "-n", "zero")
     assert r.returncode == 0, r.stdout + r.stderr
-    with _run_at_stage_b(tmp_path, env, "-S", "x=3", "-n", "first") as first:  # params.yaml not HEAD's
+    with _run_at_stage(tmp_path, env, "b", "-S", "x=3", "-n", "first") as first:  # params.yaml not HEAD's
         second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
         assert second.returncode != 0
         out, _ = first.communicate(timeout=120)
@@ -1302,6 +1329,34 @@ def test_a_second_workspace_exp_run_is_refused_before_dvc_touches_the_tree(tmp_p
     assert (tmp_path / "params.yaml").read_text() == "x: 3\n"
     (ref,) = [r for r in refs if r.endswith("/first")]
     assert sh("git", "show", f"{ref}:out_b.txt").stdout == sh("git", "show", f"{ref}:params.yaml").stdout == "x: 3\n"
+
+
+@pytest.mark.slow
+def test_a_second_workspace_exp_run_in_a_first_runs_first_seconds_is_refused(tmp_path: Path) -> None:
+    """A second `dvc exp run` started after a first one but before the first one's first stage claimed the tree passed
+    the guard; DVC's lock refused it at its spec stage, and its teardown deleted EXEC_BASELINE before the first run's
+    keeper had read it: the first run ran every stage, then saved no experiment ("'NoneType' object is not
+    subscriptable", helper-66, in the project on this CPU). The guard now claims the tree for a run from its start
+    (runlock.claim_workspace_run), so the second run is refused there in one line and the first is saved. Here the
+    first run's stage a waits 8 s before its claim: that window."""
+    site = tmp_path.parent / f"{tmp_path.name}-site"
+    site.mkdir()
+    (site / "kernelcamp").symlink_to(ROOT / "kernelcamp")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("DVC_ROOT", None)
+    mark = tmp_path.parent / f"{tmp_path.name}-a-started"
+    sh = _toy_dvc_repo(tmp_path, env, _TOY_DVC_GIT_OUTS.replace("stage.py a 0", f"stage.py a 0 8 {mark}"), hydra=True)
+    with _run_at_stage(tmp_path, env, mark, "-S", "x=3", "-n", "first") as first:  # stage a started, not claimed
+        second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
+        out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out[-3000:]
+    refs = sh("git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
+    assert [r.rsplit("/", 1)[-1] for r in refs if "/exec/" not in r] == ["first"], refs
+    (ref,) = [r for r in refs if r.endswith("/first")]
+    assert sh("git", "show", f"{ref}:out_b.txt").stdout == sh("git", "show", f"{ref}:params.yaml").stdout == "x: 3\n"
+    lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
+    assert second.returncode != 0 and len(lines) == 1, lines
+    assert lines[0].startswith(f"ERROR: another pipeline run (dvc pid {first.pid}, starting, before its first"), lines
 
 
 def test_the_keeper_puts_the_baseline_ref_back_only_while_a_stage_runs(tmp_path: Path) -> None:

@@ -11,8 +11,10 @@ ends the second ``dvc exp run`` there: DVC resets what it stashed and puts the w
 (``_stash_exp``'s ``finally``), and prints the line.
 
 Only ``dvc exp run`` in the workspace is refused (``--queue`` and ``--temp`` run elsewhere), only while another live
-``dvc`` run holds this tree (:func:`kernelcamp.runlock.refuse_second_workspace_run`). Anywhere else (``make params``,
-a test composing the conf) importing this module does nothing. It defines no Hydra plugin.
+``dvc`` run holds this tree; a run it lets through claims the tree from then on, before its first stage does
+(:func:`kernelcamp.runlock.claim_workspace_run`), so that a second run started in those first seconds is refused too.
+Anywhere else (``make params``, a test composing the conf) importing this module does nothing. It defines no Hydra
+plugin.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ def _guard() -> None:
         from dvc.repo import Repo
 
         from kernelcamp.errors import AnotherRunError
-        from kernelcamp.runlock import refuse_second_workspace_run
+        from kernelcamp.runlock import claim_workspace_run
     except ImportError:  # kernelcamp not importable here: the stages' own refusal still stands
         return
     try:  # the repo DVC runs in, as DVC finds it (this file may be another checkout's, first on sys.path)
-        refuse_second_workspace_run(Path(Repo.find_root()), os.getpid())
+        claim_workspace_run(Path(Repo.find_root()), os.getpid())
     except AnotherRunError as e:
         raise DvcException(str(e)) from None
 
