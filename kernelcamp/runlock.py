@@ -167,8 +167,11 @@ def _claim(
     where it is the workspace's own claim file, makes it return None (the caller waits)."""
     with _locked(path):
         cur = _read_claim(path)
-        if cur is not None and cur.get("provisional") and cur.get("owner_pid") == owner:
-            cur = None  # this run's own claim from its start (claim_workspace_run): its first stage makes it whole
+        if cur is not None and cur.get("provisional"):
+            if cur.get("owner_pid") == owner:
+                cur = None  # this owner's claim from its start (claim_workspace_run) or its last run's end: made whole
+            elif shared and cur.get("phase") == "saving":
+                cur = None  # a workspace run that only saves its experiment no longer uses its server
         if cur is not None and _owner_alive(cur):
             if cur["owner_pid"] != owner:
                 if shared or not _of_tree(cur, root):
@@ -277,6 +280,7 @@ def claim_workspace_run(root: Path, pid: int) -> None:
                     "owner_pid": pid,
                     "owner_start": pid_start_time(pid),
                     "provisional": True,
+                    "phase": "starting",
                     "params_sha256": None,
                     "stage": None,
                     "at_stage": None,
@@ -289,6 +293,8 @@ def claim_workspace_run(root: Path, pid: int) -> None:
 def _stages(claim: dict[str, Any]) -> str:
     """``since stage spec, now at verify`` (``at stage spec`` while it is the first; ``starting`` before it)."""
     if claim.get("provisional"):
+        if claim.get("phase") == "saving":
+            return "saving its experiment, after its last stage"
         return "starting, before its first stage"
     first, now = claim.get("stage"), claim.get("at_stage") or claim.get("stage")
     return f"at stage {first}" if now == first else f"since stage {first}, now at {now}"
@@ -301,7 +307,7 @@ def _own_claim(root: Path, owner: int | None) -> dict[str, Any] | None:
     if owner is None:
         return None
     cur = live_claim(claim_path(root))
-    return cur if cur is not None and cur.get("owner_pid") == owner else None
+    return cur if cur is not None and cur.get("owner_pid") == owner and not cur.get("provisional") else None
 
 
 def run_params(root: Path, owner: int | None = None) -> dict[str, Any] | None:
@@ -333,15 +339,28 @@ def check_params_unchanged(root: Path, stage: str, params_path: str | os.PathLik
 
 
 def release_run(root: Path, owner: int | None = None) -> None:
-    """Remove this owner's claims, the tree's and the server folder's (the last stage calls it); another
-    owner's claim is left alone."""
+    """End this owner's run (the last stage calls it): the server folder's claim is removed, and the tree's becomes
+    a provisional one ("saving its experiment") that lapses with the owner's ``dvc`` process, so that the tree stays
+    held while DVC locks the last stage's outputs and saves the experiment. When the release removed the tree's
+    claim too, a second ``dvc exp run`` started in those seconds passed the guard, and its setup deleted the
+    first run's dvc.lock and reports before the first was saved: saved without its report and metrics, with an
+    earlier experiment's checksums in its dvc.lock (helper-66). Another owner's claim is left alone."""
     owner = run_owner() if owner is None else owner
     if owner is None:
         return
+    tree = claim_path(root)
     for path in _claim_paths(root):
         with _locked(path):
             cur = _read_claim(path)
-            if cur is not None and cur.get("owner_pid") == owner:
+            if cur is None or cur.get("owner_pid") != owner:
+                continue
+            if path == tree:
+                keep = ("owner_pid", "owner_start", "tree", "claimed_at_ms")
+                write_json_atomic(
+                    path,
+                    {**{k: cur.get(k) for k in keep}, "provisional": True, "phase": "saving", "params_sha256": None},
+                )
+            else:
                 path.unlink(missing_ok=True)
 
 

@@ -326,7 +326,7 @@ def test_params_rewritten_during_a_run_stop_the_next_stage(tmp_path: Path) -> No
     with pytest.raises(KernelcampError, match="params.yaml changed during this run"):
         claim_run(tmp_path, "report", "c" * 64, owner=os.getpid())
     release_run(tmp_path, owner=os.getpid())
-    assert not (tmp_path / ".kernelcamp" / "run.json").exists()
+    assert json.loads((tmp_path / ".kernelcamp" / "run.json").read_text())["phase"] == "saving"
 
 
 @pytest.mark.usefixtures("workspace_run")
@@ -875,8 +875,9 @@ def test_a_queued_run_waits_for_the_workspace_run_that_holds_its_server(tmp_path
         assert done and done[0]["owner_pid"] == queued_owner.pid
         server = json.loads((ws / ".kernelcamp" / "run.json").read_text())
         assert server["owner_pid"] == queued_owner.pid and server["tree"] == str(copy)
-        release_run(copy, owner=queued_owner.pid)
-        assert not (ws / ".kernelcamp" / "run.json").exists() and not (copy / ".kernelcamp" / "run.json").exists()
+        release_run(copy, owner=queued_owner.pid)  # the server claim removed, the copy's own kept while it saves
+        assert not (ws / ".kernelcamp" / "run.json").exists()
+        assert json.loads((copy / ".kernelcamp" / "run.json").read_text())["phase"] == "saving"
         # a workspace run's stages re-check its own claim: one file, no wait
         claim_run(ws, "spec", "c" * 64, owner=workspace_owner.pid)
         assert claim_run(ws, "build", "c" * 64, owner=workspace_owner.pid)["stage"] == "spec"
@@ -1093,11 +1094,12 @@ _TOY_STAGE = """
 import sys, time
 from pathlib import Path
 from kernelcamp.io import sha256_text
-from kernelcamp.runlock import claim_run, refuse_if_another_run
+from kernelcamp.runlock import claim_run, refuse_if_another_run, release_run
 root = Path.cwd()
-if len(sys.argv) > 3:  # a run's first seconds, before its claim: say so in the file argv[4], then wait argv[3] s
-    Path(sys.argv[4]).touch()
-    time.sleep(float(sys.argv[3]))
+when, mark = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else (None, None)
+if when == "before":  # a run's first seconds, before its claim: say so in the file mark, then wait 8 s
+    Path(mark).touch()
+    time.sleep(8)
 refuse_if_another_run(root, "params.yaml")
 text = Path("params.yaml").read_text()
 claim_run(root, sys.argv[1], sha256_text(text), params_text=text)
@@ -1105,6 +1107,10 @@ time.sleep(float(sys.argv[2]))
 if Path("params.yaml").read_text() != text:  # what every kernelcamp stage checks at its end
     sys.exit("params.yaml changed while the stage ran")
 Path(f"out_{sys.argv[1]}.txt").write_text(text)
+if when == "release":  # the last stage, as the report stage: the run released, then 6 s before DVC saves it
+    release_run(root)
+    Path(mark).touch()
+    time.sleep(6)
 """
 
 _TOY_DVC = """
@@ -1250,7 +1256,7 @@ def test_claim_workspace_run_claims_from_the_start_and_refuses_only_another_live
     owner's claim is taken over. Without the provisional claim a second run in a first run's first seconds passed
     (helper-66)."""
     from kernelcamp.errors import AnotherRunError
-    from kernelcamp.runlock import claim_path, claim_workspace_run
+    from kernelcamp.runlock import claim_path, claim_workspace_run, run_params
 
     path = claim_path(tmp_path)
     run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the first run's dvc process
@@ -1268,6 +1274,15 @@ def test_claim_workspace_run_claims_from_the_start_and_refuses_only_another_live
         assert json.loads(path.read_text()) == cur
         with pytest.raises(AnotherRunError, match=f"another pipeline run \\(dvc pid {run.pid}, at stage spec\\)"):
             claim_workspace_run(tmp_path, os.getpid())
+        # its last stage releases it: the tree stays claimed while DVC saves the experiment, with no params to check
+        release_run(tmp_path, owner=run.pid)
+        cur = json.loads(path.read_text())
+        assert cur["owner_pid"] == run.pid and cur["provisional"] and cur["phase"] == "saving"
+        assert run_params(tmp_path, owner=run.pid) is None
+        with pytest.raises(AnotherRunError, match=f"dvc pid {run.pid}, saving its experiment"):
+            claim_workspace_run(tmp_path, os.getpid())
+        claim_run(tmp_path, "spec", "b" * 64, owner=run.pid)  # the same dvc process's next run (a queue worker)
+        assert json.loads(path.read_text())["params_sha256"] == "b" * 64
     finally:
         run.kill()
         run.wait()
@@ -1345,7 +1360,9 @@ def test_a_second_workspace_exp_run_in_a_first_runs_first_seconds_is_refused(tmp
     env = {**os.environ, "PYTHONPATH": str(site)}
     env.pop("DVC_ROOT", None)
     mark = tmp_path.parent / f"{tmp_path.name}-a-started"
-    sh = _toy_dvc_repo(tmp_path, env, _TOY_DVC_GIT_OUTS.replace("stage.py a 0", f"stage.py a 0 8 {mark}"), hydra=True)
+    sh = _toy_dvc_repo(
+        tmp_path, env, _TOY_DVC_GIT_OUTS.replace("stage.py a 0", f"stage.py a 0 before {mark}"), hydra=True
+    )
     with _run_at_stage(tmp_path, env, mark, "-S", "x=3", "-n", "first") as first:  # stage a started, not claimed
         second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
         out, _ = first.communicate(timeout=120)
@@ -1357,6 +1374,38 @@ def test_a_second_workspace_exp_run_in_a_first_runs_first_seconds_is_refused(tmp
     lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
     assert second.returncode != 0 and len(lines) == 1, lines
     assert lines[0].startswith(f"ERROR: another pipeline run (dvc pid {first.pid}, starting, before its first"), lines
+
+
+@pytest.mark.slow
+def test_a_second_workspace_exp_run_after_the_last_stage_is_refused_until_the_first_is_saved(tmp_path: Path) -> None:
+    """The report stage released the run's claim before DVC locked its outputs and saved the experiment, so a second
+    `dvc exp run` started in that time passed the guard: its setup deleted the first run's dvc.lock and reports,
+    and the first run was saved without report.md and metrics.json, its dvc.lock giving an earlier experiment's
+    checksums, while the second one logged an MLflow run for an experiment that was never saved (helper-66). The
+    release now leaves the claim as "saving" until the run's dvc process ends (runlock.release_run): the second run
+    is refused in one line and the first is saved whole. Here the last stage releases, then waits 6 s. This toy did
+    not reproduce the corruption itself: without the change its first run was saved and the second stopped on DVC's
+    lock at stage a (four lines), so this test fails on the missing refusal line."""
+    site = tmp_path.parent / f"{tmp_path.name}-site"
+    site.mkdir()
+    (site / "kernelcamp").symlink_to(ROOT / "kernelcamp")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("DVC_ROOT", None)
+    mark = tmp_path.parent / f"{tmp_path.name}-released"
+    toy = _TOY_DVC_GIT_OUTS.replace("stage.py b 12", f"stage.py b 0 release {mark}")
+    sh = _toy_dvc_repo(tmp_path, env, toy, hydra=True)
+    with _run_at_stage(tmp_path, env, mark, "-S", "x=3", "-n", "first") as first:  # its last stage released
+        second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
+        out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out[-3000:]
+    refs = sh("git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
+    assert [r.rsplit("/", 1)[-1] for r in refs if "/exec/" not in r] == ["first"], refs
+    (ref,) = [r for r in refs if r.endswith("/first")]
+    assert sh("git", "show", f"{ref}:out_b.txt").stdout == sh("git", "show", f"{ref}:params.yaml").stdout == "x: 3\n"
+    assert "out_b.txt" in sh("git", "show", f"{ref}:dvc.lock").stdout
+    lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
+    assert second.returncode != 0 and len(lines) == 1, lines
+    assert lines[0].startswith(f"ERROR: another pipeline run (dvc pid {first.pid}, saving its experiment"), lines
 
 
 def test_the_keeper_puts_the_baseline_ref_back_only_while_a_stage_runs(tmp_path: Path) -> None:
