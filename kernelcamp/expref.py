@@ -18,8 +18,9 @@ lives as long as the run's ``dvc`` process. It puts the ref back at the commit i
 tree, whenever it is gone while a stage of the run is running, and params.yaml back as the run claimed it once a
 second run has been seen (:func:`keep`). The run's own teardown comes after its last stage
 and after its commit, which sets ``EXEC_BRANCH``: the keeper never restores the ref once ``EXEC_BRANCH`` was seen
-or while no stage runs. What it does not cover: a refused run whose teardown lands in the second between the first
-run's last stage and its commit.
+or while no stage runs. A second run in the seconds between the first run's last stage and its commit is refused by
+``hydra_plugins/kernelcamp_guard`` before its setup (the claim stays, "saving", until the first run's ``dvc`` process
+ends: :func:`kernelcamp.runlock.release_run`).
 """
 
 from __future__ import annotations
