@@ -1187,8 +1187,9 @@ def _ws16_consumer(ptrs, smem, bars, ints, sm_scale_log2, qargs):
     l_i = gl.sum(l_acc, 0)
     has = l_i > 0.0
     inv_l = (1.0 / gl.where(has, l_i, 1.0))[None, :]
-    # O^T [256 columns, 16 heads] a half, stored from the accumulator layout (a conversion to whole-column rows would
-    # need 16 KB of scratch a half, and the kernel has 21,208 B left of the 232,448 a program may use)
+    # O^T [256 columns, HB heads] a half, stored from the accumulator layout (a conversion to whole-column rows would
+    # need 16 KB of scratch a half at 16 heads, and the kernel has 21,208 B left of the 232,448 a program may use, 472 B
+    # at 32)
     bh = pid_b.to(gl.int64) * H + pid_h * HB + gl.arange(0, HB, layout=gl.SliceLayout(0, acc_l))
     cols = gl.arange(0, 256, layout=gl.SliceLayout(1, acc_l))
     if n_splits == 1:
@@ -1231,7 +1232,7 @@ def _sparse_mla_ws16_split_kernel(
     NSTAGE: gl.constexpr,
     HB: gl.constexpr = WS16_BLOCK_H,
 ):
-    # V3.2 (d_qk 576) at H a multiple of WS16_BLOCK_H; grid (B, H / WS16_BLOCK_H, splits), a split a whole number of
+    # V3.2 (d_qk 576) at H a multiple of HB (16, or 32: WS16_HEADS); grid (B, H / HB, splits), a split a whole number of
     # WS16_BLOCK_T slots; launched as _sparse_mla_ws_split_kernel (num_warps=4, maxnreg=WS_MAXNREG), the same
     # outputs. Shared memory: q 18 KB, the K ring 2 x 72 KB, the staging ring 2 x 20.5 KB (a slot a producer), P^T
     # 2 KB
@@ -1246,7 +1247,7 @@ def _sparse_mla_ws16_split_kernel(
     q_rope = gl.allocate_shared_memory(gl.bfloat16, [HB, 64], WS_SMEM16)
     # a K-ring slot holds WS16_BLOCK_T tokens, two producer tiles; a staging slot one tile (a slot a producer)
     k_lo, k_hi, k_rope, st_lo, st_hi, st_rope, st_sc = _ws_rings(WS16_BLOCK_T, NSTAGE, 0)
-    # P^T [64 tokens, 16 heads] bf16, the consumer's (wgmma's B operand: [K, N], N contiguous)
+    # P^T [64 tokens, HB heads] bf16, the consumer's (wgmma's B operand: [K, N], N contiguous; its rows 2 * HB bytes)
     p_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * HB, element_bitwidth=16, rank=2)
     s_x = gl.allocate_shared_memory(gl.bfloat16, [1, WS16_BLOCK_T, HB], p_l)
     k_ready = gl.allocate_shared_memory(gl.int64, [WS_NBUF, 1], mbarrier.MBarrierLayout())
