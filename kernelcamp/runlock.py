@@ -275,19 +275,25 @@ def claim_workspace_run(root: Path, pid: int) -> None:
             raise AnotherRunError(_held(cur, root))
         if cur is None or not _owner_alive(cur):
             write_json_atomic(
-                path,
-                {
-                    "owner_pid": pid,
-                    "owner_start": pid_start_time(pid),
-                    "provisional": True,
-                    "phase": "starting",
-                    "params_sha256": None,
-                    "stage": None,
-                    "at_stage": None,
-                    "tree": str(root),
-                    "claimed_at_ms": int(time.time() * 1000),
-                },
+                path, _provisional(pid, pid_start_time(pid), str(root), int(time.time() * 1000), "starting")
             )
+
+
+def _provisional(owner: int, owner_start: Any, tree: str, claimed_at_ms: Any, phase: str) -> dict[str, Any]:
+    """A provisional claim of the tree ``tree`` by the ``dvc`` process ``owner``: ``phase`` "starting" (from the
+    run's start to its first stage, :func:`claim_workspace_run`) or "saving" (from its last stage to its end,
+    :func:`release_run`); no params, no stage (:func:`_stages` names the phase)."""
+    return {
+        "owner_pid": owner,
+        "owner_start": owner_start,
+        "provisional": True,
+        "phase": phase,
+        "params_sha256": None,
+        "stage": None,
+        "at_stage": None,
+        "tree": tree,
+        "claimed_at_ms": claimed_at_ms,
+    }
 
 
 def _stages(claim: dict[str, Any]) -> str:
@@ -355,10 +361,9 @@ def release_run(root: Path, owner: int | None = None) -> None:
             if cur is None or cur.get("owner_pid") != owner:
                 continue
             if path == tree:
-                keep = ("owner_pid", "owner_start", "tree", "claimed_at_ms")
                 write_json_atomic(
                     path,
-                    {**{k: cur.get(k) for k in keep}, "provisional": True, "phase": "saving", "params_sha256": None},
+                    _provisional(owner, cur.get("owner_start"), cur.get("tree"), cur.get("claimed_at_ms"), "saving"),
                 )
             else:
                 path.unlink(missing_ok=True)

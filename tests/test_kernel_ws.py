@@ -235,8 +235,13 @@ print(json.dumps({
 """
 
 
-def _ws_sm90(layout, heads, topk, stages=2):
-    return _json_in_child(_WS_SM90.replace("LAYOUT, HEADS, TOPK, STAGES", f"{layout!r}, {heads}, {topk}, {stages}"))
+def _ws_sm90(layout, heads, topk, stages=2, tile=(32, 64)):
+    """The figures of _WS_SM90 for a warp-specialized config of ``tile`` (BLOCK_T, BLOCK_H; the H=16 kernel's: 64 and
+    16 or 32) at ``heads`` and ``topk``."""
+    code = _WS_SM90.replace("LAYOUT, HEADS, TOPK, STAGES", f"{layout!r}, {heads}, {topk}, {stages}")
+    return _json_in_child(
+        code.replace("LaunchConfig(32, 64, 12, stages", f"LaunchConfig({tile[0]}, {tile[1]}, 12, stages")
+    )
 
 
 def test_cross_compiles_for_sm90_one_program_per_sm_without_spills():
@@ -288,10 +293,7 @@ def test_v4_cross_compiles_for_sm90_with_16_byte_gathers():
 
 
 def test_h16_kernel_cross_compiles_for_sm90_one_program_per_sm_without_spills():
-    code = _WS_SM90.replace("LAYOUT, HEADS, TOPK, STAGES", "'deepseek_v32', 16, 2048, 2").replace(
-        "LaunchConfig(32, 64, 12, stages", "LaunchConfig(64, 16, 12, stages"
-    )
-    f = _json_in_child(code)
+    f = _ws_sm90("deepseek_v32", 16, 2048, tile=(64, 16))
     assert f["names"] == ["sparse_mla_split_ws16", "sparse_mla_combine"] and f["warps"] == 12
     assert f["cubin"]["registers"] == 168 and f["cubin"]["local_bytes"] == 0
     # q 18 KB, the K ring 2 x 72 KB (64-token slots), a 20.5 KB staging slot for each of the two producers, P^T 2 KB:
@@ -392,10 +394,7 @@ def test_h32_head_tile_cross_compiles_for_sm90_one_program_per_sm_without_spills
     # candidate "h32": the H=16 kernel at 32 heads a program (HB 32): q 36 KB and P^T 4 KB, 20,736 B more than at 16
     # heads, still one program per SM within the H200's 232,448 B; the consumer's two [256, 32] fp32 accumulators
     # (128 registers a thread) fit its 256 with no spills; the same wgmma count (N 32 instead of 16)
-    code = _WS_SM90.replace("LAYOUT, HEADS, TOPK, STAGES", "'deepseek_v32', 128, 2048, 2").replace(
-        "LaunchConfig(32, 64, 12, stages", "LaunchConfig(64, 32, 12, stages"
-    )
-    f = _json_in_child(code)
+    f = _ws_sm90("deepseek_v32", 128, 2048, tile=(64, 32))
     assert f["names"] == ["sparse_mla_split_ws16", "sparse_mla_combine"] and f["warps"] == 12
     assert f["cubin"]["registers"] == 168 and f["cubin"]["local_bytes"] == 0
     assert f["shared"] == 210216 + 20736

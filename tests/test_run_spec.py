@@ -1310,6 +1310,39 @@ stages:
 """
 
 
+def _installed_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of the guard's toy-repo tests: kernelcamp importable as an install makes it (a folder beside
+    ``tmp_path`` on PYTHONPATH), without this checkout's hydra_plugins on the path; no DVC_ROOT."""
+    site = tmp_path.parent / f"{tmp_path.name}-site"
+    site.mkdir()
+    (site / "kernelcamp").symlink_to(ROOT / "kernelcamp")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("DVC_ROOT", None)
+    return env
+
+
+def _assert_first_saved_second_refused(
+    sh: Callable[..., Any],
+    first: subprocess.Popen,
+    out: str,
+    second: subprocess.CompletedProcess,
+    refusal: str,
+    earlier: tuple[str, ...] = (),
+) -> str:
+    """The toy repo's first run (params ``x: 3``) saved as experiment "first" (the only one besides ``earlier``),
+    its out_b.txt and params.yaml committed; the second run refused in one line starting with ``refusal``. Returns
+    the first experiment's ref."""
+    assert first.returncode == 0, out[-3000:]
+    refs = sh("git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
+    saved = [r.rsplit("/", 1)[-1] for r in refs if "/exec/" not in r]
+    assert [n for n in saved if n not in earlier] == ["first"], refs
+    (ref,) = [r for r in refs if r.endswith("/first")]
+    assert sh("git", "show", f"{ref}:out_b.txt").stdout == sh("git", "show", f"{ref}:params.yaml").stdout == "x: 3\n"
+    lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
+    assert second.returncode != 0 and len(lines) == 1 and lines[0].startswith(refusal), lines
+    return ref
+
+
 @pytest.mark.slow
 def test_a_second_workspace_exp_run_is_refused_before_dvc_touches_the_tree(tmp_path: Path) -> None:
     """Where dvc.lock and the stage outputs are git-tracked but not committed yet (a fresh clone's first runs), a
@@ -1319,12 +1352,7 @@ def test_a_second_workspace_exp_run_is_refused_before_dvc_touches_the_tree(tmp_p
     params.yaml, before that setup: one line, and the first run goes on and is saved with its params. This toy did
     not reproduce the loss itself; without the guard its second run gets through that setup to DVC's lock on
     out_a.txt, and this test fails on the refusal's line."""
-    # kernelcamp importable as an install makes it, without this checkout's hydra_plugins on the path
-    site = tmp_path.parent / f"{tmp_path.name}-site"
-    site.mkdir()
-    (site / "kernelcamp").symlink_to(ROOT / "kernelcamp")
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    env.pop("DVC_ROOT", None)
+    env = _installed_env(tmp_path)
     sh = _toy_dvc_repo(tmp_path, env, _TOY_DVC_GIT_OUTS, hydra=True)
     # an earlier experiment leaves its outputs in the workspace, untracked: the second run's stash holds them, and
     # its apply after the forced checkout conflicts with the copies there
@@ -1334,16 +1362,9 @@ def test_a_second_workspace_exp_run_is_refused_before_dvc_touches_the_tree(tmp_p
         second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
         assert second.returncode != 0
         out, _ = first.communicate(timeout=120)
-    refs = sh("git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
-    saved = [r.rsplit("/", 1)[-1] for r in refs if "/exec/" not in r and not r.endswith("/zero")]
-    lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("ERROR: another pipeline run (dvc pid "), lines
-    assert first.returncode == 0, out[-3000:]
-    assert saved == ["first"], refs
+    _assert_first_saved_second_refused(sh, first, out, second, "ERROR: another pipeline run (dvc pid ", ("zero",))
     assert (tmp_path / "out_a.txt").read_text() == (tmp_path / "out_b.txt").read_text() == "x: 3\n"
     assert (tmp_path / "params.yaml").read_text() == "x: 3\n"
-    (ref,) = [r for r in refs if r.endswith("/first")]
-    assert sh("git", "show", f"{ref}:out_b.txt").stdout == sh("git", "show", f"{ref}:params.yaml").stdout == "x: 3\n"
 
 
 @pytest.mark.slow
@@ -1354,11 +1375,7 @@ def test_a_second_workspace_exp_run_in_a_first_runs_first_seconds_is_refused(tmp
     subscriptable", helper-66, in the project on this CPU). The guard now claims the tree for a run from its start
     (runlock.claim_workspace_run), so the second run is refused there in one line and the first is saved. Here the
     first run's stage a waits 8 s before its claim: that window."""
-    site = tmp_path.parent / f"{tmp_path.name}-site"
-    site.mkdir()
-    (site / "kernelcamp").symlink_to(ROOT / "kernelcamp")
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    env.pop("DVC_ROOT", None)
+    env = _installed_env(tmp_path)
     mark = tmp_path.parent / f"{tmp_path.name}-a-started"
     sh = _toy_dvc_repo(
         tmp_path, env, _TOY_DVC_GIT_OUTS.replace("stage.py a 0", f"stage.py a 0 before {mark}"), hydra=True
@@ -1366,14 +1383,9 @@ def test_a_second_workspace_exp_run_in_a_first_runs_first_seconds_is_refused(tmp
     with _run_at_stage(tmp_path, env, mark, "-S", "x=3", "-n", "first") as first:  # stage a started, not claimed
         second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
         out, _ = first.communicate(timeout=120)
-    assert first.returncode == 0, out[-3000:]
-    refs = sh("git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
-    assert [r.rsplit("/", 1)[-1] for r in refs if "/exec/" not in r] == ["first"], refs
-    (ref,) = [r for r in refs if r.endswith("/first")]
-    assert sh("git", "show", f"{ref}:out_b.txt").stdout == sh("git", "show", f"{ref}:params.yaml").stdout == "x: 3\n"
-    lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
-    assert second.returncode != 0 and len(lines) == 1, lines
-    assert lines[0].startswith(f"ERROR: another pipeline run (dvc pid {first.pid}, starting, before its first"), lines
+    _assert_first_saved_second_refused(
+        sh, first, out, second, f"ERROR: another pipeline run (dvc pid {first.pid}, starting, before its first"
+    )
 
 
 @pytest.mark.slow
@@ -1386,26 +1398,17 @@ def test_a_second_workspace_exp_run_after_the_last_stage_is_refused_until_the_fi
     is refused in one line and the first is saved whole. Here the last stage releases, then waits 6 s. This toy did
     not reproduce the corruption itself: without the change its first run was saved and the second stopped on DVC's
     lock at stage a (four lines), so this test fails on the missing refusal line."""
-    site = tmp_path.parent / f"{tmp_path.name}-site"
-    site.mkdir()
-    (site / "kernelcamp").symlink_to(ROOT / "kernelcamp")
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    env.pop("DVC_ROOT", None)
+    env = _installed_env(tmp_path)
     mark = tmp_path.parent / f"{tmp_path.name}-released"
     toy = _TOY_DVC_GIT_OUTS.replace("stage.py b 12", f"stage.py b 0 release {mark}")
     sh = _toy_dvc_repo(tmp_path, env, toy, hydra=True)
     with _run_at_stage(tmp_path, env, mark, "-S", "x=3", "-n", "first") as first:  # its last stage released
         second = sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "x=2", "-n", "second")
         out, _ = first.communicate(timeout=120)
-    assert first.returncode == 0, out[-3000:]
-    refs = sh("git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
-    assert [r.rsplit("/", 1)[-1] for r in refs if "/exec/" not in r] == ["first"], refs
-    (ref,) = [r for r in refs if r.endswith("/first")]
-    assert sh("git", "show", f"{ref}:out_b.txt").stdout == sh("git", "show", f"{ref}:params.yaml").stdout == "x: 3\n"
+    ref = _assert_first_saved_second_refused(
+        sh, first, out, second, f"ERROR: another pipeline run (dvc pid {first.pid}, saving its experiment"
+    )
     assert "out_b.txt" in sh("git", "show", f"{ref}:dvc.lock").stdout
-    lines = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
-    assert second.returncode != 0 and len(lines) == 1, lines
-    assert lines[0].startswith(f"ERROR: another pipeline run (dvc pid {first.pid}, saving its experiment"), lines
 
 
 def test_the_keeper_puts_the_baseline_ref_back_only_while_a_stage_runs(tmp_path: Path) -> None:
