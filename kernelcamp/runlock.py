@@ -11,6 +11,11 @@ record another. Each stage therefore claims the run before any side effect:
   sha256 of params.yaml and the params themselves (what a failed stage records: :func:`run_params`), the
   first stage and the stage now running. A stage of the same owner finds the same sha256 or stops, naming
   both; a stage of another live owner stops before any side effect; a dead owner's claim is taken over.
+* The claim also records the sha256 of every file of the run's other inputs (:data:`RUN_INPUTS`: conf/, dvc.yaml,
+  kernels/, the stages and kernelcamp/), and a stage that finds one of them changed stops, naming it: DVC saves the
+  experiment with the working tree as it is at the end, so a conf/ file edited during a run was saved beside a
+  params.yaml it did not compose, and the MLflow tag ``variant_overrides`` was computed against the edited file
+  (helper-66, F4).
 * The claim lives in the stage's own tree, and a second claim in the folder of the server the run
   deploys (``kernelcamp.deploy.common.state_dir``: ``$DVC_ROOT/.kernelcamp``, or a sweep worker's
   ``slotN``). A queued experiment (its own temporary copy) started while a workspace run goes on shares
@@ -36,6 +41,55 @@ from typing import Any
 
 from kernelcamp.errors import AnotherRunError, KernelcampError
 from kernelcamp.io import pid_start_time, proc_stat, same_process, sha256_text, write_json_atomic, write_text_atomic
+
+#: The run's inputs besides params.yaml, relative to the tree (:func:`inputs_sha256`): what the experiment commit
+#: saves beside the run's records and what the stages read (conf/ through the overrides tags and build's targets;
+#: the code; dvc.yaml's stage list). ``conf/local`` is git-ignored (never saved) and is left out.
+RUN_INPUTS = ("conf", "dvc.yaml", "kernels", "kernelcamp", "stages")
+_NOT_INPUTS = ("conf/local",)
+
+
+def inputs_sha256(root: Path) -> dict[str, str]:
+    """``{path: sha256}`` of every file of :data:`RUN_INPUTS` under the tree ``root`` (paths relative to it, POSIX),
+    skipping ``conf/local``, ``__pycache__``, hidden entries and ``*.pyc``; ``{}`` for a tree without them. A file
+    that cannot be read (removed as it is walked) is left out."""
+    import hashlib
+
+    out: dict[str, str] = {}
+    for top in RUN_INPUTS:
+        for dirpath, dirnames, filenames in os.walk(root / top) if (root / top).is_dir() else [(root, [], [top])]:
+            rel = Path(dirpath).relative_to(root)
+            dirnames[:] = sorted(
+                d
+                for d in dirnames
+                if d != "__pycache__" and not d.startswith(".") and (rel / d).as_posix() not in _NOT_INPUTS
+            )
+            for f in sorted(filenames):
+                if f.startswith(".") or f.endswith(".pyc"):
+                    continue
+                with contextlib.suppress(OSError):
+                    out[(rel / f).as_posix()] = hashlib.sha256((Path(dirpath) / f).read_bytes()).hexdigest()
+    return out
+
+
+def _check_inputs(claim: dict[str, Any], root: Path, stage: str, when: str) -> None:
+    """Raise ``KernelcampError`` naming the files of the run's inputs (:func:`inputs_sha256`) that differ from those
+    the run claimed the tree with (``claim["inputs"]``; a claim without them, from an older run, checks nothing).
+    ``when``: "during this run" or "while the <stage> stage ran", for the message."""
+    was = claim.get("inputs")
+    if not isinstance(was, dict):
+        return
+    now = inputs_sha256(root)
+    changed = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
+    if changed:
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        raise KernelcampError(
+            f"{shown} changed {when} (since stage {claim.get('stage')}): DVC would save the edited file"
+            f"{'s' if len(changed) > 1 else ''} in the experiment beside results that did not use "
+            f"{'them' if len(changed) > 1 else 'it'}, so the {stage} stage fails and writes none of its outputs; "
+            "leave conf/, kernels/ and the code as they are while a run goes on, and rerun the pipeline (`dvc exp "
+            "run`, it runs the tree as it is then)"
+        )
 
 
 def _ppid_and_cmd(pid: int) -> tuple[int | None, list[str]]:
@@ -189,6 +243,7 @@ def _claim(
                     "(another `dvc exp run`, a `make params` or an edit); nothing of this stage was recorded, rerun "
                     "the pipeline"
                 )
+            _check_inputs(cur, root, stage, "during this run")
             return cur
         claim = {
             "owner_pid": owner,
@@ -201,6 +256,8 @@ def _claim(
             # another `dvc exp run` rewrote under it
             "params": params,
             "params_text": params_text,
+            # the run's other inputs (conf/, the code), which a later stage finds unchanged or stops (_check_inputs)
+            "inputs": inputs_sha256(root),
             "claimed_at_ms": int(time.time() * 1000),  # the run's start, for the MLflow run's duration
         }
         write_json_atomic(path, claim)
@@ -325,7 +382,8 @@ def run_params(root: Path, owner: int | None = None) -> dict[str, Any] | None:
 
 def check_params_unchanged(root: Path, stage: str, params_path: str | os.PathLike, owner: int | None = None) -> None:
     """At the end of stage ``stage``: raise ``KernelcampError`` when ``params_path`` (params.yaml) no longer has the
-    sha256 this owner's run of the tree ``root`` claimed it with. DVC locks a stage's outputs with the params it
+    sha256 this owner's run of the tree ``root`` claimed it with, or a file of the run's other inputs changed
+    (:func:`inputs_sha256`; helper-66's F4). DVC locks a stage's outputs with the params it
     reads after the stage ends: a benchmark that finished after a refused second `dvc exp run` had rewritten
     params.yaml was locked with that run's num_warps beside a benchmark.json of its own (helper-54). A stage
     run by hand (no owner), or no live claim of this owner (the report stage released it), checks nothing."""
@@ -342,6 +400,7 @@ def check_params_unchanged(root: Path, stage: str, params_path: str | os.PathLik
             "and DVC would lock this stage's outputs with params they were not made with; the stage fails instead, "
             "rerun the pipeline"
         )
+    _check_inputs(cur, root, stage, f"while the {stage} stage ran")
 
 
 def release_run(root: Path, owner: int | None = None) -> None:

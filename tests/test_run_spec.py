@@ -154,6 +154,90 @@ def test_a_stage_stopped_by_a_rewritten_params_yaml_writes_nothing(tmp_path: Pat
     assert earlier.read_text() == '{"the": "last finished run"}\n'
 
 
+@pytest.mark.parametrize(
+    "edited", ["conf/variant/bt16_w4.yaml", "kernels/sparse_mla_decode.py", "conf/variant/a_new_variant.yaml"]
+)
+def test_a_stage_that_finds_conf_or_code_edited_during_its_run_writes_nothing(tmp_path: Path, edited: str) -> None:
+    """A conf/ file edited while a run went on was saved in the experiment beside a params.yaml it did not compose,
+    and the MLflow tag variant_overrides was computed against the edited file (helper-66, F4). The run's inputs
+    (conf/, dvc.yaml, kernels/, the code) are claimed with their sha256 at the first stage; a stage that finds one
+    changed (edited, added or removed) fails in one line naming it and writes nothing. conf/local (git-ignored, never
+    saved) is not an input."""
+    copy_root = _copy_tree(tmp_path / "exp-copy")
+    (copy_root / "reports").mkdir()
+    earlier = copy_root / "reports" / "spec.json"
+    earlier.write_text('{"the": "last finished run"}\n')
+    hook = tmp_path / "run_spec_stage.py"
+    hook.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.argv[1:] = ["--out", "reports/spec.json"]
+            import stages.spec as st
+            from pathlib import Path
+            from kernelcamp.io import stage_main
+            from kernelcamp.tracking import tracked_stage
+            summary = st.spec_summary
+            def edit_then_summarise(spec):  # after the claim: the user edits the tree while the run goes on
+                Path("conf/local").mkdir(parents=True, exist_ok=True)
+                Path("conf/local/default.yaml").write_text("# the machine's own settings: not an input\\n")
+                with open({edited!r}, "a") as f:
+                    f.write("# edited during the run\\n")
+                return summary(spec)
+            st.spec_summary = edit_then_summarise
+            stage_main(tracked_stage("spec")(st.main))
+            """
+        )
+    )
+    fake = tmp_path / "bin" / "dvc"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/bash\n{sys.executable} {hook}\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "DVC_ROOT": str(copy_root), "PYTHONPATH": str(copy_root)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    r = subprocess.run([str(fake)], cwd=copy_root, env=env, capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"error: {edited} changed while the spec stage ran (since stage spec): "), r.stderr
+    assert earlier.read_text() == '{"the": "last finished run"}\n'
+
+
+@pytest.mark.usefixtures("workspace_run")
+def test_inputs_edited_during_a_run_stop_the_next_stage(tmp_path: Path) -> None:
+    """The claim keeps the sha256 of the run's inputs; the next stage of the run stops on an edited, added or removed
+    file (naming it), not on conf/local, caches or hidden files; an older claim without them checks nothing."""
+    from kernelcamp.io import sha256_text
+    from kernelcamp.runlock import check_params_unchanged, inputs_sha256
+
+    (tmp_path / "conf" / "variant").mkdir(parents=True)
+    (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_warps: 4\n")
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "k.py").write_text("x = 1\n")
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "params.yaml").write_text("variant: {}\n")
+    sha = sha256_text("variant: {}\n")
+    assert sorted(inputs_sha256(tmp_path)) == ["conf/variant/v.yaml", "dvc.yaml", "kernels/k.py"]
+    claim_run(tmp_path, "spec", sha, owner=os.getpid())
+    for ignored in ("conf/local/default.yaml", "kernels/__pycache__/k.pyc", "kernels/.k.py.swp", "README.md"):
+        (tmp_path / ignored).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / ignored).write_text("not an input\n")
+    assert claim_run(tmp_path, "build", sha, owner=os.getpid())["stage"] == "spec"
+    (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_warps: 8\n")
+    with pytest.raises(KernelcampError, match=r"^conf/variant/v.yaml changed during this run \(since stage spec\)"):
+        claim_run(tmp_path, "deploy", sha, owner=os.getpid())
+    (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_warps: 4\n")  # put back: the run goes on
+    claim_run(tmp_path, "deploy", sha, owner=os.getpid())
+    (tmp_path / "kernels" / "k.py").unlink()
+    (tmp_path / "conf" / "variant" / "w.yaml").write_text("num_warps: 2\n")
+    with pytest.raises(KernelcampError, match=r"^conf/variant/w.yaml, kernels/k.py changed while the verify stage"):
+        check_params_unchanged(tmp_path, "verify", tmp_path / "params.yaml", owner=os.getpid())
+    path = tmp_path / ".kernelcamp" / "run.json"
+    claim = json.loads(path.read_text())
+    del claim["inputs"]  # a claim of an older run
+    path.write_text(json.dumps(claim))
+    claim_run(tmp_path, "report", sha, owner=os.getpid())
+
+
 def _output_writes_before_the_check(path: Path) -> list[str]:
     """The output writes of ``path`` (a stage file) that come, in source order, before the first
     ``before_outputs(...)`` call of the function that writes a stage's outputs (``main``, or the benchmark's
