@@ -35,7 +35,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,11 +175,13 @@ def claim_run(
     poll_s: float = 2.0,
     params: dict[str, Any] | None = None,
     params_text: str | None = None,
+    tree_tags: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """Claim (or re-check) the run of the tree ``root`` for stage ``stage``, and the server folder it
     deploys to; see the module docstring. ``params``: the params.yaml mapping whose sha256 is
     ``params_sha256``, kept in a new claim (:func:`run_params`); ``params_text``: that file's text, kept too (what
-    :func:`refuse_if_another_run` puts back).
+    :func:`refuse_if_another_run` puts back); ``tree_tags``: called once for a new claim, its MLflow tags kept too
+    (:func:`run_tree_tags`).
 
     Returns the tree's claim, or None when there is no ``dvc`` owner. Raises ``KernelcampError`` when
     another live ``dvc`` run holds the tree, or when params.yaml changed since an earlier stage of
@@ -192,7 +194,7 @@ def claim_run(
     got = None
     for i, path in enumerate(_claim_paths(root)):
         said = False
-        while (claim := _claim(path, root, stage, params_sha256, owner, i > 0, params, params_text)) is None:
+        while (claim := _claim(path, root, stage, params_sha256, owner, i > 0, params, params_text, tree_tags)) is None:
             if not said:
                 print(
                     f"[{stage}] waiting: another pipeline run uses this workspace's server ({path.parent}); this "
@@ -215,6 +217,7 @@ def _claim(
     shared: bool = False,
     params: dict[str, Any] | None = None,
     params_text: str | None = None,
+    tree_tags: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """Claim ``path`` for ``owner``. Another live owner's claim raises ``KernelcampError`` when it is a run
     of the same tree; a run of another tree (a queued experiment's copy) holding this server folder, also
@@ -258,6 +261,8 @@ def _claim(
             "params_text": params_text,
             # the run's other inputs (conf/, the code), which a later stage finds unchanged or stops (_check_inputs)
             "inputs": inputs_sha256(root),
+            # and the MLflow tags read from them (the kernel's hash, the conf/ overrides), which a failed stage records
+            "tree_tags": tree_tags() if tree_tags is not None else None,
             "claimed_at_ms": int(time.time() * 1000),  # the run's start, for the MLflow run's duration
         }
         write_json_atomic(path, claim)
@@ -378,6 +383,13 @@ def run_params(root: Path, owner: int | None = None) -> dict[str, Any] | None:
     (no live claim of this owner, e.g. a stage run by hand, or a claim without them)."""
     cur = _own_claim(root, owner)
     return cur["params"] if cur is not None and isinstance(cur.get("params"), dict) else None
+
+
+def run_tree_tags(root: Path, owner: int | None = None) -> dict[str, Any] | None:
+    """The MLflow tags that read the tree's files (:func:`kernelcamp.tracking.tree_tags`) as this owner's run of the
+    tree ``root`` kept them at its first stage, or None (no live claim of this owner, or a claim without them)."""
+    cur = _own_claim(root, owner)
+    return cur["tree_tags"] if cur is not None and isinstance(cur.get("tree_tags"), dict) else None
 
 
 def check_params_unchanged(root: Path, stage: str, params_path: str | os.PathLike, owner: int | None = None) -> None:

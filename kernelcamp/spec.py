@@ -43,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from kernelcamp.conftags import differences
 from kernelcamp.errors import KernelcampError, as_written, url_shown
 from kernelcamp.hashes import dvc_stage, kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.io import sha256_text
@@ -640,28 +641,6 @@ def stage_params(raw: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return out
 
 
-def differences(mine: Any, theirs: Any, where: str = "", exact: bool = False) -> list[tuple[str, Any, Any]]:
-    """Every dotted key (sorted; list items by index) where the JSON-like values ``mine`` and ``theirs``
-    differ, with both values (``None`` for a key one side lacks). An int and the equal float are
-    equal, as in JSON, unless ``exact`` (``4.0`` is then not ``4``: a conf's integer field refuses it); a bool
-    is not an int."""
-    if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
-        out = []
-        for k in sorted(set(mine) | set(theirs), key=str):
-            out += differences(mine.get(k), theirs.get(k), f"{where}.{k}" if where else str(k), exact)
-        return out
-    if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
-        return [
-            d
-            for i, (a, b) in enumerate(zip(mine, theirs, strict=True))
-            for d in differences(a, b, f"{where}.{i}", exact)
-        ]
-    same = mine == theirs and isinstance(mine, bool) == isinstance(theirs, bool)
-    if exact:
-        same = same and isinstance(mine, float) == isinstance(theirs, float)
-    return [] if same else [(where, mine, theirs)]
-
-
 def first_difference(mine: Any, theirs: Any) -> tuple[str, Any, Any] | None:
     """The first of :func:`differences` ``(mine, theirs)``, or ``None`` when the values are equal."""
     d = differences(mine, theirs)
@@ -1067,5 +1046,14 @@ def stage_spec(stage: str, params_path: str | Path = "params.yaml") -> RunSpec:
     refuse_if_another_run(project_root(), params_path)
     text, raw = read_params(params_path)  # load_spec's read, kept: the claim holds the text its sha256 is of
     spec = parse_spec(raw, Path(params_path), text)
-    claim_run(project_root(), stage, spec.params_sha256, params=dict(spec.raw), params_text=text)
+    from kernelcamp.conftags import tree_tags
+
+    claim_run(
+        project_root(),
+        stage,
+        spec.params_sha256,
+        params=dict(spec.raw),
+        params_text=text,
+        tree_tags=lambda: tree_tags(dict(spec.raw)),
+    )
     return spec

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from kernelcamp.conftags import tree_tags
 from kernelcamp.errors import AnotherRunError, KernelcampError, text_shown, url_shown
 from kernelcamp.io import pid_start_time, repo_relative, same_process
 from kernelcamp.provenance import dvc_root
@@ -634,89 +635,13 @@ class tracked_stage(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
 # ---------------------------------------------------------------------------------------------- tags
 
 
-def _deployed_hash(params: Mapping[str, Any]) -> str | None:
-    """``kernelcamp.hashes.params_variant_hash`` of ``params`` (None where it cannot be computed)."""
-    try:
-        from kernelcamp.hashes import params_variant_hash
-
-        return params_variant_hash(params)
-    except (KernelcampError, ImportError, OSError):
-        return None
-
-
-#: Sections whose ``name`` is a tag and whose ``<section>_overrides`` tag says what ``-S`` changed from
-#: the file of that name (:func:`conf_overrides`).
-OVERRIDE_TAGS = ("variant", "baseline", "workload", "server")
-#: The longest ``<section>_overrides`` tag (MLflow keeps 8,000 characters of a tag value).
-OVERRIDES_TAG_CHARS = 1000
-
-
-def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """``over`` merged into ``base`` as Hydra merges a defaults list: mappings key by key, the rest replaced."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
-    return out
-
-
-def conf_file_value(section: str, name: str) -> dict[str, Any] | None:
-    """What ``conf/<section>/<name>.yaml`` composes to, its defaults list merged first (an entry of
-    the same group, ``deepseek_v32``, or another group's file at this package, ``/variant/x@_here_``,
-    as the shipped files write them), or ``None`` when there is no such file.
-
-    Deliberately not Hydra's composition (``kernelcamp.compose``, as ``kernelcamp inspect`` uses): that also
-    applies the git-ignored ``conf/local/default.yaml``, whose settings are not in any versioned file and so must
-    show in :func:`conf_overrides`' tags. ``tests/test_tracking.py`` checks this against Hydra for every shipped
-    variant, baseline, workload and server file."""
-    import yaml
-
-    from kernelcamp.targets import conf_dir
-
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
-        return None
-    path = conf_dir() / section / f"{name}.yaml"
-    try:
-        if not path.is_file():
-            return None
-    except OSError:  # a name too long for a file name (ENAMETOOLONG): no such file
-        return None
-    data = yaml.safe_load(path.read_text()) or {}
-    out: dict[str, Any] = {}
-    for d in data.pop("defaults", None) or []:
-        m = re.fullmatch(r"(?:/([A-Za-z0-9_]+)/)?([A-Za-z0-9_.+-]+)(?:@_here_)?", d) if isinstance(d, str) else None
-        if m and m.group(2) != "_self_":
-            out = _deep_merge(out, conf_file_value(m.group(1) or section, m.group(2)) or {})
-    return _deep_merge(out, data)
-
-
-def conf_overrides(params: Mapping[str, Any], section: str) -> str:
-    """The ``<section>`` tag's companion (variant, baseline, workload, server): how ``params[section]``
-    differs from the conf file
-    its ``name`` names, as ``key=value`` items (``num_warps=8``, ``configs.0.BLOCK_T=32``; a key the
-    file lacks shows as added, one it has and params lack as ``key=null``), ``""`` when it is that
-    file as it stands, ``"(no conf/<section>/<name>.yaml)"`` when no file has that name. A run of
-    ``-S variant.num_warps=8`` was tagged ``variant=bt16_w4`` alone, the name of a file that did not run. A value
-    is compared with its type: ``-S variant.num_warps=4.0`` (refused: not an integer) shows as ``num_warps=4.0``
-    beside a file's 4, where it showed as ``""``."""
-    from kernelcamp.spec import differences
-
-    raw = params.get(section)
-    if not isinstance(raw, Mapping):
-        return ""
-    name = raw.get("name")
-    file = conf_file_value(section, name)
-    if file is None:
-        return f"(no conf/{section}/{name}.yaml)"
-    items = [f"{k}={json.dumps(mine, default=str)}" for k, mine, _ in differences(dict(raw), file, exact=True)]
-    text = ", ".join(items)
-    return text if len(text) <= OVERRIDES_TAG_CHARS else text[: OVERRIDES_TAG_CHARS - 3] + "..."
-
-
 def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Tags every run carries: git commit/dirty, DVC experiment, variant/baseline names, their
     overrides of the named conf file (:func:`conf_overrides`) and hashes, GPU/driver/torch/triton
-    (from ``extra`` when a stage measured them, else this process)."""
+    (from ``extra`` when a stage measured them, else this process). The tags that read the tree's files
+    (:func:`tree_tags`) are the ones this pipeline run's first stage kept when ``params`` are the run's."""
     from kernelcamp.provenance import git_info
+    from kernelcamp.runlock import run_params, run_tree_tags
     from kernelcamp.spec import project_root
     from kernelcamp.variant import parse_variant
 
@@ -734,14 +659,14 @@ def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) 
             tags[f"{sec}"] = raw.get("name")
             with contextlib.suppress(KernelcampError):
                 tags[f"{sec}_config_hash"] = parse_variant(raw, sec).config_hash()
-                # the hash a server reports for it (configs, kernel source, server flags): one name,
-                # one meaning, as in deploy.json and /v1/kernelcamp/info
-                tags[f"{sec}_hash"] = _deployed_hash({**params, "variant": raw})
     for k in ("target", "workload", "server"):
         if isinstance(params.get(k), Mapping):
             tags[k] = params[k].get("name")
-    for k in OVERRIDE_TAGS:  # "" when the named file ran as it stands (the target always does: kernelcamp.spec)
-        tags[f"{k}_overrides"] = conf_overrides(params, k)
+    kept = None
+    with contextlib.suppress(KernelcampError, OSError):
+        if run_params(project_root()) == dict(params):
+            kept = run_tree_tags(project_root())
+    tags.update(kept if kept is not None else tree_tags(params))
     for k, v in (extra or {}).items():
         tags[k] = v
     return {k: ("" if v is None else v) for k, v in tags.items()}

@@ -202,6 +202,55 @@ def test_a_stage_that_finds_conf_or_code_edited_during_its_run_writes_nothing(tm
     assert earlier.read_text() == '{"the": "last finished run"}\n'
 
 
+def test_a_stage_stopped_by_an_edit_records_the_tags_its_run_started_with(tmp_path: Path) -> None:
+    """The FAILED MLflow run of a stage stopped by a conf/ or kernel edit computed its variant_overrides against the
+    edited conf/ file and its variant_hash from the edited kernel: a record of something that never ran. The first
+    stage keeps those tags in the run's claim (kernelcamp.tracking.tree_tags), and a failure records them."""
+    from mlflow.tracking import MlflowClient
+
+    copy_root = _copy_tree(tmp_path / "exp-copy")
+    hook = tmp_path / "run_spec_stage.py"
+    hook.write_text(
+        textwrap.dedent(
+            """
+            import json, sys
+            sys.argv[1:] = ["--out", "reports/spec.json"]
+            import stages.spec as st
+            from pathlib import Path
+            from kernelcamp.io import stage_main
+            from kernelcamp.tracking import tracked_stage, tree_tags
+            summary = st.spec_summary
+            def edit_then_summarise(spec):
+                before = tree_tags(dict(spec.raw))
+                v = Path("conf/variant/bt16_w4.yaml")
+                v.write_text(v.read_text().replace("num_warps: 4", "num_warps: 8"))
+                with open("kernels/sparse_mla_decode.py", "a") as f:
+                    f.write("# edited during the run\\n")
+                print(json.dumps({"before": before, "edited": tree_tags(dict(spec.raw))}))
+                return summary(spec)
+            st.spec_summary = edit_then_summarise
+            stage_main(tracked_stage("spec")(st.main))
+            """
+        )
+    )
+    fake = tmp_path / "bin" / "dvc"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/bash\n{sys.executable} {hook}\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "DVC_ROOT": str(copy_root), "PYTHONPATH": str(copy_root)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    r = subprocess.run([str(fake)], cwd=copy_root, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "changed while the spec stage ran" in r.stderr, r.stderr
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    before, edited = seen["before"], seen["edited"]
+    assert before["variant_overrides"] == "" and edited["variant_overrides"] == "num_warps=4"
+    assert before["variant_hash"] != edited["variant_hash"]
+    client = MlflowClient(f"sqlite:///{copy_root / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("kernelcamp").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags["kernelcamp.stage"] == "spec"
+    assert {k: run.data.tags[k] for k in before} == before
+
+
 @pytest.mark.usefixtures("workspace_run")
 def test_inputs_edited_during_a_run_stop_the_next_stage(tmp_path: Path) -> None:
     """The claim keeps the sha256 of the run's inputs; the next stage of the run stops on an edited, added or removed

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcamp import tracking
+from kernelcamp import conftags, tracking
 from kernelcamp.errors import KernelcampError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -771,7 +771,7 @@ def test_the_mlflow_imports_are_not_cut_by_a_signal(monkeypatch, store):
 
 def test_a_conf_local_setting_shows_as_an_override(tmp_path: Path) -> None:
     """A git-ignored conf/local/default.yaml is composed into params.yaml but is in no versioned file: the
-    `<section>_overrides` tag shows its settings (kernelcamp.tracking.conf_file_value composes the named file
+    `<section>_overrides` tag shows its settings (kernelcamp.conftags.conf_file_value composes the named file
     without it, unlike Hydra's composition)."""
     import shutil
 
@@ -800,7 +800,8 @@ def test_the_variant_tag_says_what_was_overridden() -> None:
     import yaml
 
     from kernelcamp.compose import compose_text
-    from kernelcamp.tracking import conf_overrides, run_tags
+    from kernelcamp.conftags import conf_overrides
+    from kernelcamp.tracking import run_tags
 
     root = Path(__file__).resolve().parents[1]
     for sec in ("variant", "baseline", "workload", "server"):
@@ -860,4 +861,4 @@ def test_a_server_uri_with_a_password_is_reached_with_it_and_never_shown(monkeyp
 
 def test_a_name_too_long_for_a_file_has_no_conf_file() -> None:
     """conf_file_value looked the name up as a file: a 300-character name raised ENAMETOOLONG (helper audit B-F3)."""
-    assert tracking.conf_file_value("variant", "v" * 300) is None
+    assert conftags.conf_file_value("variant", "v" * 300) is None
