@@ -15,7 +15,8 @@
 #                         at exit too: an outer timeout's TERM stops the bench and returns what it had written)
 #   run:NAME:CMD          any command (spaces as '+'), run by bash in the clone, RUN_TIMEOUT_S (default 120) ->
 #                         OUT/NAME.log; $CARRIED is the carried tree (e.g. candidate files kept in .probe/)
-# A bench or run NAME may not be one of the call's own files: call, head, env, gpu_suite, final, bench_final.
+# A bench or run NAME may not be one of the call's own files: call, head, env, gpu_suite, final, bench_final; no two
+# actions may write one OUT file (a bench and a step of one name both write NAME.tgz).
 # OUT/head.txt names the branch, its commit, the kernel file's sha256, the GPU, the versions and the date; the
 # actions' output is tee'd into OUT/call.log. The clone is made from the bundle (a baseline's kernel_rev needs
 # the git history; the carried tree's .git, when it has one, is not the branch). Each action has its own timeout,
@@ -32,21 +33,31 @@ out=$OUT
 case $out in /*) ;; *) out=$PWD/$out ;; esac  # the actions run in the clone
 branch=$1
 shift
+declare -A writes=()  # OUT's file -> the action that writes it: two actions writing one file lose the first's
 for a in "$@"; do
   case $a in
-    suite | final) ;;
-    step:?*:?*) ;;
+    suite) file=gpu_suite.log ;;
+    final) file=final.tgz ;;
+    step:?*:?*) IFS=: read -r _ name _ <<< "$a"; file=$name.tgz ;;
     bench:?*:?* | run:?*:?*)
-      IFS=: read -r _ name _ <<< "$a"
+      IFS=: read -r kind name _ <<< "$a"
       case $name in
         call | head | env | gpu_suite | final | bench_final)
           echo "error: action '$a': the name '$name' is one of the call's own files; choose another" >&2
           exit 2
           ;;
       esac
+      if [ "$kind" = bench ]; then file=$name.tgz; else file=$name.log; fi
       ;;
     *) echo "error: unknown action '$a'; $usage" >&2; exit 2 ;;
   esac
+  if [ -n "${writes[$file]:-}" ]; then
+    # a bench named as a step packed its folder into the step's OUT/<STEP>.tgz at exit, over the step's experiment
+    # (step "h32", 2026-12-08)
+    echo "error: actions '${writes[$file]}' and '$a' both write OUT/$file; give one of them another name" >&2
+    exit 2
+  fi
+  writes[$file]=$a
 done
 [ -f .probe/repo.bundle ] || { echo "error: .probe/repo.bundle not carried; make it here with" \
   "'git bundle create .probe/repo.bundle $branch main' and carry .probe" >&2; exit 2; }

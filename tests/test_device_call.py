@@ -128,6 +128,10 @@ def test_bad_input_is_one_error_line_and_nothing_runs(tmp_path):
         (("b",), "error: usage: device_call.sh BRANCH ACTION"),
         (("nosuch", "suite"), "branch 'nosuch' is not in .probe/repo.bundle"),
         (("b", "run:head:true"), "the name 'head' is one of the call's own files"),
+        # a bench named as a step packed its folder into OUT/h32.tgz at exit, over the step's experiment (2026-12-08)
+        (("b", "bench:h32:--x", "step:h32:v32"), "actions 'bench:h32:--x' and 'step:h32:v32' both write OUT/h32.tgz"),
+        (("b", "run:x:true", "run:x:false"), "actions 'run:x:true' and 'run:x:false' both write OUT/x.log"),
+        (("b", "step:final:v32", "final"), "both write OUT/final.tgz"),
     ]:
         r = _run(tree, env, *args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
