@@ -33,6 +33,7 @@ import contextlib
 import fcntl
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -44,31 +45,43 @@ from kernelcamp.io import pid_start_time, proc_stat, same_process, sha256_text, 
 
 #: The run's inputs besides params.yaml, relative to the tree (:func:`inputs_sha256`): what the experiment commit
 #: saves beside the run's records and what the stages read (conf/ through the overrides tags and build's targets;
-#: the code; dvc.yaml's stage list). ``conf/local`` is git-ignored (never saved) and is left out.
+#: the code; dvc.yaml's stage list).
 RUN_INPUTS = ("conf", "dvc.yaml", "kernels", "kernelcamp", "stages")
-_NOT_INPUTS = ("conf/local",)
 
 
-def inputs_sha256(root: Path) -> dict[str, str]:
-    """``{path: sha256}`` of every file of :data:`RUN_INPUTS` under the tree ``root`` (paths relative to it, POSIX),
-    skipping ``conf/local``, ``__pycache__``, hidden entries and ``*.pyc``; ``{}`` for a tree without them. A file
-    that cannot be read (removed as it is walked) is left out."""
-    import hashlib
-
-    out: dict[str, str] = {}
+def _input_files(root: Path) -> list[str]:
+    """The files of :data:`RUN_INPUTS` that git tracks in the tree ``root`` (what an experiment commit saves: DVC
+    leaves untracked files out, so a new untracked file in conf/ changes no record; a git-ignored one, conf/local,
+    neither), or, where ``root`` is no git tree, every file there but ``conf/local``, ``__pycache__``, hidden entries
+    and ``*.pyc``."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        r = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--", *RUN_INPUTS], capture_output=True, timeout=60, check=True
+        )
+        return sorted({f for f in r.stdout.decode(errors="surrogateescape").split("\0") if f})
+    out: list[str] = []
     for top in RUN_INPUTS:
         for dirpath, dirnames, filenames in os.walk(root / top) if (root / top).is_dir() else [(root, [], [top])]:
             rel = Path(dirpath).relative_to(root)
-            dirnames[:] = sorted(
+            dirnames[:] = [
                 d
                 for d in dirnames
-                if d != "__pycache__" and not d.startswith(".") and (rel / d).as_posix() not in _NOT_INPUTS
-            )
-            for f in sorted(filenames):
-                if f.startswith(".") or f.endswith(".pyc"):
-                    continue
-                with contextlib.suppress(OSError):
-                    out[(rel / f).as_posix()] = hashlib.sha256((Path(dirpath) / f).read_bytes()).hexdigest()
+                if d != "__pycache__" and not d.startswith(".") and (rel / d).as_posix() != "conf/local"
+            ]
+            out += [(rel / f).as_posix() for f in filenames if not f.startswith(".") and not f.endswith(".pyc")]
+    return sorted(out)
+
+
+def inputs_sha256(root: Path) -> dict[str, str]:
+    """``{path: sha256}`` of the run's input files in the tree ``root`` (:func:`_input_files`; paths relative to it,
+    POSIX); ``{}`` for a tree without them. A file that cannot be read (removed from the working tree) is left out,
+    so it shows as changed."""
+    import hashlib
+
+    out: dict[str, str] = {}
+    for f in _input_files(root):
+        with contextlib.suppress(OSError):
+            out[f] = hashlib.sha256((root / f).read_bytes()).hexdigest()
     return out
 
 
@@ -84,11 +97,10 @@ def _check_inputs(claim: dict[str, Any], root: Path, stage: str, when: str) -> N
     if changed:
         shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
         raise KernelcampError(
-            f"{shown} changed {when} (since stage {claim.get('stage')}): DVC would save the edited file"
-            f"{'s' if len(changed) > 1 else ''} in the experiment beside results that did not use "
-            f"{'them' if len(changed) > 1 else 'it'}, so the {stage} stage fails and writes none of its outputs; "
-            "leave conf/, kernels/ and the code as they are while a run goes on, and rerun the pipeline (`dvc exp "
-            "run`, it runs the tree as it is then)"
+            f"{shown} changed {when} (since stage {claim.get('stage')}): DVC would lock this run's outputs, and "
+            f"`dvc exp run` save its experiment, beside a file that did not make them, so the {stage} stage fails "
+            "and writes none of its outputs; leave conf/, kernels/ and the code as they are while a run goes on, and "
+            "rerun the pipeline once the edit is made (it runs the tree as it is then)"
         )
 
 

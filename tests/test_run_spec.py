@@ -287,6 +287,38 @@ def test_inputs_edited_during_a_run_stop_the_next_stage(tmp_path: Path) -> None:
     claim_run(tmp_path, "report", sha, owner=os.getpid())
 
 
+@pytest.mark.usefixtures("workspace_run")
+def test_in_a_git_tree_the_inputs_are_the_tracked_files(tmp_path: Path) -> None:
+    """DVC saves tracked files only: a new untracked file in conf/ (helper-68's zz_new.yaml) changes no record and
+    stopped the run; in a git tree the inputs are the files git tracks, so a tracked file edited or removed (`git rm`)
+    stops the next stage, an untracked or git-ignored one does not."""
+    from kernelcamp.io import sha256_text
+    from kernelcamp.runlock import check_params_unchanged, inputs_sha256
+
+    (tmp_path / "conf" / "variant").mkdir(parents=True)
+    (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_warps: 4\n")
+    (tmp_path / "conf" / "variant" / "w.yaml").write_text("num_warps: 2\n")
+    (tmp_path / "params.yaml").write_text("variant: {}\n")
+    (tmp_path / ".gitignore").write_text("/conf/local/\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "tree"], check=True)
+    assert sorted(inputs_sha256(tmp_path)) == ["conf/variant/v.yaml", "conf/variant/w.yaml"]
+    sha = sha256_text("variant: {}\n")
+    claim_run(tmp_path, "spec", sha, owner=os.getpid())
+    (tmp_path / "conf" / "variant" / "new.yaml").write_text("num_warps: 8\n")  # untracked: not saved
+    (tmp_path / "conf" / "local").mkdir()
+    (tmp_path / "conf" / "local" / "default.yaml").write_text("server: {port: 8791}\n")  # git-ignored
+    check_params_unchanged(tmp_path, "build", tmp_path / "params.yaml", owner=os.getpid())
+    subprocess.run([*git, "rm", "-q", "conf/variant/w.yaml"], check=True)
+    with pytest.raises(KernelcampError, match=r"^conf/variant/w.yaml changed while the deploy stage ran"):
+        check_params_unchanged(tmp_path, "deploy", tmp_path / "params.yaml", owner=os.getpid())
+    subprocess.run([*git, "add", "conf/variant/new.yaml"], check=True)  # tracked now: the commit would save it
+    with pytest.raises(KernelcampError, match=r"^conf/variant/new.yaml, conf/variant/w.yaml changed during this run"):
+        claim_run(tmp_path, "verify", sha, owner=os.getpid())
+
+
 def _output_writes_before_the_check(path: Path) -> list[str]:
     """The output writes of ``path`` (a stage file) that come, in source order, before the first
     ``before_outputs(...)`` call of the function that writes a stage's outputs (``main``, or the benchmark's
