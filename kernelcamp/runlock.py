@@ -85,10 +85,11 @@ def inputs_sha256(root: Path) -> dict[str, str]:
     return out
 
 
-def _check_inputs(claim: dict[str, Any], root: Path, stage: str, when: str) -> None:
+def _check_inputs(claim: dict[str, Any], root: Path, stage: str, when: str, since: str | None = None) -> None:
     """Raise ``KernelcampError`` naming the files of the run's inputs (:func:`inputs_sha256`) that differ from those
     the run claimed the tree with (``claim["inputs"]``; a claim without them, from an older run, checks nothing).
-    ``when``: "during this run" or "while the <stage> stage ran", for the message."""
+    ``when``: "during this run" or "while the <stage> stage ran"; ``since``: when they were taken (default: since the
+    claim's first stage), for the message."""
     was = claim.get("inputs")
     if not isinstance(was, dict):
         return
@@ -96,8 +97,9 @@ def _check_inputs(claim: dict[str, Any], root: Path, stage: str, when: str) -> N
     changed = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
     if changed:
         shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        since = since or f"since stage {claim.get('stage')}"
         raise KernelcampError(
-            f"{shown} changed {when} (since stage {claim.get('stage')}): DVC would lock this run's outputs, and "
+            f"{shown} changed {when} ({since}): DVC would lock this run's outputs, and "
             f"`dvc exp run` save its experiment, beside a file that did not make them, so the {stage} stage fails "
             "and writes none of its outputs; leave conf/, kernels/ and the code as they are while a run goes on, and "
             "rerun the pipeline once the edit is made (it runs the tree as it is then)"
@@ -236,8 +238,11 @@ def _claim(
     where it is the workspace's own claim file, makes it return None (the caller waits)."""
     with _locked(path):
         cur = _read_claim(path)
+        composed = None  # the inputs as DVC composed params.yaml (a workspace run's claim from its start)
         if cur is not None and cur.get("provisional"):
             if cur.get("owner_pid") == owner:
+                if not shared and cur.get("phase") == "starting" and isinstance(cur.get("inputs"), dict):
+                    composed = cur["inputs"]
                 cur = None  # this owner's claim from its start (claim_workspace_run) or its last run's end: made whole
             elif shared and cur.get("phase") == "saving":
                 cur = None  # a workspace run that only saves its experiment no longer uses its server
@@ -260,6 +265,10 @@ def _claim(
                 )
             _check_inputs(cur, root, stage, "during this run")
             return cur
+        if composed is not None:  # edited between DVC's compose and this first stage: params.yaml is of the old files
+            _check_inputs(
+                {"inputs": composed}, root, stage, "during this run", "since `dvc exp run` composed params.yaml"
+            )
         claim = {
             "owner_pid": owner,
             "owner_start": pid_start_time(owner),
@@ -348,9 +357,11 @@ def claim_workspace_run(root: Path, pid: int) -> None:
         if cur is not None and _owner_alive(cur) and cur.get("owner_pid") != pid and _of_tree(cur, root):
             raise AnotherRunError(_held(cur, root))
         if cur is None or not _owner_alive(cur):
-            write_json_atomic(
-                path, _provisional(pid, pid_start_time(pid), str(root), int(time.time() * 1000), "starting")
-            )
+            claim = _provisional(pid, pid_start_time(pid), str(root), int(time.time() * 1000), "starting")
+            # the run's inputs as DVC composes params.yaml from them: its first stage stops on a file edited since
+            # (the first stage took them only 7-10 s into the run, after opening MLflow; an edit 2 s into the spec
+            # stage was saved beside a params.yaml composed from the file before it: helper-68)
+            write_json_atomic(path, {**claim, "inputs": inputs_sha256(root)})
 
 
 def _provisional(owner: int, owner_start: Any, tree: str, claimed_at_ms: Any, phase: str) -> dict[str, Any]:

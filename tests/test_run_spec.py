@@ -288,6 +288,32 @@ def test_inputs_edited_during_a_run_stop_the_next_stage(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("workspace_run")
+def test_an_edit_between_dvcs_compose_and_the_first_stage_stops_it(tmp_path: Path) -> None:
+    """The first stage took the inputs' sha256 7-10 s into a run, after opening MLflow: a conf/ edit 2 s into the
+    spec stage was saved beside a params.yaml composed from the file before it, its MLflow run FINISHED with
+    variant_overrides against the edited file (helper-68). A workspace run's claim from its start (made as DVC
+    composes params.yaml) takes them, and its first stage stops on a file changed since; unchanged, it goes on."""
+    from kernelcamp.io import sha256_text
+    from kernelcamp.runlock import claim_workspace_run
+
+    (tmp_path / "conf" / "variant").mkdir(parents=True)
+    (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_stages: 2\n")
+    (tmp_path / "params.yaml").write_text("variant: {}\n")
+    sha = sha256_text("variant: {}\n")
+    claim_workspace_run(tmp_path, os.getpid())
+    (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_stages: 3\n")
+    with pytest.raises(
+        KernelcampError,
+        match=r"^conf/variant/v.yaml changed during this run \(since `dvc exp run` composed params.yaml\)",
+    ):
+        claim_run(tmp_path, "spec", sha, owner=os.getpid())
+    (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_stages: 2\n")  # as composed: the run goes on
+    claim = claim_run(tmp_path, "spec", sha, owner=os.getpid())
+    assert claim["stage"] == "spec" and not claim.get("provisional")
+    assert claim["inputs"] == {"conf/variant/v.yaml": sha256_text("num_stages: 2\n")}
+
+
+@pytest.mark.usefixtures("workspace_run")
 def test_in_a_git_tree_the_inputs_are_the_tracked_files(tmp_path: Path) -> None:
     """DVC saves tracked files only: a new untracked file in conf/ (helper-68's zz_new.yaml) changes no record and
     stopped the run; in a git tree the inputs are the files git tracks, so a tracked file edited or removed (`git rm`)

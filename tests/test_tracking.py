@@ -862,3 +862,24 @@ def test_a_server_uri_with_a_password_is_reached_with_it_and_never_shown(monkeyp
 def test_a_name_too_long_for_a_file_has_no_conf_file() -> None:
     """conf_file_value looked the name up as a file: a 300-character name raised ENAMETOOLONG (helper audit B-F3)."""
     assert conftags.conf_file_value("variant", "v" * 300) is None
+
+
+def test_run_tags_are_the_ones_the_run_kept_at_its_first_stage(tmp_path, monkeypatch):
+    """A conf/ file edited during the report stage and put back before its check: the FINISHED run's variant_overrides
+    was computed against the edited file (helper-68, C). run_tags takes the tags that read the tree's files from the
+    run's claim (kept at its first stage) when the params are the run's, and computes them for other params."""
+    import kernelcamp.runlock as rl
+    import kernelcamp.spec as sp
+
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setattr(sp, "project_root", lambda: tmp_path)
+    monkeypatch.setattr(rl, "run_owner", lambda pid=None: os.getpid())
+    params = json.loads(json.dumps(PARAMS))
+    params["variant"] = {**params["variant"], "name": "bt16_w4"}  # conf/variant/bt16_w4.yaml has num_warps 4
+    assert tracking.run_tags(params)["variant_overrides"] == "num_warps=8"  # no run: computed
+    kept = {**conftags.tree_tags(params), "variant_overrides": "kept at the first stage"}
+    rl.claim_run(tmp_path, "spec", "a" * 64, params=params, tree_tags=lambda: kept)
+    tags = tracking.run_tags(params)
+    assert {k: tags[k] for k in kept} == {k: "" if v is None else v for k, v in kept.items()}
+    other = {**params, "variant": {**params["variant"], "num_warps": 2}}
+    assert tracking.run_tags(other)["variant_overrides"] == "num_warps=2"  # not the run's params: computed
