@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from kernelcamp.deploy import deploy, stop
 from kernelcamp.io import stage_main, write_json_atomic
@@ -61,14 +62,22 @@ def main() -> int:
         )
         return 0
     spec = stage_spec("deploy", args.params)
-    rec = deploy(spec.raw)
-    # the server must run what these params describe: its reported hash was checked against the one
-    # deploy derived; that one must be the run spec's
-    spec.check_record("the deployed server", rec, DEPLOY_KEYS)
-    rec["kernel_module"] = spec.kernel.module
-    rec["stage_params"] = spec.stage_params("deploy")  # what the report checks against the params it logs
-    rec["provenance"] = git_info(project_root())
-    before_outputs("deploy", args.params)
+    try:
+        rec = deploy(spec.raw)
+        # the server must run what these params describe: its reported hash was checked against the one
+        # deploy derived; that one must be the run spec's
+        spec.check_record("the deployed server", rec, DEPLOY_KEYS)
+        rec["kernel_module"] = spec.kernel.module
+        rec["stage_params"] = spec.stage_params("deploy")  # what the report checks against the params it logs
+        rec["provenance"] = git_info(project_root())
+        before_outputs("deploy", args.params)
+    except BaseException:
+        # deploy() replaces the last deploy's server, so the workspace's deploy.json may name a server that no longer
+        # runs: a deploy stopped by a conf/ edit left this run's server up beside the last run's record, and the next
+        # run skipped deploy (nothing it depends on had changed) and refused to measure (helper-68). Without the
+        # record DVC deploys again on the next run.
+        Path(args.out).unlink(missing_ok=True)
+        raise
     write_json_atomic(args.out, rec)
     print(summary_line(rec), file=sys.stderr)
     return 0

@@ -65,3 +65,34 @@ def test_stopped_server_fails_fast_with_the_redeploy_command(tmp_path: Path, sta
         assert "dvc repro -f -s deploy" in errors[0]
     assert "batch" not in r.stdout, "it measured before finding the server gone"
     assert not r_out.exists() or not any(r_out.iterdir()), "nothing is written"
+
+
+@pytest.mark.parametrize("fails_in", ["deploy", "before_outputs", "interrupt"])
+def test_a_deploy_that_fails_removes_the_record_of_the_server_it_replaced(tmp_path, monkeypatch, fails_in):
+    """A deploy stage stopped by a conf/ edit (its check after the new server started) left the last run's
+    deploy.json beside the new server: the next run skipped deploy and refused to measure, "redeploy with dvc repro
+    -f -s deploy" (helper-68). A deploy that fails, however, removes the record, so that DVC deploys again."""
+    import stages.deploy as sd
+    from kernelcamp.errors import KernelcampError
+    from kernelcamp.spec import load_spec
+
+    out = tmp_path / "deploy.json"
+    out.write_text('{"deploy_id": "the last finished deploy"}\n')
+    spec = load_spec(ROOT / "params.yaml")
+    monkeypatch.setattr(sys, "argv", ["deploy", "--params", str(ROOT / "params.yaml"), "--out", str(out)])
+    monkeypatch.setattr(sd, "stage_spec", lambda stage, path: spec)
+    error = KeyboardInterrupt if fails_in == "interrupt" else KernelcampError
+
+    def replaced(raw):  # the new server is up (or half up) when the stage fails
+        if fails_in != "before_outputs":
+            raise error("stopped")
+        return dict(spec.hashes())
+
+    def check(stage, path):
+        raise KernelcampError("conf/variant/bt16_w4.yaml changed while the deploy stage ran")
+
+    monkeypatch.setattr(sd, "deploy", replaced)
+    monkeypatch.setattr(sd, "before_outputs", check)
+    with pytest.raises(error):
+        sd.main()
+    assert not out.exists()
