@@ -11,11 +11,12 @@ record another. Each stage therefore claims the run before any side effect:
   sha256 of params.yaml and the params themselves (what a failed stage records: :func:`run_params`), the
   first stage and the stage now running. A stage of the same owner finds the same sha256 or stops, naming
   both; a stage of another live owner stops before any side effect; a dead owner's claim is taken over.
-* The claim also records the sha256 of every file of the run's other inputs (:data:`RUN_INPUTS`: conf/, dvc.yaml,
-  kernels/, the stages and kernelcamp/), and a stage that finds one of them changed stops, naming it: DVC saves the
-  experiment with the working tree as it is at the end, so a conf/ file edited during a run was saved beside a
-  params.yaml it did not compose, and the MLflow tag ``variant_overrides`` was computed against the edited file
-  (helper-66, F4).
+* The claim also records the sha256 of every git-tracked file of the run's other inputs (:data:`RUN_INPUTS`: conf/,
+  dvc.yaml, kernels/, the stages and kernelcamp/; for a workspace ``dvc exp run`` as DVC composes params.yaml), and a
+  stage that finds one of them changed stops, naming it: DVC saves the experiment with the working tree as it is at
+  the end, so a conf/ file edited during a run was saved beside a params.yaml it did not compose, and the MLflow tag
+  ``variant_overrides`` was computed against the edited file (helper-66, F4). The MLflow tags read from those files
+  are kept too (:func:`run_tree_tags`), for the record of a stage that fails after such an edit.
 * The claim lives in the stage's own tree, and a second claim in the folder of the server the run
   deploys (``kernelcamp.deploy.common.state_dir``: ``$DVC_ROOT/.kernelcamp``, or a sweep worker's
   ``slotN``). A queued experiment (its own temporary copy) started while a workspace run goes on shares
@@ -281,7 +282,7 @@ def _claim(
             "params": params,
             "params_text": params_text,
             # the run's other inputs (conf/, the code), which a later stage finds unchanged or stops (_check_inputs)
-            "inputs": inputs_sha256(root),
+            "inputs": composed if composed is not None else inputs_sha256(root),
             # and the MLflow tags read from them (the kernel's hash, the conf/ overrides), which a failed stage records
             "tree_tags": tree_tags() if tree_tags is not None else None,
             "claimed_at_ms": int(time.time() * 1000),  # the run's start, for the MLflow run's duration
