@@ -88,7 +88,9 @@ def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
     # from B=8 on; before it, *_tp8_ws16 and *_tp8_p2, with grid_9's rows of step "ws16"'s kernel from B=32 on); grid_7
     # (step "ws") and grid_8 (step "wsv4") the same for V3.2 and V4-Flash with the warp-specialized kernel's configs
     # (V3.2's since step "b1h16" with final_21's B=1 row, the H=16 kernel; before it *_v32_table10, grid_7 alone;
-    # both since step "table12" with grid_12's B=1-4 rows, the baselines *_tp8_table10 and *_v32_b1h16 before it);
+    # both since step "table12" with grid_12's B=1-4 rows, the baselines *_tp8_table10 and *_v32_b1h16 before it;
+    # V3.2's since step "h32b" with the H100 benches of steps h32 and h32b, B=2-4 on the 32-head tile, the baseline
+    # *_v32_qload16 before it);
     # the tables before them are the steps' baselines (conf/baseline/*_grid3, *_grid4, *_v4tiles at tolerance 0; the
     # V4 table of step table5, *_table5, pinned to its kernel_rev; the TP8 table of step table5 again as
     # *_tp8_sload, pinned to main's kernel file before step ws16), each made from its own grid
@@ -96,9 +98,22 @@ def test_the_committed_tuned_tables_are_what_the_committed_grids_make(tmp_path):
         (
             "v32",
             "tuned_deepseek_v32",
-            [f"{d}/grid_7/v32.csv", f"{d}/final_21/kernel_bench.csv", f"{d}/grid_12/v32.csv"],
+            [
+                f"{d}/grid_7/v32.csv",
+                f"{d}/final_21/kernel_bench.csv",
+                f"{d}/grid_12/v32.csv",
+                f"{d}/h32_sweep/kernel_bench.csv",
+                f"{d}/h32b_sweep/bench/kernel_bench.csv",
+            ],
             "0.02",
             "conf/variant",
+        ),
+        (
+            "v32",
+            "tuned_deepseek_v32_qload16",
+            [f"{d}/grid_7/v32.csv", f"{d}/final_21/kernel_bench.csv", f"{d}/grid_12/v32.csv"],
+            "0.02",
+            "conf/baseline",
         ),
         (
             "v32",
