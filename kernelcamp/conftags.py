@@ -4,7 +4,8 @@
 file its ``name`` names (:func:`conf_overrides`); ``variant_hash`` and ``baseline_hash`` hash the kernel source. A
 pipeline run's first stage keeps them in its claim (:mod:`kernelcamp.runlock`), so that the record of a stage that
 fails later, after one of those files was edited, is of what ran. Kept apart from :mod:`kernelcamp.tracking`, which
-uses them, so that :func:`kernelcamp.spec.stage_spec` can compute them without importing MLflow's side.
+uses them, so that :func:`kernelcamp.spec.stage_spec` can compute them without importing MLflow's side; with them
+:func:`differences`, which :func:`conf_overrides` and :mod:`kernelcamp.spec` both use.
 """
 
 from __future__ import annotations
@@ -116,9 +117,9 @@ def conf_overrides(params: Mapping[str, Any], section: str) -> str:
 
 
 def tree_tags(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The tags of :func:`run_tags` that read files of the tree besides params.yaml: ``variant_hash`` and
-    ``baseline_hash`` (they hash the kernel source) and the ``<section>_overrides`` of :data:`OVERRIDE_TAGS`
-    (against the conf/ files). A pipeline run's first stage keeps them in its claim
+    """The tags of :func:`kernelcamp.tracking.run_tags` that read files of the tree besides params.yaml:
+    ``variant_hash`` and ``baseline_hash`` (they hash the kernel source) and the ``<section>_overrides`` of
+    :data:`OVERRIDE_TAGS` (against the conf/ files). A pipeline run's first stage keeps them in its claim
     (:func:`kernelcamp.runlock.run_tree_tags`), so that a stage that fails later, after the kernel or a conf/ file was
     edited (:func:`kernelcamp.runlock.inputs_sha256`), records those the run started with, not the edited files'."""
     tags: dict[str, Any] = {}
