@@ -113,6 +113,35 @@ def test_the_spec_stage_claims_the_run_with_its_params(tmp_path: Path) -> None:
     assert claim["params"] == yaml.safe_load((copy_root / "params.yaml").read_text())
 
 
+def _spec_stage_with(tmp_path: Path, copy_root: Path, body: str) -> subprocess.CompletedProcess[str]:
+    """Run the spec stage of the tree ``copy_root`` as DVC runs it (under a process named dvc), with ``body`` (Python
+    statements; ``spec`` is the parsed run spec; ``Path``, ``json`` and ``tree_tags`` are imported) run after the
+    run's claim, just before the stage's outputs."""
+    hook = tmp_path / "run_spec_stage.py"
+    head = textwrap.dedent(
+        """
+        import json, sys
+        sys.argv[1:] = ["--out", "reports/spec.json"]
+        import stages.spec as st
+        from pathlib import Path
+        from kernelcamp.conftags import tree_tags
+        from kernelcamp.io import stage_main
+        from kernelcamp.tracking import tracked_stage
+        summary = st.spec_summary
+        def after_the_claim(spec):
+        """
+    )
+    tail = '    return summary(spec)\nst.spec_summary = after_the_claim\nstage_main(tracked_stage("spec")(st.main))\n'
+    hook.write_text(head + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\n" + tail)
+    fake = tmp_path / "bin" / "dvc"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/bash\n{sys.executable} {hook}\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "DVC_ROOT": str(copy_root), "PYTHONPATH": str(copy_root)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([str(fake)], cwd=copy_root, env=env, capture_output=True, text=True, timeout=120)
+
+
 def test_a_stage_stopped_by_a_rewritten_params_yaml_writes_nothing(tmp_path: Path) -> None:
     """A stage that found params.yaml rewritten (a refused second `dvc exp run`) failed only after it had written its
     outputs, over the last finished run's records, against the README's "a stage writes only when it succeeds"
@@ -122,32 +151,8 @@ def test_a_stage_stopped_by_a_rewritten_params_yaml_writes_nothing(tmp_path: Pat
     (copy_root / "reports").mkdir()
     earlier = copy_root / "reports" / "spec.json"
     earlier.write_text('{"the": "last finished run"}\n')
-    hook = tmp_path / "run_spec_stage.py"
-    hook.write_text(
-        textwrap.dedent(
-            """
-            import sys
-            sys.argv[1:] = ["--out", "reports/spec.json"]
-            import stages.spec as st
-            from kernelcamp.io import stage_main
-            from kernelcamp.tracking import tracked_stage
-            summary = st.spec_summary
-            def rewrite_then_summarise(spec):  # after the claim, as a second run's stash would land
-                with open("params.yaml", "a") as f:
-                    f.write("# the second run's params\\n")
-                return summary(spec)
-            st.spec_summary = rewrite_then_summarise
-            stage_main(tracked_stage("spec")(st.main))
-            """
-        )
-    )
-    fake = tmp_path / "bin" / "dvc"
-    fake.parent.mkdir()
-    fake.write_text(f"#!/bin/bash\n{sys.executable} {hook}\n")
-    fake.chmod(0o755)
-    env = {**os.environ, "DVC_ROOT": str(copy_root), "PYTHONPATH": str(copy_root)}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    r = subprocess.run([str(fake)], cwd=copy_root, env=env, capture_output=True, text=True, timeout=120)
+    # after the claim, as a second run's stash would land
+    r = _spec_stage_with(tmp_path, copy_root, 'open("params.yaml", "a").write("# the second run\'s params\\n")')
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith("error: params.yaml changed while the spec stage ran"), r.stderr
@@ -161,41 +166,21 @@ def test_a_stage_that_finds_conf_or_code_edited_during_its_run_writes_nothing(tm
     """A conf/ file edited while a run went on was saved in the experiment beside a params.yaml it did not compose,
     and the MLflow tag variant_overrides was computed against the edited file (helper-66, F4). The run's inputs
     (conf/, dvc.yaml, kernels/, the code) are claimed with their sha256 at the first stage; a stage that finds one
-    changed (edited, added or removed) fails in one line naming it and writes nothing. conf/local (git-ignored, never
-    saved) is not an input."""
+    changed (edited, added or removed; this copy is no git tree, so every file counts) fails in one line naming it
+    and writes nothing. conf/local (git-ignored, never saved) is not an input."""
     copy_root = _copy_tree(tmp_path / "exp-copy")
     (copy_root / "reports").mkdir()
     earlier = copy_root / "reports" / "spec.json"
     earlier.write_text('{"the": "last finished run"}\n')
-    hook = tmp_path / "run_spec_stage.py"
-    hook.write_text(
-        textwrap.dedent(
-            f"""
-            import sys
-            sys.argv[1:] = ["--out", "reports/spec.json"]
-            import stages.spec as st
-            from pathlib import Path
-            from kernelcamp.io import stage_main
-            from kernelcamp.tracking import tracked_stage
-            summary = st.spec_summary
-            def edit_then_summarise(spec):  # after the claim: the user edits the tree while the run goes on
-                Path("conf/local").mkdir(parents=True, exist_ok=True)
-                Path("conf/local/default.yaml").write_text("# the machine's own settings: not an input\\n")
-                with open({edited!r}, "a") as f:
-                    f.write("# edited during the run\\n")
-                return summary(spec)
-            st.spec_summary = edit_then_summarise
-            stage_main(tracked_stage("spec")(st.main))
-            """
-        )
+    r = _spec_stage_with(  # after the claim: the user edits the tree while the run goes on
+        tmp_path,
+        copy_root,
+        f"""
+        Path("conf/local").mkdir(parents=True, exist_ok=True)
+        Path("conf/local/default.yaml").write_text("# the machine's own settings: not an input\\n")
+        open({edited!r}, "a").write("# edited during the run\\n")
+        """,
     )
-    fake = tmp_path / "bin" / "dvc"
-    fake.parent.mkdir()
-    fake.write_text(f"#!/bin/bash\n{sys.executable} {hook}\n")
-    fake.chmod(0o755)
-    env = {**os.environ, "DVC_ROOT": str(copy_root), "PYTHONPATH": str(copy_root)}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    r = subprocess.run([str(fake)], cwd=copy_root, env=env, capture_output=True, text=True, timeout=120)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith(f"error: {edited} changed while the spec stage ran (since stage spec): "), r.stderr
@@ -205,41 +190,21 @@ def test_a_stage_that_finds_conf_or_code_edited_during_its_run_writes_nothing(tm
 def test_a_stage_stopped_by_an_edit_records_the_tags_its_run_started_with(tmp_path: Path) -> None:
     """The FAILED MLflow run of a stage stopped by a conf/ or kernel edit computed its variant_overrides against the
     edited conf/ file and its variant_hash from the edited kernel: a record of something that never ran. The first
-    stage keeps those tags in the run's claim (kernelcamp.tracking.tree_tags), and a failure records them."""
+    stage keeps those tags in the run's claim (kernelcamp.conftags.tree_tags), and a failure records them."""
     from mlflow.tracking import MlflowClient
 
     copy_root = _copy_tree(tmp_path / "exp-copy")
-    hook = tmp_path / "run_spec_stage.py"
-    hook.write_text(
-        textwrap.dedent(
-            """
-            import json, sys
-            sys.argv[1:] = ["--out", "reports/spec.json"]
-            import stages.spec as st
-            from pathlib import Path
-            from kernelcamp.io import stage_main
-            from kernelcamp.tracking import tracked_stage, tree_tags
-            summary = st.spec_summary
-            def edit_then_summarise(spec):
-                before = tree_tags(dict(spec.raw))
-                v = Path("conf/variant/bt16_w4.yaml")
-                v.write_text(v.read_text().replace("num_warps: 4", "num_warps: 8"))
-                with open("kernels/sparse_mla_decode.py", "a") as f:
-                    f.write("# edited during the run\\n")
-                print(json.dumps({"before": before, "edited": tree_tags(dict(spec.raw))}))
-                return summary(spec)
-            st.spec_summary = edit_then_summarise
-            stage_main(tracked_stage("spec")(st.main))
-            """
-        )
+    r = _spec_stage_with(
+        tmp_path,
+        copy_root,
+        """
+        before = tree_tags(dict(spec.raw))
+        v = Path("conf/variant/bt16_w4.yaml")
+        v.write_text(v.read_text().replace("num_warps: 4", "num_warps: 8"))
+        open("kernels/sparse_mla_decode.py", "a").write("# edited during the run\\n")
+        print(json.dumps({"before": before, "edited": tree_tags(dict(spec.raw))}))
+        """,
     )
-    fake = tmp_path / "bin" / "dvc"
-    fake.parent.mkdir()
-    fake.write_text(f"#!/bin/bash\n{sys.executable} {hook}\n")
-    fake.chmod(0o755)
-    env = {**os.environ, "DVC_ROOT": str(copy_root), "PYTHONPATH": str(copy_root)}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    r = subprocess.run([str(fake)], cwd=copy_root, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "changed while the spec stage ran" in r.stderr, r.stderr
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     before, edited = seen["before"], seen["edited"]
