@@ -427,18 +427,21 @@ def start_run(
 
 
 def finished_runs_with(params: Mapping[str, Any], tags: Mapping[str, str], limit: int = 20) -> list[str]:
-    """Ids of the FINISHED runs of the configured experiment (``params``' tracking section) whose tags hold every
-    ``tags`` item, newest first, at most ``limit``; ``[]`` when a value is empty or no experiment exists yet. The
-    report asks it for runs that logged the same measurement (``measured_at`` and ``deploy_id``): a report-only
-    rerun. Raises ``KernelcampError`` when the store cannot be opened (:func:`ensure_store`)."""
+    """Ids of the FINISHED runs of every experiment of the store ``params`` name (their tracking section) whose tags
+    hold every ``tags`` item, newest first, at most ``limit``; ``[]`` when a value is empty. The report asks it for
+    runs that logged the same measurement (``measured_at`` and ``deploy_id``): a report-only rerun. Every experiment:
+    a rerun with another ``tracking.experiment`` logged an earlier measurement as new (``measurement_reused`` False;
+    helper-68). Raises ``KernelcampError`` when the store cannot be opened (:func:`ensure_store`)."""
     if not tags or not all(isinstance(v, str) and v for v in tags.values()):
         return []
     if any("'" in v for v in tags.values()):
         return []  # a value holding a quote: MLflow's filter grammar cannot say it
     quoted = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    uri, exp_id = ensure_store(params)
-    runs = _client(uri).search_runs(
-        [exp_id], filter_string=f"attributes.status = 'FINISHED' and {quoted}", max_results=limit,
+    uri, _ = ensure_store(params)
+    client = _client(uri)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(
+        ids, filter_string=f"attributes.status = 'FINISHED' and {quoted}", max_results=limit,
         order_by=["attributes.start_time DESC"],
     )  # fmt: skip
     return [r.info.run_id for r in runs]

@@ -883,3 +883,16 @@ def test_run_tags_are_the_ones_the_run_kept_at_its_first_stage(tmp_path, monkeyp
     assert {k: tags[k] for k in kept} == {k: "" if v is None else v for k, v in kept.items()}
     other = {**params, "variant": {**params["variant"], "num_warps": 2}}
     assert tracking.run_tags(other)["variant_overrides"] == "num_warps=2"  # not the run's params: computed
+
+
+def test_a_measurement_logged_in_another_experiment_counts_as_logged(store):
+    """A report-only rerun with another tracking.experiment logged the same measurement as new (measurement_reused
+    False; helper-68): the runs that logged it are looked up in every experiment of the store."""
+    same = {"measured_at": "2026-12-08T00:00:00Z", "deploy_id": "d1"}
+    assert tracking.finished_runs_with(PARAMS, same) == []
+    other = {**PARAMS, "tracking": {"uri": None, "experiment": "elsewhere"}}
+    with tracking.tracked_run(other, tags=same) as run:
+        pass
+    with tracking.tracked_run(other, tags={**same, "deploy_id": "d2"}):
+        pass
+    assert tracking.finished_runs_with(PARAMS, same) == [run.run_id]
