@@ -37,7 +37,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -281,10 +281,11 @@ def _claim(
             # another `dvc exp run` rewrote under it
             "params": params,
             "params_text": params_text,
-            # the run's other inputs (conf/, the code), which a later stage finds unchanged or stops (_check_inputs)
-            "inputs": composed if composed is not None else inputs_sha256(root),
-            # and the MLflow tags read from them (the kernel's hash, the conf/ overrides), which a failed stage records
-            "tree_tags": tree_tags() if tree_tags is not None else None,
+            # the run's other inputs (conf/, the code), which a later stage finds unchanged or stops (_check_inputs),
+            # and the MLflow tags read from them (the kernel's hash, the conf/ overrides), which a failed stage
+            # records: the tree's claim only (a server folder's claim is never checked or read for them)
+            "inputs": None if shared else composed if composed is not None else inputs_sha256(root),
+            "tree_tags": tree_tags() if tree_tags is not None and not shared else None,
             "claimed_at_ms": int(time.time() * 1000),  # the run's start, for the MLflow run's duration
         }
         write_json_atomic(path, claim)
@@ -409,11 +410,14 @@ def run_params(root: Path, owner: int | None = None) -> dict[str, Any] | None:
     return cur["params"] if cur is not None and isinstance(cur.get("params"), dict) else None
 
 
-def run_tree_tags(root: Path, owner: int | None = None) -> dict[str, Any] | None:
-    """The MLflow tags that read the tree's files (:func:`kernelcamp.tracking.tree_tags`) as this owner's run of the
-    tree ``root`` kept them at its first stage, or None (no live claim of this owner, or a claim without them)."""
+def run_tree_tags(root: Path, params: Mapping[str, Any], owner: int | None = None) -> dict[str, Any] | None:
+    """The MLflow tags that read the tree's files (:func:`kernelcamp.conftags.tree_tags`) as this owner's run of the
+    tree ``root`` kept them at its first stage, when ``params`` are the params that run claimed the tree with; else
+    None (no live claim of this owner, other params, or a claim without them)."""
     cur = _own_claim(root, owner)
-    return cur["tree_tags"] if cur is not None and isinstance(cur.get("tree_tags"), dict) else None
+    if cur is None or cur.get("params") != dict(params) or not isinstance(cur.get("tree_tags"), dict):
+        return None
+    return cur["tree_tags"]
 
 
 def check_params_unchanged(root: Path, stage: str, params_path: str | os.PathLike, owner: int | None = None) -> None:

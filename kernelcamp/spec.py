@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from kernelcamp.conftags import differences
+from kernelcamp.conftags import differences, tree_tags
 from kernelcamp.errors import KernelcampError, as_written, url_shown
 from kernelcamp.hashes import dvc_stage, kernel_path, kernel_source_hash, project_root, server_flags, variant_hash
 from kernelcamp.io import sha256_text
@@ -1046,8 +1046,6 @@ def stage_spec(stage: str, params_path: str | Path = "params.yaml") -> RunSpec:
     refuse_if_another_run(project_root(), params_path)
     text, raw = read_params(params_path)  # load_spec's read, kept: the claim holds the text its sha256 is of
     spec = parse_spec(raw, Path(params_path), text)
-    from kernelcamp.conftags import tree_tags
-
     claim_run(
         project_root(),
         stage,

@@ -644,7 +644,7 @@ def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) 
     (from ``extra`` when a stage measured them, else this process). The tags that read the tree's files
     (:func:`tree_tags`) are the ones this pipeline run's first stage kept when ``params`` are the run's."""
     from kernelcamp.provenance import git_info
-    from kernelcamp.runlock import run_params, run_tree_tags
+    from kernelcamp.runlock import run_tree_tags
     from kernelcamp.spec import project_root
     from kernelcamp.variant import parse_variant
 
@@ -667,8 +667,7 @@ def run_tags(params: Mapping[str, Any], extra: Mapping[str, Any] | None = None) 
             tags[k] = params[k].get("name")
     kept = None
     with contextlib.suppress(KernelcampError, OSError):
-        if run_params(project_root()) == dict(params):
-            kept = run_tree_tags(project_root())
+        kept = run_tree_tags(project_root(), params)
     tags.update(kept if kept is not None else tree_tags(params))
     for k, v in (extra or {}).items():
         tags[k] = v
