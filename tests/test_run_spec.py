@@ -216,20 +216,25 @@ def test_a_stage_stopped_by_an_edit_records_the_tags_its_run_started_with(tmp_pa
     assert {k: run.data.tags[k] for k in before} == before
 
 
+def _tree_of(root: Path, files: dict[str, str]) -> str:
+    """Write ``files`` ({path: text}) and a params.yaml under ``root``; the sha256 a run claims that file with."""
+    from kernelcamp.io import sha256_text
+
+    for rel, text in {**files, "params.yaml": "variant: {}\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return sha256_text("variant: {}\n")
+
+
 @pytest.mark.usefixtures("workspace_run")
 def test_inputs_edited_during_a_run_stop_the_next_stage(tmp_path: Path) -> None:
     """The claim keeps the sha256 of the run's inputs; the next stage of the run stops on an edited, added or removed
     file (naming it), not on conf/local, caches or hidden files; an older claim without them checks nothing."""
-    from kernelcamp.io import sha256_text
     from kernelcamp.runlock import check_params_unchanged, inputs_sha256
 
-    (tmp_path / "conf" / "variant").mkdir(parents=True)
-    (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_warps: 4\n")
-    (tmp_path / "kernels").mkdir()
-    (tmp_path / "kernels" / "k.py").write_text("x = 1\n")
-    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
-    (tmp_path / "params.yaml").write_text("variant: {}\n")
-    sha = sha256_text("variant: {}\n")
+    sha = _tree_of(
+        tmp_path, {"conf/variant/v.yaml": "num_warps: 4\n", "kernels/k.py": "x = 1\n", "dvc.yaml": "stages: {}\n"}
+    )
     assert sorted(inputs_sha256(tmp_path)) == ["conf/variant/v.yaml", "dvc.yaml", "kernels/k.py"]
     claim_run(tmp_path, "spec", sha, owner=os.getpid())
     for ignored in ("conf/local/default.yaml", "kernels/__pycache__/k.pyc", "kernels/.k.py.swp", "README.md"):
@@ -261,10 +266,7 @@ def test_an_edit_between_dvcs_compose_and_the_first_stage_stops_it(tmp_path: Pat
     from kernelcamp.io import sha256_text
     from kernelcamp.runlock import claim_workspace_run
 
-    (tmp_path / "conf" / "variant").mkdir(parents=True)
-    (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_stages: 2\n")
-    (tmp_path / "params.yaml").write_text("variant: {}\n")
-    sha = sha256_text("variant: {}\n")
+    sha = _tree_of(tmp_path, {"conf/variant/v.yaml": "num_stages: 2\n"})
     claim_workspace_run(tmp_path, os.getpid())
     (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_stages: 3\n")
     with pytest.raises(
@@ -283,20 +285,21 @@ def test_in_a_git_tree_the_inputs_are_the_tracked_files(tmp_path: Path) -> None:
     """DVC saves tracked files only: a new untracked file in conf/ (helper-68's zz_new.yaml) changes no record and
     stopped the run; in a git tree the inputs are the files git tracks, so a tracked file edited or removed (`git rm`)
     stops the next stage, an untracked or git-ignored one does not."""
-    from kernelcamp.io import sha256_text
     from kernelcamp.runlock import check_params_unchanged, inputs_sha256
 
-    (tmp_path / "conf" / "variant").mkdir(parents=True)
-    (tmp_path / "conf" / "variant" / "v.yaml").write_text("num_warps: 4\n")
-    (tmp_path / "conf" / "variant" / "w.yaml").write_text("num_warps: 2\n")
-    (tmp_path / "params.yaml").write_text("variant: {}\n")
-    (tmp_path / ".gitignore").write_text("/conf/local/\n")
+    sha = _tree_of(
+        tmp_path,
+        {
+            "conf/variant/v.yaml": "num_warps: 4\n",
+            "conf/variant/w.yaml": "num_warps: 2\n",
+            ".gitignore": "/conf/local/\n",
+        },
+    )
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "tree"], check=True)
     assert sorted(inputs_sha256(tmp_path)) == ["conf/variant/v.yaml", "conf/variant/w.yaml"]
-    sha = sha256_text("variant: {}\n")
     claim_run(tmp_path, "spec", sha, owner=os.getpid())
     (tmp_path / "conf" / "variant" / "new.yaml").write_text("num_warps: 8\n")  # untracked: not saved
     (tmp_path / "conf" / "local").mkdir()
